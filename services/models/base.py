@@ -1,0 +1,55 @@
+"""Model adapter interfaces: what each stage needs from a model, whatever the profile.
+
+A profile names an adapter per role (thinker, vision, audio, talker, vocoder); the stage code only
+speaks these interfaces, so a new profile is a YAML plus adapters, never new plumbing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """What the thinker receives for one media item: embeddings (native path) or text (cascade)."""
+
+    embeddings: np.ndarray | None = None  # [n_tokens, thinker_hidden] float32
+    text: str | None = None
+    tiles: int = 0
+    audio_seconds: float = 0.0
+
+
+class VisionEncoder(Protocol):
+    version: str
+
+    def encode(self, images: list) -> list[EncoderOutput]:
+        """PIL images in RGB -> one output per image. Batched: the caller groups requests."""
+
+
+class AudioEncoder(Protocol):
+    version: str
+    sample_rate: int
+
+    def encode(self, waves: list[np.ndarray]) -> list[EncoderOutput]:
+        """Mono float32 waves at `sample_rate` -> one output per wave."""
+
+
+class Talker(Protocol):
+    version: str
+
+    def stream_units(self, text: str, voice: str) -> Iterator[np.ndarray]:
+        """Text -> speech units (int32 [n]) or latent frames (float32 [n, d]), chunk by chunk."""
+
+
+class Vocoder(Protocol):
+    version: str
+    sample_rate: int
+    # Units of left context a chunk needs for its output to match a whole-utterance decode.
+    context_units: int
+
+    def decode(self, units: np.ndarray, left_context: np.ndarray | None, voice: str) -> np.ndarray:
+        """Units -> float32 mono PCM in [-1, 1] for `units` only (the context is not re-emitted)."""

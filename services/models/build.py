@@ -1,0 +1,71 @@
+"""`make models`: build or fetch every model a profile serves into $OMNIRAY_DATA/models.
+
+Each model directory gets a manifest of file checksums when it is complete; a later run verifies
+it and does nothing, so the command is cheap to repeat and a half-written build is redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from services.models.profile import ModelSpec, load_profile
+from services.models.registry import adapter_module
+
+MANIFEST = "omniray_manifest.json"
+
+
+def _checksums(root: Path) -> dict[str, str]:
+    sums = {}
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and f.name != MANIFEST:
+            sums[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return sums
+
+
+def is_prepared(path: Path) -> bool:
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        return False
+    return json.loads(manifest.read_text())["files"] == _checksums(path)
+
+
+def prepare(spec: ModelSpec, path: Path, options: dict) -> bool:
+    """Returns True when something was built."""
+    if is_prepared(path):
+        return False
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    adapter_module(spec.adapter).prepare(tmp, options)
+    (tmp / MANIFEST).write_text(json.dumps({"adapter": spec.adapter, "files": _checksums(tmp)}, indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", default="tiny")
+    args = parser.parse_args(argv)
+    profile = load_profile(args.profile)
+    hidden = profile.models.thinker.options.get("hidden_size", 128)
+    for role, spec in profile.models:
+        if spec is None:
+            continue
+        path = profile.model_path(spec)
+        t0 = time.monotonic()
+        # Encoders project into the thinker's embedding width.
+        options = {"thinker_hidden_size": hidden, **spec.options}
+        built = prepare(spec, path, options)
+        state = f"built in {time.monotonic() - t0:.1f}s" if built else "ok"
+        print(f"[models] {profile.name}/{role:8s} {spec.adapter:14s} {state}: {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

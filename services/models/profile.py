@@ -1,0 +1,110 @@
+"""Deploy profiles (configs/<name>.yaml): models, pipeline behaviour, limits and per-stage scaling.
+
+One file is the single source of truth for the local run, the tests and the Helm chart.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs"
+STAGES = ("gateway", "encoder", "prefill", "decode", "talker", "vocoder")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSpec(_Strict):
+    adapter: str
+    # Relative to $OMNIRAY_DATA/models.
+    path: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EngineSpec(_Strict):
+    """vLLM engine arguments for the thinker (prefill and decode deployments)."""
+
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    enforce_eager: bool = True
+    kv_cache_space_gib: float = 1.0
+    max_num_seqs: int = 64
+    # "nixl": prefill hands its KV to decode over NIXL (P/D); "none": decode recomputes the prompt.
+    kv_transfer: Literal["nixl", "none"] = "nixl"
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelsSpec(_Strict):
+    thinker: ModelSpec
+    vision: ModelSpec | None = None
+    audio: ModelSpec | None = None
+    talker: ModelSpec | None = None
+    vocoder: ModelSpec | None = None
+
+
+class PipelineSpec(_Strict):
+    # Async chunk: the talker starts on the first text chunk instead of the whole answer.
+    async_chunk: bool = True
+    # A text chunk closes at a clause boundary once it has this many tokens, or at max regardless.
+    chunk_min_tokens: int = 4
+    chunk_max_tokens: int = 24
+    default_max_tokens: int = 256
+    default_voice: str = "default"
+    voices: list[str] = Field(default_factory=lambda: ["default"])
+
+
+class LimitsSpec(_Strict):
+    max_request_bytes: int = 48 * 1024 * 1024
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_side_px: int = 8000
+    max_audio_seconds: float = 120.0
+    max_audio_bytes: int = 25 * 1024 * 1024
+    max_messages: int = 256
+    max_media_items: int = 64
+    max_tokens_cap: int = 4096
+
+
+class StageSpec(_Strict):
+    """Serve deployment options; passed through to the Serve config for this stage."""
+
+    num_replicas: int | None = None
+    autoscaling_config: dict[str, Any] | None = None
+    max_ongoing_requests: int = 64
+    max_queued_requests: int = -1
+    ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0.1})
+
+
+class Profile(_Strict):
+    name: str
+    served_model_name: str
+    description: str = ""
+    models: ModelsSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
+
+    def model_path(self, spec: ModelSpec) -> Path:
+        return data_dir() / "models" / spec.path
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("OMNIRAY_DATA", REPO_ROOT / ".data")).resolve()
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (configs/<name>.yaml) or by path to a YAML file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        raise FileNotFoundError(f"no deploy profile {name_or_path!r} (known: {known})")
+    return Profile.model_validate(yaml.safe_load(path.read_text()))

@@ -1,0 +1,26 @@
+"""Adapter registry: the names deploy profiles use, mapped to modules with `prepare` and `load`.
+
+`prepare(dest, options)` builds or fetches the weights into `dest` (run by `make models`);
+`load(path, options)` returns the object a stage serves. Imports are lazy so a stage loads only
+the adapters it serves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+ADAPTERS: dict[str, str] = {
+    "tiny_llama": "services.models.tiny.thinker",
+    "tiny_vit": "services.models.tiny.vision",
+    "tiny_audio": "services.models.tiny.audio",
+    "tiny_talker": "services.models.tiny.talker",
+    "tiny_vocoder": "services.models.tiny.vocoder",
+}
+
+
+def adapter_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(ADAPTERS[name])
+    except KeyError:
+        raise ValueError(f"unknown model adapter {name!r}; known: {sorted(ADAPTERS)}") from None

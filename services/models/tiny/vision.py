@@ -1,0 +1,58 @@
+"""Tiny ViT-style vision encoder: 128 px tiles, 16 px patches -> 64 embeddings per tile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from services.models.base import EncoderOutput
+from services.models.tiny import _weights
+
+TILE = 128
+PATCH = 16
+
+
+class TinyViT(nn.Module):
+    def __init__(self, width: int, out_dim: int, layers: int):
+        super().__init__()
+        self.patch = nn.Conv2d(3, width, PATCH, stride=PATCH)
+        self.pos = nn.Parameter(torch.randn(1, (TILE // PATCH) ** 2, width) * 0.02)
+        layer = nn.TransformerEncoderLayer(width, nhead=4, dim_feedforward=width * 2, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.proj = nn.Linear(width, out_dim)
+
+    def forward(self, tiles: torch.Tensor) -> torch.Tensor:  # [B, 3, TILE, TILE] -> [B, 64, out]
+        x = self.patch(tiles).flatten(2).transpose(1, 2) + self.pos
+        return self.proj(self.blocks(x))
+
+
+def prepare(dest: Path, options: dict) -> None:
+    torch.manual_seed(int(options.get("seed", 1)))
+    arch = {"width": 64, "out_dim": _weights.thinker_hidden_size(options), "layers": 1}
+    _weights.save(TinyViT(**arch), dest, {"arch": arch, "version": "tiny-vit-1"})
+
+
+def tile_image(image) -> np.ndarray:
+    """One global tile per image for now (the tile policy arrives with the router)."""
+    img = image.convert("RGB").resize((TILE, TILE))
+    arr = np.asarray(img, dtype=np.float32) / 255.0
+    return ((arr - 0.5) / 0.5).transpose(2, 0, 1)
+
+
+class TinyVisionEncoder:
+    def __init__(self, path: Path):
+        self.model, config = _weights.load(TinyViT, path)
+        self.version = config["version"]
+
+    @torch.inference_mode()
+    def encode(self, images: list) -> list[EncoderOutput]:
+        tiles = torch.from_numpy(np.stack([tile_image(im) for im in images]))
+        feats = self.model(tiles).numpy()
+        return [EncoderOutput(embeddings=f, tiles=1) for f in feats]
+
+
+def load(path: Path, options: dict) -> TinyVisionEncoder:
+    return TinyVisionEncoder(path)

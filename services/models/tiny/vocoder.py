@@ -1,0 +1,71 @@
+"""Tiny conv vocoder: speech units -> 24 kHz PCM, 20 ms per unit.
+
+Causal convolutions at unit rate then non-overlapping transposed convolutions, so a chunk decoded
+with `context_units` of left context equals the same span of a whole-utterance decode exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from services.models.tiny import _weights
+from services.models.tiny.talker import N_UNITS
+
+SAMPLE_RATE = 24000
+SAMPLES_PER_UNIT = 480  # 8 * 6 * 10
+KERNEL = 3
+N_CAUSAL = 2
+
+
+class TinyConvVocoder(nn.Module):
+    def __init__(self, width: int, n_units: int):
+        super().__init__()
+        self.emb = nn.Embedding(n_units, width)
+        self.causal = nn.ModuleList([nn.Conv1d(width, width, KERNEL) for _ in range(N_CAUSAL)])
+        self.up = nn.ModuleList(
+            [
+                nn.ConvTranspose1d(width, 32, 8, stride=8),
+                nn.ConvTranspose1d(32, 16, 6, stride=6),
+                nn.ConvTranspose1d(16, 1, 10, stride=10),
+            ]
+        )
+
+    def forward(self, units: torch.Tensor) -> torch.Tensor:  # [1, n] -> [1, n * 480]
+        x = self.emb(units).transpose(1, 2)
+        for conv in self.causal:
+            x = F.gelu(conv(F.pad(x, (KERNEL - 1, 0))))
+        for i, up in enumerate(self.up):
+            x = up(x)
+            if i < len(self.up) - 1:
+                x = F.gelu(x)
+        return torch.tanh(x)[:, 0]
+
+
+def prepare(dest: Path, options: dict) -> None:
+    torch.manual_seed(int(options.get("seed", 4)))
+    arch = {"width": 64, "n_units": N_UNITS}
+    _weights.save(TinyConvVocoder(**arch), dest, {"arch": arch, "version": "tiny-vocoder-1"})
+
+
+class TinyVocoder:
+    sample_rate = SAMPLE_RATE
+    context_units = N_CAUSAL * (KERNEL - 1)
+
+    def __init__(self, path: Path):
+        self.model, config = _weights.load(TinyConvVocoder, path)
+        self.version = config["version"]
+
+    @torch.inference_mode()
+    def decode(self, units: np.ndarray, left_context: np.ndarray | None, voice: str) -> np.ndarray:
+        ctx = np.zeros(0, np.int32) if left_context is None else left_context[-self.context_units :]
+        x = torch.from_numpy(np.concatenate([ctx, units]).astype(np.int64))[None]
+        return self.model(x)[0, len(ctx) * SAMPLES_PER_UNIT :].numpy()
+
+
+def load(path: Path, options: dict) -> TinyVocoder:
+    return TinyVocoder(path)
