@@ -34,7 +34,7 @@ class EngineSpec(_Strict):
     dtype: str = "auto"
     max_model_len: int = 4096
     enforce_eager: bool = True
-    kv_cache_space_gib: float = 1.0
+    kv_cache_space_gib: int = 1
     max_num_seqs: int = 64
     # "nixl": prefill hands its KV to decode over NIXL (P/D); "none": decode recomputes the prompt.
     kv_transfer: Literal["nixl", "none"] = "nixl"

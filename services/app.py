@@ -1,0 +1,81 @@
+"""Builds the Serve application and its Serve config from a deploy profile.
+
+`serve_config()` is what `make run` deploys and what the Helm chart puts in the RayService's
+serveConfigV2: one application whose ingress is the gateway and whose stages are each their own
+deployment, with replicas, autoscaling, concurrency and resources taken from the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from services.models.profile import STAGES, load_profile
+
+APP_NAME = "omniray"
+GRPC_SERVICER = "omni.v1.omni_pb2_grpc.add_OmniServicer_to_server"
+DEPLOYMENT_NAMES = {
+    "gateway": "Gateway",
+    "encoder": "Encoder",
+    "prefill": "Prefill",
+    "decode": "Decode",
+    "talker": "Talker",
+    "vocoder": "Vocoder",
+}
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    """Serve application builder (`import_path: services.app:build_app`, `args: {profile: ...}`)."""
+    from services.gateway.server import Gateway
+    from services.stages.encoder import Encoder
+    from services.stages.speech import Talker, Vocoder
+    from services.stages.thinker import Decode, Prefill
+
+    profile = str(args["profile"])
+    load_profile(profile)  # fail at build time on a bad profile, not in every replica
+    return Gateway.bind(
+        profile,
+        Encoder.bind(profile),
+        Prefill.bind(profile),
+        Decode.bind(profile),
+        Talker.bind(profile),
+        Vocoder.bind(profile),
+        async_chunk=args.get("async_chunk"),
+    )
+
+
+def serve_config(profile_name: str, *, http_port: int = 8000, grpc_port: int = 9000, host: str = "0.0.0.0",
+                 app_args: dict[str, Any] | None = None, stage_overrides: dict[str, dict] | None = None,
+                 env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+    """The Serve config (ServeDeploySchema) for one profile, validated before it is returned.
+
+    `stage_overrides` replaces deployment options per stage (tests shorten autoscaling delays)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    profile = load_profile(profile_name)
+    deployments = []
+    for stage in STAGES:
+        spec = profile.stages.get(stage)
+        if spec is None:
+            continue
+        options = spec.model_dump(exclude_none=True)
+        options.update((stage_overrides or {}).get(stage, {}))
+        deployments.append({"name": DEPLOYMENT_NAMES[stage], **options})
+    app: dict[str, Any] = {
+        "name": APP_NAME,
+        "route_prefix": "/",
+        "import_path": "services.app:build_app",
+        "args": {"profile": profile_name, **(app_args or {})},
+        "deployments": deployments,
+    }
+    if env_vars:
+        app["runtime_env"] = {"env_vars": env_vars}
+    config = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": host, "port": http_port, "request_timeout_s": 600},
+        "grpc_options": {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]},
+        "applications": [app],
+    }
+    ServeDeploySchema.model_validate(config)
+    return config

@@ -1,0 +1,95 @@
+"""Tracing and metrics shared by every stage.
+
+Tracing: one OpenTelemetry trace per request; the W3C context rides in RequestContext.trace_context
+so spans of every stage join it. Spans are exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+Metrics: Ray's metrics API (exported by Ray's Prometheus endpoint, which prefixes names with `ray_`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+from omni.v1 import common_pb2
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_setup_lock = threading.Lock()
+_configured = False
+
+LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+
+def _configure() -> None:
+    global _configured
+    with _setup_lock:
+        if _configured:
+            return
+        provider = TracerProvider(resource=Resource.create({"service.name": "omniray"}))
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        if not isinstance(trace.get_tracer_provider(), TracerProvider):
+            trace.set_tracer_provider(provider)
+        _configured = True
+
+
+def tracer(component: str) -> trace.Tracer:
+    _configure()
+    return trace.get_tracer(f"omniray.{component}")
+
+
+def inject(ctx: common_pb2.RequestContext) -> None:
+    """Write the current span's context into the message."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    ctx.trace_context.clear()
+    ctx.trace_context.update(carrier)
+
+
+@contextlib.contextmanager
+def stage_span(component: str, name: str, ctx: common_pb2.RequestContext, **attributes) -> Iterator[trace.Span]:
+    """A span that continues the trace carried by `ctx`."""
+    parent = _PROPAGATOR.extract(dict(ctx.trace_context))
+    token = otel_context.attach(parent)
+    try:
+        with tracer(component).start_as_current_span(name) as span:
+            span.set_attribute("omniray.request_id", ctx.request_id)
+            span.set_attribute("omniray.tenant", ctx.tenant)
+            for key, value in attributes.items():
+                span.set_attribute(f"omniray.{key}", value)
+            yield span
+    finally:
+        otel_context.detach(token)
+
+
+class StageMetrics:
+    """Per-stage request latency and in-flight work, tagged by stage and operation."""
+
+    def __init__(self, stage: str):
+        from ray.util import metrics
+
+        self.stage = stage
+        self.latency = metrics.Histogram(
+            "omniray_stage_latency_seconds",
+            description="Processing time of one stage call (whole stream for streaming calls).",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("stage", "op"),
+        )
+        self.errors = metrics.Counter(
+            "omniray_stage_errors_total", description="Stage calls that raised.", tag_keys=("stage", "op")
+        )
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.latency.observe(seconds, tags={"stage": self.stage, "op": op})
+
+    def error(self, op: str) -> None:
+        self.errors.inc(tags={"stage": self.stage, "op": op})

@@ -1,0 +1,51 @@
+"""API errors: one exception type, rendered as an OpenAI-style body over REST or a gRPC status."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class OmniError(Exception):
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return _GRPC.get(self.status, grpc.StatusCode.INVALID_ARGUMENT if self.status < 500 else grpc.StatusCode.INTERNAL)
+
+
+_TYPES = {
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+_GRPC = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def bad_request(message: str, *, code: str = "invalid_request", param: str | None = None) -> OmniError:
+    return OmniError(400, message, code=code, param=param)
+
+
+def too_large(message: str, *, code: str, param: str | None = None) -> OmniError:
+    return OmniError(413, message, code=code, param=param)

@@ -1,0 +1,240 @@
+"""The request pipeline behind both the REST and the gRPC API.
+
+prepare(): validate, decode media, run the encoder pool, build the thinker prompt (every client
+error surfaces here, before any response byte is sent). generate(): prefill -> decode streams
+text; with audio out, the talker starts on the first text piece (async chunk) and the vocoder on
+the first unit chunk, so PCM streams while the thinker is still writing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from omni.v1 import common_pb2, omni_pb2, stages_pb2
+from ray.serve.handle import DeploymentHandle
+
+from services.common import telemetry, tensors
+from services.gateway import media
+from services.gateway.errors import OmniError, bad_request
+from services.gateway.prompt import PromptBuilder
+from services.gateway.text_chunker import TextChunker
+from services.models.profile import Profile
+from services.router.plan import StagePlan, plan
+
+SUPPORTED_MODALITIES = {"text", "audio"}
+# Trailing units the gateway keeps as vocoder left context between chunks (>= any vocoder needs).
+VOCODER_CONTEXT = 32
+# Without async chunk, whole-utterance audio is still sent to the client in pieces of this length.
+WHOLE_AUDIO_PIECE_S = 0.5
+
+
+@dataclass
+class Event:
+    text: str = ""
+    pcm16: bytes = b""
+    sample_rate: int = 0
+    transcript: str | None = None
+    finish_reason: str | None = None
+    usage: common_pb2.Usage | None = None
+
+
+@dataclass
+class Prepared:
+    request: omni_pb2.ChatRequest
+    ctx: common_pb2.RequestContext
+    plan: StagePlan
+    prompt: stages_pb2.Prompt
+    sampling: common_pb2.SamplingParams
+    voice: str
+    audio_format: str
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class StageHandles:
+    encoder: DeploymentHandle
+    prefill: DeploymentHandle
+    decode: DeploymentHandle
+    talker: DeploymentHandle
+    vocoder: DeploymentHandle
+
+    def grpc(self) -> StageHandles:
+        """The same handles on Serve's gRPC transport between replicas."""
+        return StageHandles(**{k: h.options(_by_reference=False) for k, h in vars(self).items()})
+
+
+class Pipeline:
+    def __init__(self, profile: Profile, handles: StageHandles, prompts: PromptBuilder, *, async_chunk: bool | None = None):
+        self.profile = profile
+        self.h = handles.grpc()
+        self.prompts = prompts
+        self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
+
+    # ---- validation and preparation -----------------------------------------------------
+
+    def _validate(self, req: omni_pb2.ChatRequest) -> tuple[common_pb2.SamplingParams, str, str]:
+        limits, pipe = self.profile.limits, self.profile.pipeline
+        if req.model != self.profile.served_model_name:
+            raise OmniError(400, f"model {req.model!r} does not exist; this server serves "
+                                 f"{self.profile.served_model_name!r}", code="model_not_found", param="model")
+        if not req.messages:
+            raise bad_request("messages must not be empty", param="messages")
+        if len(req.messages) > limits.max_messages:
+            raise bad_request(f"at most {limits.max_messages} messages", param="messages")
+        for i, m in enumerate(req.messages):
+            if m.role not in ("system", "developer", "user", "assistant"):
+                raise bad_request(f"unknown role {m.role!r}", param=f"messages.{i}.role")
+        modalities = set(req.modalities or ["text"])
+        if not modalities <= SUPPORTED_MODALITIES or "text" not in modalities:
+            raise bad_request(f"unsupported modalities {sorted(modalities)}; use ['text'] or ['text', 'audio']",
+                              code="unsupported_modality", param="modalities")
+        voice = req.audio.voice or pipe.default_voice
+        if voice not in pipe.voices:
+            raise bad_request(f"unknown voice {voice!r}; available: {pipe.voices}", param="audio.voice")
+        audio_format = req.audio.format or "pcm16"
+        if audio_format not in ("wav", "pcm16"):
+            raise bad_request(f"unsupported audio format {audio_format!r}", param="audio.format")
+        sampling = common_pb2.SamplingParams()
+        sampling.CopyFrom(req.sampling)
+        if sampling.max_tokens <= 0:
+            sampling.max_tokens = pipe.default_max_tokens
+        if sampling.max_tokens > limits.max_tokens_cap:
+            raise bad_request(f"max_tokens must be at most {limits.max_tokens_cap}", param="max_tokens")
+        if not req.HasField("sampling"):
+            sampling.temperature, sampling.top_p = 1.0, 1.0
+        return sampling, voice, audio_format
+
+    def _media_items(self, req: omni_pb2.ChatRequest) -> list[stages_pb2.MediaItem]:
+        limits = self.profile.limits
+        items = []
+        for i, m in enumerate(req.messages):
+            for j, part in enumerate(m.content):
+                param = f"messages.{i}.content.{j}"
+                kind = part.WhichOneof("part")
+                if kind == "image":
+                    data = part.image.data or media.data_url_bytes(part.image.url, param=param,
+                                                                   limit=limits.max_image_bytes)
+                    media.validate_image(data, limits, param=param)
+                    items.append(stages_pb2.MediaItem(modality="image", data=tensors.describe_bytes(data),
+                                                      detail=part.image.detail or "auto"))
+                elif kind == "audio":
+                    wave = media.decode_audio(part.audio.data, part.audio.format or "wav", limits, param=param)
+                    items.append(stages_pb2.MediaItem(modality="audio", data=tensors.describe_bytes(wave.tobytes())))
+                elif kind is None:
+                    raise bad_request("empty content part", param=param)
+        if len(items) > limits.max_media_items:
+            raise bad_request(f"at most {limits.max_media_items} images and audio clips per request",
+                              code="too_many_media_items", param="messages")
+        return items
+
+    async def prepare(self, req: omni_pb2.ChatRequest, tenant: str = "default") -> Prepared:
+        sampling, voice, audio_format = self._validate(req)
+        ctx = common_pb2.RequestContext(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant=tenant)
+        stage_plan = plan(req)
+        with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
+            span.set_attribute("omniray.request_class", stage_plan.request_class)
+            telemetry.inject(ctx)
+            items = await asyncio.to_thread(self._media_items, req)
+            encoded: list[stages_pb2.EncodedItem] = []
+            if items:
+                response = await self.h.encoder.Encode.remote(stages_pb2.EncodeRequest(ctx=ctx, items=items))
+                encoded = list(response.items)
+            prompt = self.prompts.render(list(req.messages), encoded)
+        n_prompt = sum(len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments)
+        if n_prompt + sampling.max_tokens > self.profile.engine.max_model_len:
+            raise bad_request(
+                f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the context length "
+                f"({self.profile.engine.max_model_len})", code="context_length_exceeded", param="messages")
+        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format)
+
+    # ---- generation ----------------------------------------------------------------------
+
+    async def generate(self, p: Prepared) -> AsyncIterator[Event]:
+        out: asyncio.Queue = asyncio.Queue()
+        pieces: asyncio.Queue = asyncio.Queue()
+        final: dict = {}
+
+        async def think() -> None:
+            pre = await self.h.prefill.Prefill.remote(
+                stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling))
+            chunker = TextChunker(self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens)
+            text = []
+            stream = self.h.decode.options(stream=True).Decode.remote(stages_pb2.DecodeRequest(
+                ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=pre.kv_transfer_params))
+            async for chunk in stream:
+                if chunk.text:
+                    text.append(chunk.text)
+                    await out.put(Event(text=chunk.text))
+                    if p.plan.speak and self.async_chunk and (piece := chunker.push(chunk.text, len(chunk.token_ids))):
+                        await pieces.put(piece)
+                if chunk.finish_reason:
+                    final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
+            if p.plan.speak:
+                rest = chunker.flush() if self.async_chunk else "".join(text)
+                if rest and rest.strip():
+                    await pieces.put(rest)
+            await pieces.put(None)
+
+        async def speak() -> None:
+            left: np.ndarray | None = None
+            index = 0
+            while (piece := await pieces.get()) is not None:
+                talk = stages_pb2.TalkRequest(ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index)
+                index += 1
+                if self.async_chunk:
+                    transcript = piece
+                    async for uc in self.h.talker.options(stream=True).Talk.remote(talk):
+                        if uc.is_final:
+                            break
+                        left = await self._vocode(p, uc.units, left, out, transcript)
+                        transcript = None
+                else:
+                    # Baseline: each stage waits for the whole output of the previous one.
+                    units = [tensors.materialize(uc.units)
+                             async for uc in self.h.talker.options(stream=True).Talk.remote(talk) if not uc.is_final]
+                    if units:
+                        await self._vocode(p, tensors.describe(np.concatenate(units)), None, out, piece,
+                                           split_s=WHOLE_AUDIO_PIECE_S)
+
+        async def run(coro) -> None:
+            try:
+                await coro
+            finally:
+                await out.put(None)
+
+        tasks = [asyncio.create_task(run(think()))]
+        if p.plan.speak:
+            tasks.append(asyncio.create_task(run(speak())))
+        try:
+            done = 0
+            while done < len(tasks):
+                ev = await out.get()
+                if ev is None:
+                    done += 1
+                    continue
+                yield ev
+            for t in tasks:  # re-raise a stage failure
+                t.result()
+            yield Event(finish_reason=final.get("finish_reason", "stop"), usage=final.get("usage"))
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _vocode(self, p: Prepared, units: common_pb2.TensorDescriptor, left: np.ndarray | None,
+                      out: asyncio.Queue, transcript: str | None, split_s: float | None = None) -> np.ndarray:
+        req = stages_pb2.VocodeRequest(ctx=p.ctx, units=units, voice=p.voice)
+        if left is not None:
+            req.left_context.CopyFrom(tensors.describe(left))
+        chunk = await self.h.vocoder.Vocode.remote(req)
+        pcm, rate = chunk.pcm16, chunk.sample_rate
+        step = len(pcm) if split_s is None else max(2, int(split_s * rate) * 2)
+        for k in range(0, len(pcm), step):
+            await out.put(Event(pcm16=pcm[k:k + step], sample_rate=rate, transcript=transcript if k == 0 else None))
+        current = tensors.materialize(units)
+        joined = current if left is None else np.concatenate([left, current])
+        return joined[-VOCODER_CONTEXT:]

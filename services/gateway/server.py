@@ -1,0 +1,197 @@
+"""The gateway deployment: OpenAI-compatible REST (FastAPI ingress) and gRPC `omni.v1.Omni`, both
+in front of the one Pipeline."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from omni.v1 import common_pb2, omni_pb2
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from ray.util import metrics
+
+from services.common.telemetry import LATENCY_BUCKETS_S
+from services.gateway import openai_api
+from services.gateway.errors import OmniError, bad_request, too_large
+from services.gateway.pipeline import Event, Pipeline, StageHandles
+from services.gateway.prompt import PromptBuilder
+from services.models.profile import load_profile
+
+api = FastAPI(title="omniray", docs_url=None, redoc_url=None)
+
+
+@api.exception_handler(OmniError)
+async def _omni_error(_: Request, e: OmniError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class _Metrics:
+    def __init__(self):
+        self.requests = metrics.Counter("omniray_gateway_requests_total", description="Requests by API and outcome.",
+                                        tag_keys=("api", "code"))
+        self.ttft = metrics.Histogram("omniray_gateway_ttft_seconds", description="Arrival to first text token.",
+                                      boundaries=LATENCY_BUCKETS_S)
+        self.ttfp = metrics.Histogram("omniray_audio_ttfp_seconds", description="Arrival to first audio chunk.",
+                                      boundaries=LATENCY_BUCKETS_S)
+        self.e2e = metrics.Histogram("omniray_gateway_e2e_seconds", description="Arrival to last chunk.",
+                                     boundaries=LATENCY_BUCKETS_S, tag_keys=("api",))
+
+
+@serve.deployment
+@serve.ingress(api)
+class Gateway:
+    def __init__(self, profile: str, encoder: DeploymentHandle, prefill: DeploymentHandle, decode: DeploymentHandle,
+                 talker: DeploymentHandle, vocoder: DeploymentHandle, async_chunk: bool | None = None):
+        self.profile = load_profile(profile)
+        self.handles = StageHandles(encoder, prefill, decode, talker, vocoder)
+        prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
+        self.pipeline = Pipeline(self.profile, self.handles, prompts, async_chunk=async_chunk)
+        self.metrics = _Metrics()
+
+    # ---- observation helpers ------------------------------------------------------------
+
+    async def _observed(self, api_name: str, events: AsyncIterator[Event], arrival: float) -> AsyncIterator[Event]:
+        first_text = first_audio = True
+        code = "ok"
+        try:
+            async for ev in events:
+                if ev.text and first_text:
+                    first_text = False
+                    self.metrics.ttft.observe(time.perf_counter() - arrival)
+                if ev.pcm16 and first_audio:
+                    first_audio = False
+                    self.metrics.ttfp.observe(time.perf_counter() - arrival)
+                yield ev
+        except BaseException:
+            code = "error"
+            raise
+        finally:
+            self.metrics.requests.inc(tags={"api": api_name, "code": code})
+            self.metrics.e2e.observe(time.perf_counter() - arrival, tags={"api": api_name})
+
+    # ---- REST ---------------------------------------------------------------------------
+
+    async def _read_json(self, request: Request):
+        limit = self.profile.limits.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise too_large(f"request body is larger than {limit} bytes", code="request_too_large")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise too_large(f"request body is larger than {limit} bytes", code="request_too_large")
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        arrival = time.perf_counter()
+        try:
+            body = await self._read_json(request)
+            req, proto = openai_api.parse_request(body, self.profile.limits)
+            prepared = await self.pipeline.prepare(proto)
+        except OmniError as e:
+            self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
+            raise
+        events = self._observed("rest", self.pipeline.generate(prepared), arrival)
+        rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
+        speak = prepared.plan.speak
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(self._sse(events, rid, model, created, speak, include_usage),
+                                     media_type="text/event-stream")
+        text, pcm, rate, finish, usage = [], bytearray(), 0, "stop", common_pb2.Usage()
+        async for ev in events:
+            text.append(ev.text)
+            pcm += ev.pcm16
+            rate = ev.sample_rate or rate
+            if ev.finish_reason:
+                finish, usage = ev.finish_reason, ev.usage or usage
+        audio = None
+        if speak:
+            audio = openai_api.audio_message(f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000,
+                                             prepared.audio_format, "".join(text))
+        return openai_api.completion(rid, model, created, "".join(text), finish, usage, audio)
+
+    async def _sse(self, events: AsyncIterator[Event], rid: str, model: str, created: int, speak: bool,
+                   include_usage: bool) -> AsyncIterator[str]:
+        import base64
+
+        def line(obj: dict) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        audio_id = f"audio_{uuid.uuid4().hex}"
+        yield line(openai_api.chunk(rid, model, created, {"role": "assistant", "content": ""}))
+        try:
+            async for ev in events:
+                if ev.text:
+                    # As OpenAI: with audio out the words stream as the audio's transcript.
+                    delta = {"audio": {"id": audio_id, "transcript": ev.text}} if speak else {"content": ev.text}
+                    yield line(openai_api.chunk(rid, model, created, delta))
+                if ev.pcm16:
+                    yield line(openai_api.chunk(rid, model, created, {"audio": {
+                        "id": audio_id, "data": base64.b64encode(ev.pcm16).decode(), "sample_rate": ev.sample_rate}}))
+                if ev.finish_reason:
+                    yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
+                    if include_usage and ev.usage is not None:
+                        yield line({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                                    "choices": [], "usage": openai_api.usage_dict(ev.usage)})
+        except Exception as e:  # headers are gone: report in-band, then end the stream cleanly
+            yield line({"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None,
+                                  "code": "stage_failure"}})
+        yield "data: [DONE]\n\n"
+
+    @api.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [self._model_card()]}
+
+    def _model_card(self) -> dict:
+        m = self.profile.models
+        inputs = ["text"] + (["image"] if m.vision else []) + (["audio"] if m.audio else [])
+        outputs = ["text"] + (["audio"] if m.talker and m.vocoder else [])
+        return {"id": self.profile.served_model_name, "object": "model", "created": 0, "owned_by": "omniray",
+                "input_modalities": inputs, "output_modalities": outputs}
+
+    @api.get("/health")
+    async def health(self):
+        return {"status": "ok", "profile": self.profile.name}
+
+    # ---- gRPC (omni.v1.Omni through Serve's gRPC proxy) -----------------------------------
+
+    async def Chat(self, request: omni_pb2.ChatRequest, grpc_context=None) -> AsyncIterator[omni_pb2.ChatChunk]:
+        arrival = time.perf_counter()
+        try:
+            prepared = await self.pipeline.prepare(request)
+        except OmniError as e:
+            self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
+            if grpc_context is not None:
+                grpc_context.set_code(e.grpc_code)
+                grpc_context.set_details(e.message)
+            return
+        rid, model = prepared.ctx.request_id, self.profile.served_model_name
+        async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
+            if ev.text:
+                yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
+            if ev.pcm16:
+                yield omni_pb2.ChatChunk(id=rid, model=model, audio=omni_pb2.AudioDelta(
+                    pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""))
+            if ev.finish_reason:
+                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
+
+    async def ListModels(self, request: omni_pb2.ListModelsRequest) -> omni_pb2.ListModelsResponse:
+        card = self._model_card()
+        return omni_pb2.ListModelsResponse(models=[omni_pb2.ModelCard(
+            id=card["id"], owned_by=card["owned_by"], input_modalities=card["input_modalities"],
+            output_modalities=card["output_modalities"])])
+
+    async def Health(self, request: omni_pb2.HealthRequest) -> omni_pb2.HealthResponse:
+        return omni_pb2.HealthResponse(status="ok")
+

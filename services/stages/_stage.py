@@ -1,0 +1,38 @@
+"""What every stage deployment shares: profile loading, adapter loading, timing and tracing."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+from omni.v1 import common_pb2
+
+from services.common.telemetry import StageMetrics, stage_span
+from services.models.profile import ModelSpec, Profile, load_profile
+from services.models.registry import adapter_module
+
+
+class Stage:
+    name = "stage"
+
+    def __init__(self, profile: str):
+        self.profile: Profile = load_profile(profile)
+        self.metrics = StageMetrics(self.name)
+
+    def load_model(self, spec: ModelSpec | None):
+        if spec is None:
+            return None
+        return adapter_module(spec.adapter).load(self.profile.model_path(spec), spec.options)
+
+    @contextlib.contextmanager
+    def operation(self, op: str, ctx: common_pb2.RequestContext, **attributes) -> Iterator[None]:
+        start = time.perf_counter()
+        with stage_span(self.name, f"{self.name}.{op}", ctx, **attributes):
+            try:
+                yield
+            except BaseException:
+                self.metrics.error(op)
+                raise
+            finally:
+                self.metrics.observe(op, time.perf_counter() - start)

@@ -1,0 +1,63 @@
+"""Prefill and decode stages: the thinker's two halves, each its own Serve deployment and engine."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from omni.v1 import common_pb2, stages_pb2
+from ray import serve
+
+from services.engine.thinker import ThinkerEngine
+from services.stages._stage import Stage
+
+
+@serve.deployment
+class Prefill(Stage):
+    name = "prefill"
+
+    def __init__(self, profile: str):
+        super().__init__(profile)
+        self.engine = ThinkerEngine(self.profile, "prefill")
+
+    async def Prefill(self, request: stages_pb2.PrefillRequest) -> stages_pb2.PrefillResponse:
+        with self.operation("prefill", request.ctx):
+            n_tokens, kv_params = await self.engine.prefill(
+                f"{request.ctx.request_id}-prefill", request.prompt, request.sampling
+            )
+            return stages_pb2.PrefillResponse(prompt_tokens=n_tokens, kv_transfer_params=kv_params)
+
+    def __del__(self):
+        self.engine.shutdown()
+
+
+@serve.deployment
+class Decode(Stage):
+    name = "decode"
+
+    def __init__(self, profile: str):
+        super().__init__(profile)
+        self.engine = ThinkerEngine(self.profile, "decode")
+
+    async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
+        with self.operation("decode", request.ctx):
+            async for delta in self.engine.decode(
+                f"{request.ctx.request_id}-decode", request.prompt, request.sampling, request.kv_transfer_params
+            ):
+                yield stages_pb2.DecodeChunk(
+                    token_ids=delta.token_ids,
+                    text=delta.text,
+                    finish_reason=delta.finish_reason or "",
+                    usage=common_pb2.Usage(
+                        prompt_tokens=delta.prompt_tokens,
+                        completion_tokens=delta.completion_tokens,
+                        total_tokens=delta.prompt_tokens + delta.completion_tokens,
+                        cached_prompt_tokens=delta.cached_tokens,
+                    ),
+                )
+
+    async def prompt_token_sources(self) -> dict[str, float]:
+        """vLLM's count of prompt tokens by source; `external_kv_transfer` is KV that prefill sent."""
+        return self.engine.prompt_token_sources()
+
+    def __del__(self):
+        self.engine.shutdown()
