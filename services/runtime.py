@@ -6,6 +6,7 @@ State (pids, ports, logs) lives in a run directory so `make stop` finds everythi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from services.app import serve_config
 from services.models.profile import REPO_ROOT, data_dir
 
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
+RUN_ID_ENV = "OMNIRAY_RUN_ID"
 
 
 def free_port() -> int:
@@ -54,6 +57,9 @@ class LocalCluster:
     redis_port: int
     redis_pid: int = 0
     ray_temp_dir: str = ""
+    # Tags every process of this run (env OMNIRAY_RUN_ID) so `stop` also finds engine
+    # subprocesses that outlive their replica.
+    run_id: str = ""
 
     @property
     def http_url(self) -> str:
@@ -93,28 +99,37 @@ def start(profile: str, *, http_port: int = 8000, grpc_port: int = 9000, run_dir
           app_args: dict[str, Any] | None = None, stage_overrides: dict[str, dict] | None = None,
           timeout_s: float = 300.0, log=print) -> LocalCluster:
     run_dir.mkdir(parents=True, exist_ok=True)
-    if (old := LocalCluster.load(run_dir)) is not None:
+    if LocalCluster.load(run_dir) is not None:
         log("[omniray] stopping the previous local run first")
         stop(run_dir, log=log)
     cluster = LocalCluster(run_dir=run_dir, http_port=http_port, grpc_port=grpc_port, gcs_port=free_port(),
                            dashboard_port=free_port(), redis_port=free_port(),
-                           ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}")
+                           ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
+                           run_id=uuid.uuid4().hex)
     cluster.save()
     try:
         _start_redis(cluster)
         cluster.save()
         _start_ray(cluster)
-        config = serve_config(profile, http_port=http_port, grpc_port=grpc_port, app_args=app_args,
-                              stage_overrides=stage_overrides, env_vars={"OMNIRAY_DATA": str(data_dir())})
-        cfg_file = run_dir / "serve_config.yaml"
-        cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
-        subprocess.run([_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url], check=True,
-                       env=_ray_env(), stdout=subprocess.DEVNULL)
-        _wait_ready(cluster, timeout_s)
+        deploy(cluster, profile, app_args=app_args, stage_overrides=stage_overrides, timeout_s=timeout_s)
     except BaseException:
         stop(run_dir, log=log)
         raise
     return cluster
+
+
+def deploy(cluster: LocalCluster, profile: str, *, app_args: dict[str, Any] | None = None,
+           stage_overrides: dict[str, dict] | None = None, timeout_s: float = 300.0) -> None:
+    """(Re)deploy the profile's Serve config on the running cluster and wait until it serves."""
+    config = serve_config(profile, http_port=cluster.http_port, grpc_port=cluster.grpc_port, app_args=app_args,
+                          stage_overrides=stage_overrides,
+                          env_vars={"OMNIRAY_DATA": str(data_dir()), RUN_ID_ENV: cluster.run_id})
+    cfg_file = cluster.run_dir / "serve_config.yaml"
+    cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    subprocess.run([_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url], check=True,
+                   env=_ray_env(), stdout=subprocess.DEVNULL)
+    time.sleep(2)  # let the controller pick the new config up before polling its status
+    _wait_ready(cluster, timeout_s)
 
 
 def _start_redis(cluster: LocalCluster) -> None:
@@ -167,18 +182,36 @@ def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
     raise TimeoutError(f"application not RUNNING after {timeout_s:.0f}s (last status {last!r})")
 
 
+def _kill_tagged(run_id: str) -> None:
+    """Kill what is left of this run: processes whose environment carries its run id."""
+    import psutil
+
+    if not run_id:
+        return
+    tag = f"{RUN_ID_ENV}={run_id}".encode()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                if tag in f.read().split(b"\0"):
+                    proc.kill()
+        except (OSError, psutil.Error):
+            continue
+
+
 def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print) -> None:
     cluster = LocalCluster.load(run_dir)
     if cluster is None:
         log("[omniray] nothing to stop")
         return
     env = _ray_env()
+    # Graceful first: replicas shut their engines down (and with them the engine processes).
+    subprocess.run([_bin("serve"), "shutdown", "-y", "-a", cluster.dashboard_url], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
     subprocess.run([_bin("ray"), "stop", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_tagged(cluster.run_id)
     if cluster.redis_pid:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(cluster.redis_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     if cluster.ray_temp_dir:
         shutil.rmtree(cluster.ray_temp_dir, ignore_errors=True)
     (run_dir / "state.json").unlink(missing_ok=True)

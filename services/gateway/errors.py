@@ -16,12 +16,20 @@ class OmniError(Exception):
         self.type = type or _TYPES.get(status, "invalid_request_error")
         self.headers = headers or {}
 
+    def __reduce__(self):
+        # Keyword-only fields: default exception pickling would lose them (Serve pickles errors).
+        return (_rebuild, (self.status, self.message, self.code, self.param, self.type, self.headers))
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     @property
     def grpc_code(self) -> grpc.StatusCode:
         return _GRPC.get(self.status, grpc.StatusCode.INVALID_ARGUMENT if self.status < 500 else grpc.StatusCode.INTERNAL)
+
+
+def _rebuild(status, message, code, param, type, headers) -> OmniError:
+    return OmniError(status, message, code=code, param=param, type=type, headers=headers)
 
 
 _TYPES = {

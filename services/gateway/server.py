@@ -172,10 +172,12 @@ class Gateway:
             prepared = await self.pipeline.prepare(request)
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
-            if grpc_context is not None:
-                grpc_context.set_code(e.grpc_code)
-                grpc_context.set_details(e.message)
-            return
+            if grpc_context is None:
+                raise
+            # Serve keeps a code set on the context when the method then raises.
+            grpc_context.set_code(e.grpc_code)
+            grpc_context.set_details(e.message)
+            raise
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
         async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
             if ev.text:

@@ -1,0 +1,91 @@
+"""Shared fixtures. `omniray` starts the real local runtime (Redis, Ray, Serve, vLLM) once per
+session on free ports with the `tiny` profile, exactly as `make run` does."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+from PIL import Image
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+# Short autoscaling delays so a test can watch a stage scale up and back down.
+ENCODER_AUTOSCALING = {
+    "autoscaling_config": {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 1,
+        "upscale_delay_s": 0.5,
+        "downscale_delay_s": 3,
+        "look_back_period_s": 1,
+        "metrics_interval_s": 0.5,
+    }
+}
+
+
+@pytest.fixture(scope="session")
+def omniray():
+    from services import runtime
+
+    run_dir = Path(tempfile.mkdtemp(prefix="omniray-test-"))
+    cluster = runtime.start(
+        "tiny",
+        http_port=runtime.free_port(),
+        grpc_port=runtime.free_port(),
+        run_dir=run_dir,
+        stage_overrides={"encoder": ENCODER_AUTOSCALING},
+        timeout_s=420,
+    )
+    try:
+        yield cluster
+    finally:
+        runtime.stop(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_driver(omniray):
+    """This process joined to the test cluster (for Serve handles and status)."""
+    import ray
+
+    ray.init(address=omniray.ray_address, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def model_name() -> str:
+    return "omniray-tiny"
+
+
+@pytest.fixture(scope="session")
+def openai_client(omniray):
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{omniray.http_url}/v1", api_key="unused", timeout=120, max_retries=0)
+
+
+def png_bytes(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def wav_bytes(seconds: float = 1.0, rate: int = 16000, freq: float = 220.0) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    soundfile.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def data_url(png: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(png).decode()}"

@@ -1,0 +1,98 @@
+"""The Serve application: gateway plus five stage deployments, autoscaling, the P/D KV hand-off,
+and async chunk ordering."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+import urllib.request
+
+import httpx
+
+from tests.conftest import data_url, png_bytes
+
+STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
+
+
+def _app_status(omniray) -> dict:
+    with urllib.request.urlopen(f"{omniray.dashboard_url}/api/serve/applications/", timeout=10) as r:
+        return json.load(r)["applications"]["omniray"]
+
+
+def _running_replicas(omniray, deployment: str) -> int:
+    replicas = _app_status(omniray)["deployments"][deployment]["replicas"]
+    return sum(r["state"] == "RUNNING" for r in replicas)
+
+
+def test_gateway_and_five_stage_deployments(omniray):
+    app = _app_status(omniray)
+    assert app["status"] == "RUNNING"
+    assert set(app["deployments"]) == STAGES
+    assert all(d["status"] == "HEALTHY" for d in app["deployments"].values())
+    # Each stage carries its own options from the profile.
+    configs = {name: d["deployment_config"] for name, d in app["deployments"].items()}
+    assert configs["Encoder"]["autoscaling_config"]["max_replicas"] == 2
+    assert configs["Decode"]["max_ongoing_requests"] == 128
+
+
+def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
+    assert _running_replicas(omniray, "Encoder") == 1
+    images = [{"type": "image_url", "image_url": {"url": data_url(png_bytes(512, 512, seed=i))}} for i in range(8)]
+    body = {"model": model_name, "max_tokens": 1, "messages": [{"role": "user", "content": images}]}
+    deadline = time.monotonic() + 90
+    scaled = False
+
+    def one(_):
+        with httpx.Client(timeout=120) as c:
+            return c.post(f"{omniray.http_url}/v1/chat/completions", json=body).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        while time.monotonic() < deadline and not scaled:
+            assert set(pool.map(one, range(16))) == {200}
+            scaled = _running_replicas(omniray, "Encoder") >= 2
+    assert scaled, "encoder did not scale up under concurrent load"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and _running_replicas(omniray, "Encoder") > 1:
+        time.sleep(1)
+    assert _running_replicas(omniray, "Encoder") == 1, "encoder did not scale back down when idle"
+
+
+def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client, model_name):
+    """vLLM's own counter in the decode engine: prompt tokens that arrived as KV from prefill."""
+    from ray import serve
+
+    decode = serve.get_deployment_handle("Decode", app_name="omniray")
+    before = decode.prompt_token_sources.remote().result()
+    long_prompt = " ".join(f"word{i}" for i in range(400))
+    r = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": long_prompt}], max_tokens=4, temperature=0)
+    after = decode.prompt_token_sources.remote().result()
+    external = after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
+    computed = after.get("local_compute", 0) - before.get("local_compute", 0)
+    n = r.usage.prompt_tokens
+    assert n > 512
+    # All but the last (partial) block came over NIXL; decode computed at most one block itself.
+    assert external >= n - 128, (before, after, n)
+    assert computed <= 128, (before, after, n)
+
+
+def test_first_audio_arrives_before_last_text_token(omniray, model_name):
+    """Async chunk: the talker starts on the first text piece, not on the whole answer."""
+    body = {"model": model_name, "max_tokens": 200, "temperature": 0, "stream": True,
+            "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"},
+            "messages": [{"role": "user", "content": "Talk for a while"}]}
+    order = []
+    with httpx.Client(timeout=120) as c, c.stream("POST", f"{omniray.http_url}/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            choices = json.loads(line[6:])["choices"]
+            audio = choices[0]["delta"].get("audio", {}) if choices else {}
+            if audio.get("transcript"):
+                order.append("text")
+            if audio.get("data"):
+                order.append("audio")
+    assert "audio" in order and "text" in order
+    last_text = len(order) - 1 - order[::-1].index("text")
+    assert order.index("audio") < last_text, order

@@ -1,0 +1,34 @@
+"""Every deploy profile validates, and its generated Serve config passes Serve's own schema."""
+
+import pytest
+import yaml
+
+from services.app import DEPLOYMENT_NAMES, serve_config
+from services.models.profile import CONFIG_DIR, STAGES, load_profile
+from services.models.registry import ADAPTERS
+
+PROFILES = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_validates_and_renders(name):
+    profile = load_profile(name)
+    for _, spec in profile.models:
+        if spec is not None:
+            assert spec.adapter in ADAPTERS
+    config = serve_config(name, http_port=8123, grpc_port=9123)
+    app = config["applications"][0]
+    assert {d["name"] for d in app["deployments"]} == {DEPLOYMENT_NAMES[s] for s in STAGES}
+    assert config["grpc_options"]["port"] == 9123
+    yaml.safe_dump(config)  # what `serve deploy` and the chart consume
+
+
+def test_stage_overrides_replace_options():
+    config = serve_config("tiny", stage_overrides={"encoder": {"max_ongoing_requests": 3}})
+    enc = next(d for d in config["applications"][0]["deployments"] if d["name"] == "Encoder")
+    assert enc["max_ongoing_requests"] == 3
+
+
+def test_unknown_profile_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="known"):
+        load_profile("does-not-exist")

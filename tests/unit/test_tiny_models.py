@@ -1,0 +1,53 @@
+"""The tiny models: shapes, determinism, and chunked vocoding equal to whole-utterance decoding."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from services.models.profile import load_profile
+from services.models.registry import adapter_module
+
+PROFILE = load_profile("tiny")
+
+
+def _load(role):
+    spec = getattr(PROFILE.models, role)
+    path = PROFILE.model_path(spec)
+    if not path.exists():
+        pytest.skip("run `make models` first")
+    return adapter_module(spec.adapter).load(path, spec.options)
+
+
+def test_vision_encoder_gives_64_embeddings_per_tile():
+    enc = _load("vision")
+    out = enc.encode([Image.new("RGB", (300, 200)), Image.new("RGB", (10, 10), "red")])
+    assert [o.embeddings.shape for o in out] == [(64, 128), (64, 128)]
+
+
+def test_audio_encoder_rate():
+    enc = _load("audio")
+    (out,) = enc.encode([np.zeros(32000, np.float32)])
+    assert out.embeddings.shape[1] == 128 and 48 <= out.embeddings.shape[0] <= 51
+    assert out.audio_seconds == 2.0
+
+
+def test_talker_is_deterministic_and_chunked():
+    talker = _load("talker")
+    a = list(talker.stream_units("Hello world.", "default"))
+    b = list(talker.stream_units("Hello world.", "default"))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert sum(len(x) for x in a) == 2 * len("Hello world.")
+    assert all(len(x) <= 25 for x in a)
+
+
+def test_chunked_vocoding_equals_whole_utterance():
+    voc = _load("vocoder")
+    units = np.random.default_rng(0).integers(0, 256, 97).astype(np.int32)
+    whole = voc.decode(units, None, "default")
+    pieces, left = [], None
+    for k in range(0, len(units), 13):
+        chunk = units[k:k + 13]
+        pieces.append(voc.decode(chunk, left, "default"))
+        left = units[max(0, k + 13 - 32):k + 13]
+    np.testing.assert_allclose(np.concatenate(pieces), whole, atol=1e-5)
+    assert len(whole) == 97 * 480
