@@ -39,7 +39,9 @@ def make_engine(profile: Profile):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    # The decode engine's settings: the baseline is that engine without Serve, HTTP or P/D around it.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(profile.engine.kv_cache_space_gib))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = profile.engine.cpu_threads_bind.get("decode", "auto")
     e = profile.engine
     return AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=str(profile.model_path(profile.models.thinker)), dtype=e.dtype, max_model_len=e.max_model_len,

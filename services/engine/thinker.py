@@ -32,8 +32,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _engine_env(profile: Profile) -> dict[str, str]:
+def _engine_env(profile: Profile, role: Role) -> dict[str, str]:
     return {
+        "VLLM_CPU_OMP_THREADS_BIND": profile.engine.cpu_threads_bind.get(role, "auto"),
         "VLLM_CPU_KVCACHE_SPACE": str(profile.engine.kv_cache_space_gib),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
@@ -52,6 +53,18 @@ class DecodeDelta:
     completion_tokens: int
     cached_tokens: int
 
+    @staticmethod
+    def merge(deltas: list[DecodeDelta]) -> DecodeDelta:
+        last = deltas[-1]
+        return DecodeDelta(
+            token_ids=[t for d in deltas for t in d.token_ids],
+            text="".join(d.text for d in deltas),
+            finish_reason=last.finish_reason,
+            prompt_tokens=last.prompt_tokens,
+            completion_tokens=last.completion_tokens,
+            cached_tokens=last.cached_tokens,
+        )
+
 
 class ThinkerEngine:
     def __init__(self, profile: Profile, role: Role):
@@ -59,7 +72,7 @@ class ThinkerEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        os.environ.update(_engine_env(profile))
+        os.environ.update(_engine_env(profile, role))
         self.role = role
         self.model_path = profile.model_path(profile.models.thinker)
         kv_config = None

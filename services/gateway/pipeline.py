@@ -43,6 +43,22 @@ class Event:
     usage: common_pb2.Usage | None = None
 
 
+def _merge_text(batch: list[Event | None]) -> list[Event | None]:
+    """Consecutive text events that piled up become one (fewer chunks on the wire under load)."""
+    merged: list[Event | None] = []
+    for ev in batch:
+        prev = merged[-1] if merged else None
+        if ev is not None and prev is not None and _text_only(ev) and _text_only(prev):
+            merged[-1] = Event(text=prev.text + ev.text)
+        else:
+            merged.append(ev)
+    return merged
+
+
+def _text_only(ev: Event) -> bool:
+    return bool(ev.text) and not ev.pcm16 and ev.finish_reason is None
+
+
 @dataclass
 class Prepared:
     request: omni_pb2.ChatRequest
@@ -213,11 +229,14 @@ class Pipeline:
         try:
             done = 0
             while done < len(tasks):
-                ev = await out.get()
-                if ev is None:
-                    done += 1
-                    continue
-                yield ev
+                batch = [await out.get()]
+                while not out.empty():
+                    batch.append(out.get_nowait())
+                for ev in _merge_text(batch):
+                    if ev is None:
+                        done += 1
+                    else:
+                        yield ev
             for t in tasks:  # re-raise a stage failure
                 t.result()
             yield Event(finish_reason=final.get("finish_reason", "stop"), usage=final.get("usage"))

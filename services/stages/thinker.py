@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from omni.v1 import common_pb2, stages_pb2
 from ray import serve
 
-from services.engine.thinker import ThinkerEngine
+from services.common.streams import coalesce
+from services.engine.thinker import DecodeDelta, ThinkerEngine
 from services.stages._stage import Stage
 
 
@@ -40,9 +41,11 @@ class Decode(Stage):
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):
-            async for delta in self.engine.decode(
+            deltas = self.engine.decode(
                 f"{request.ctx.request_id}-decode", request.prompt, request.sampling, request.kv_transfer_params
-            ):
+            )
+            # Tokens that piled up while the previous chunk was in flight go out as one chunk.
+            async for delta in coalesce(deltas, DecodeDelta.merge):
                 yield stages_pb2.DecodeChunk(
                     token_ids=delta.token_ids,
                     text=delta.text,
