@@ -41,9 +41,10 @@ def _bin(name: str) -> str:
     return str(path) if path.exists() else name
 
 
-def _ray_env() -> dict[str, str]:
+def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     env = dict(os.environ)
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMNIRAY_DATA=str(data_dir()))
+    env[RUN_ID_ENV] = cluster.run_id
     return env
 
 
@@ -127,7 +128,7 @@ def deploy(cluster: LocalCluster, profile: str, *, app_args: dict[str, Any] | No
     cfg_file = cluster.run_dir / "serve_config.yaml"
     cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
     subprocess.run([_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url], check=True,
-                   env=_ray_env(), stdout=subprocess.DEVNULL)
+                   env=_ray_env(cluster), stdout=subprocess.DEVNULL)
     time.sleep(2)  # let the controller pick the new config up before polling its status
     _wait_ready(cluster, timeout_s)
 
@@ -158,7 +159,7 @@ def _start_ray(cluster: LocalCluster) -> None:
         [_bin("ray"), "start", "--head", f"--port={cluster.gcs_port}", "--node-ip-address=127.0.0.1",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cluster.dashboard_port}",
          f"--temp-dir={cluster.ray_temp_dir}", "--disable-usage-stats"],
-        check=True, env=_ray_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        check=True, env=_ray_env(cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
@@ -182,20 +183,29 @@ def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
     raise TimeoutError(f"application not RUNNING after {timeout_s:.0f}s (last status {last!r})")
 
 
-def _kill_tagged(run_id: str) -> None:
-    """Kill what is left of this run: processes whose environment carries its run id."""
+def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
+    """End every process of this run — Ray's, the replicas' and the engines' — and nothing else:
+    they all carry the run id in their environment (`ray stop` would end every Ray on the machine)."""
     import psutil
 
     if not run_id:
         return
     tag = f"{RUN_ID_ENV}={run_id}".encode()
+    procs = []
     for proc in psutil.process_iter(["pid"]):
         try:
             with open(f"/proc/{proc.pid}/environ", "rb") as f:
-                if tag in f.read().split(b"\0"):
-                    proc.kill()
-        except (OSError, psutil.Error):
+                if proc.pid != os.getpid() and tag in f.read().split(b"\0"):
+                    procs.append(proc)
+        except OSError:
             continue
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print) -> None:
@@ -203,11 +213,10 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print) -> None:
     if cluster is None:
         log("[omniray] nothing to stop")
         return
-    env = _ray_env()
     # Graceful first: replicas shut their engines down (and with them the engine processes).
-    subprocess.run([_bin("serve"), "shutdown", "-y", "-a", cluster.dashboard_url], env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120, check=False)
-    subprocess.run([_bin("ray"), "stop", "--force"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([_bin("serve"), "shutdown", "-y", "-a", cluster.dashboard_url], env=_ray_env(cluster),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
     _kill_tagged(cluster.run_id)
     if cluster.redis_pid:
         with contextlib.suppress(ProcessLookupError):

@@ -83,8 +83,13 @@ class ThinkerEngine:
 
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = ray.util.get_node_ip_address()
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
+            from vllm.platforms import current_platform
+
+            # On CPU, the same connector with transfers driven by polling (see nixl_cpu.py).
+            cpu = current_platform.is_cpu()
             kv_config = KVTransferConfig(
-                kv_connector="NixlConnector",
+                kv_connector="CpuNixlConnector" if cpu else "NixlConnector",
+                kv_connector_module_path="services.engine.nixl_cpu" if cpu else None,
                 kv_role="kv_producer" if role == "prefill" else "kv_consumer",
                 kv_buffer_device="cpu",
             )
