@@ -68,6 +68,7 @@ class Prepared:
     sampling: common_pb2.SamplingParams
     voice: str
     audio_format: str
+    prompt_tokens: int
     arrival: float = field(default_factory=time.perf_counter)
 
 
@@ -166,7 +167,7 @@ class Pipeline:
             raise bad_request(
                 f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the context length "
                 f"({self.profile.engine.max_model_len})", code="context_length_exceeded", param="messages")
-        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format)
+        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format, n_prompt)
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -176,12 +177,15 @@ class Pipeline:
         final: dict = {}
 
         async def think() -> None:
-            pre = await self.h.prefill.Prefill.remote(
-                stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling))
+            kv_params = ""
+            if self.profile.engine.kv_transfer != "none" and p.prompt_tokens >= self.profile.engine.disagg_min_prompt_tokens:
+                pre = await self.h.prefill.Prefill.remote(
+                    stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling))
+                kv_params = pre.kv_transfer_params
             chunker = TextChunker(self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens)
             text = []
             stream = self.h.decode.options(stream=True).Decode.remote(stages_pb2.DecodeRequest(
-                ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=pre.kv_transfer_params))
+                ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=kv_params))
             async for chunk in stream:
                 if chunk.text:
                     text.append(chunk.text)

@@ -38,6 +38,9 @@ class EngineSpec(_Strict):
     max_num_seqs: int = 64
     # "nixl": prefill hands its KV to decode over NIXL (P/D); "none": decode recomputes the prompt.
     kv_transfer: Literal["nixl", "none"] = "nixl"
+    # Conditional disaggregation: prompts shorter than this prefill on the decode engine (a
+    # remote prefill costs a hop and a transfer that a short prompt does not pay back).
+    disagg_min_prompt_tokens: int = 0
     # CPU only (VLLM_CPU_OMP_THREADS_BIND per engine role). One core per engine: OpenMP's spinning
     # barriers next to NIXL's progress threads on the same cores slow a step 40x.
     cpu_threads_bind: dict[Literal["prefill", "decode"], str] = Field(default_factory=lambda: {"prefill": "auto", "decode": "auto"})
