@@ -45,4 +45,4 @@ def make_engine(profile: Profile):
     e = profile.engine
     return AsyncLLM.from_engine_args(AsyncEngineArgs(
         model=str(profile.model_path(profile.models.thinker)), dtype=e.dtype, max_model_len=e.max_model_len,
-        enforce_eager=e.enforce_eager, max_num_seqs=e.max_num_seqs, enable_prompt_embeds=True, **e.extra))
+        enforce_eager=e.enforce_eager, max_num_seqs=e.max_num_seqs, stream_interval=e.stream_interval, enable_prompt_embeds=True, **e.extra))

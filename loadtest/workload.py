@@ -10,9 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_WORDS = ("the a of to and in is it you that for on with as this be at by from or have an not are but can "
-          "voice image model audio serve stream token speech answer question time long short fast slow city "
-          "river music paper light house story green blue window table night morning train mountain").split()
+_WORDS = ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "for", "on", "with", "as", "this", "be", "at", "by", "from", "or", "have", "an", "not", "are", "but", "can", "voice", "image", "model", "audio", "serve", "stream", "token", "speech", "answer", "question", "time", "long", "short", "fast", "slow", "city", "river", "music", "paper", "light", "house", "story", "green", "blue", "window", "table", "night", "morning", "train", "mountain"]
 
 
 @dataclass(frozen=True)

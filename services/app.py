@@ -14,6 +14,7 @@ from ray.serve import Application
 from services.models.profile import STAGES, load_profile
 
 APP_NAME = "omniray"
+REPLICA_GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_SERVICER = "omni.v1.omni_pb2_grpc.add_OmniServicer_to_server"
 DEPLOYMENT_NAMES = {
     "gateway": "Gateway",
@@ -69,8 +70,11 @@ def serve_config(profile_name: str, *, http_port: int = 8000, grpc_port: int = 9
         "args": {"profile": profile_name, **(app_args or {})},
         "deployments": deployments,
     }
-    if env_vars:
-        app["runtime_env"] = {"env_vars": env_vars}
+    app["runtime_env"] = {"env_vars": {
+        # Stage messages carry descriptors and small inline tensors; this bounds the worst case.
+        "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(REPLICA_GRPC_MAX_MESSAGE_BYTES),
+        **(env_vars or {}),
+    }}
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": host, "port": http_port, "request_timeout_s": 600},

@@ -17,7 +17,9 @@ import numpy as np
 import ray
 from omni.v1 import common_pb2
 
-INLINE_LIMIT_BYTES = 1 << 20
+# Per tensor. Small enough that a message with the most media items a request may carry stays far
+# below the replica gRPC message limit that services.app sets.
+INLINE_LIMIT_BYTES = 256 * 1024
 HOLD_SECONDS = 300.0
 
 _held: list[tuple[float, ray.ObjectRef]] = []

@@ -100,6 +100,7 @@ class ThinkerEngine:
             max_model_len=profile.engine.max_model_len,
             enforce_eager=profile.engine.enforce_eager,
             max_num_seqs=profile.engine.max_num_seqs,
+            stream_interval=profile.engine.stream_interval,
             enable_prompt_embeds=True,
             kv_transfer_config=kv_config,
             **profile.engine.extra,

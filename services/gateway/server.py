@@ -4,6 +4,7 @@ in front of the one Pipeline."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,12 +23,21 @@ from services.gateway.pipeline import Event, Pipeline, StageHandles
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
 
+logger = logging.getLogger("ray.serve")
 api = FastAPI(title="omniray", docs_url=None, redoc_url=None)
 
 
 @api.exception_handler(OmniError)
 async def _omni_error(_: Request, e: OmniError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+@api.exception_handler(Exception)
+async def _unexpected(_: Request, e: Exception) -> JSONResponse:
+    # A failing stage is our fault, not the client's: still an OpenAI-shaped body, never a bare 500 page.
+    logger.exception("request failed")
+    err = OmniError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+    return JSONResponse(err.body(), status_code=500)
 
 
 class _Metrics:

@@ -36,6 +36,9 @@ class EngineSpec(_Strict):
     enforce_eager: bool = True
     kv_cache_space_gib: int = 1
     max_num_seqs: int = 64
+    # vLLM's stream interval: after the first token, outputs go out every N tokens. Per-item costs
+    # of the Serve hops dominate a small model's per-token time; N > 1 trades smoothness for them.
+    stream_interval: int = 1
     # "nixl": prefill hands its KV to decode over NIXL (P/D); "none": decode recomputes the prompt.
     kv_transfer: Literal["nixl", "none"] = "nixl"
     # Conditional disaggregation: prompts shorter than this prefill on the decode engine (a

@@ -30,7 +30,7 @@ def test_large_tensor_goes_by_reference_through_the_object_store():
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB
+        big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB, over the inline limit
         desc = tensors.describe(big)
         assert desc.WhichOneof("location") == "object_ref"
         assert len(desc.SerializeToString()) < 4096
