@@ -9,7 +9,9 @@ import time
 from services.models.profile import Profile
 
 
-async def run(profile: Profile, prompts: list[list[int]], max_tokens: int, concurrency: int, engine) -> tuple[list[float], float]:
+async def run(
+    profile: Profile, prompts: list[list[int]], max_tokens: int, concurrency: int, engine
+) -> tuple[list[float], float]:
     """Returns (TTFT per request, wall seconds)."""
     from vllm import SamplingParams
 
@@ -24,7 +26,9 @@ async def run(profile: Profile, prompts: list[list[int]], max_tokens: int, concu
             i, ids = queue.get_nowait()
             t0 = time.perf_counter()
             first = None
-            async for _ in engine.generate({"prompt_token_ids": ids}, params, request_id=f"bare-{concurrency}-{i}-{time.time_ns()}"):
+            async for _ in engine.generate(
+                {"prompt_token_ids": ids}, params, request_id=f"bare-{concurrency}-{i}-{time.time_ns()}"
+            ):
                 first = first or time.perf_counter() - t0
             ttfts.append(first)
 
@@ -43,6 +47,15 @@ def make_engine(profile: Profile):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(profile.engine.kv_cache_space_gib))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = profile.engine.cpu_threads_bind.get("decode", "auto")
     e = profile.engine
-    return AsyncLLM.from_engine_args(AsyncEngineArgs(
-        model=str(profile.model_path(profile.models.thinker)), dtype=e.dtype, max_model_len=e.max_model_len,
-        enforce_eager=e.enforce_eager, max_num_seqs=e.max_num_seqs, stream_interval=e.stream_interval, enable_prompt_embeds=True, **e.extra))
+    return AsyncLLM.from_engine_args(
+        AsyncEngineArgs(
+            model=str(profile.model_path(profile.models.thinker)),
+            dtype=e.dtype,
+            max_model_len=e.max_model_len,
+            enforce_eager=e.enforce_eager,
+            max_num_seqs=e.max_num_seqs,
+            stream_interval=e.stream_interval,
+            enable_prompt_embeds=True,
+            **e.extra,
+        )
+    )

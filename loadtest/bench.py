@@ -48,10 +48,17 @@ def _summary(results: list[Result], wall: float) -> dict:
     ttfp = [r.ttfp for r in ok if r.ttfp is not None]
     rtf = [r.rtf for r in ok if r.rtf is not None]
     return {
-        "n": len(results), "errors": len(results) - len(ok), "wall_s": wall, "req_per_s": len(ok) / wall,
-        "ttft_p50": _pct(ttft, 0.5), "ttft_p90": _pct(ttft, 0.9),
-        "ttfp_mean": statistics.fmean(ttfp) if ttfp else None, "ttfp_p50": _pct(ttfp, 0.5), "ttfp_p90": _pct(ttfp, 0.9),
-        "rtf_p50": _pct(rtf, 0.5), "e2e_p50": _pct([r.e2e for r in ok], 0.5),
+        "n": len(results),
+        "errors": len(results) - len(ok),
+        "wall_s": wall,
+        "req_per_s": len(ok) / wall,
+        "ttft_p50": _pct(ttft, 0.5),
+        "ttft_p90": _pct(ttft, 0.9),
+        "ttfp_mean": statistics.fmean(ttfp) if ttfp else None,
+        "ttfp_p50": _pct(ttfp, 0.5),
+        "ttfp_p90": _pct(ttfp, 0.9),
+        "rtf_p50": _pct(rtf, 0.5),
+        "e2e_p50": _pct([r.e2e for r in ok], 0.5),
     }
 
 
@@ -66,8 +73,12 @@ def _ratio(x: float | None) -> str:
 def _bodies(model: str, prompts, audio: bool) -> list[dict]:
     out = []
     for p in prompts:
-        b = {"model": model, "messages": [{"role": "user", "content": p.text}], "max_tokens": p.max_tokens,
-             "temperature": 0}
+        b = {
+            "model": model,
+            "messages": [{"role": "user", "content": p.text}],
+            "max_tokens": p.max_tokens,
+            "temperature": 0,
+        }
         if audio:
             b.update(modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"})
         out.append(b)
@@ -86,8 +97,16 @@ async def _bare(profile, token_prompts, max_tokens, levels, per_level) -> dict:
         for c in levels:
             n = _requests_for(c, per_level)
             ttfts, wall = await baseline_vllm.run(profile, token_prompts[:n], max_tokens, c, engine)
-            out[c] = {"n": n, "req_per_s": n / wall, "ttft_p50": _pct(ttfts, 0.5), "ttft_p90": _pct(ttfts, 0.9)}
-            print(f"  bare vLLM   c={c:<3} req/s {n / wall:7.2f}  TTFT p50 {_ms(out[c]['ttft_p50'])} ms", flush=True)
+            out[c] = {
+                "n": n,
+                "req_per_s": n / wall,
+                "ttft_p50": _pct(ttfts, 0.5),
+                "ttft_p90": _pct(ttfts, 0.9),
+            }
+            print(
+                f"  bare vLLM   c={c:<3} req/s {n / wall:7.2f}  TTFT p50 {_ms(out[c]['ttft_p50'])} ms",
+                flush=True,
+            )
         return out
     finally:
         engine.shutdown()
@@ -99,9 +118,12 @@ async def _service(url: str, bodies: list[dict], levels, per_level, label: str) 
     for c in levels:
         results, wall = await run_closed_loop(url, bodies[: _requests_for(c, per_level)], c)
         s = out[c] = _summary(results, wall)
-        print(f"  {label:11s} c={c:<3} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
-              f"  TTFP mean {_ms(s['ttfp_mean'])} p90 {_ms(s['ttfp_p90'])} ms  RTF p50 {_ratio(s['rtf_p50'])}"
-              f"  errors {s['errors']}", flush=True)
+        print(
+            f"  {label:11s} c={c:<3} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
+            f"  TTFP mean {_ms(s['ttfp_mean'])} p90 {_ms(s['ttfp_p90'])} ms  RTF p50 {_ratio(s['rtf_p50'])}"
+            f"  errors {s['errors']}",
+            flush=True,
+        )
     return out
 
 
@@ -109,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="tiny")
     ap.add_argument("--levels", default="1,4,16")
-    ap.add_argument("--per-level", type=int, default=16, help="requests per concurrency level (at least 3x c)")
+    ap.add_argument(
+        "--per-level", type=int, default=16, help="requests per concurrency level (at least 3x c)"
+    )
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--audio-max-tokens", type=int, default=48)
     args = ap.parse_args(argv)
@@ -123,50 +147,80 @@ def main(argv: list[str] | None = None) -> int:
     builder = PromptBuilder(str(profile.model_path(profile.models.thinker)))
     token_prompts = []
     for p in prompts:
-        rendered = builder.render([omni_pb2.Message(role="user", content=[omni_pb2.ContentPart(text=p.text)])], [])
+        rendered = builder.render(
+            [omni_pb2.Message(role="user", content=[omni_pb2.ContentPart(text=p.text)])], []
+        )
         token_prompts.append([t for s in rendered.segments for t in s.tokens.ids])
 
-    report: dict = {"profile": args.profile, "levels": levels, "max_tokens": args.max_tokens,
-                    "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
-                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                             text=True, cwd=REPO_ROOT).stdout.strip(),
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    report: dict = {
+        "profile": args.profile,
+        "levels": levels,
+        "max_tokens": args.max_tokens,
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+        ).stdout.strip(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     print(f"[bench] profile {args.profile}, levels {levels}, commit {report['commit']}", flush=True)
     print("[bench] 1/4 bare vLLM engine", flush=True)
     report["bare"] = asyncio.run(_bare(profile, token_prompts, args.max_tokens, levels, args.per_level))
 
     run_dir = Path(tempfile.mkdtemp(prefix="omniray-bench-"))
-    cluster = runtime.start(args.profile, http_port=runtime.free_port(), grpc_port=runtime.free_port(),
-                            run_dir=run_dir, app_args={"async_chunk": True}, timeout_s=600)
+    cluster = runtime.start(
+        args.profile,
+        http_port=runtime.free_port(),
+        grpc_port=runtime.free_port(),
+        run_dir=run_dir,
+        app_args={"async_chunk": True},
+        timeout_s=600,
+    )
     url = f"{cluster.http_url}/v1/chat/completions"
     try:
         print("[bench] 2/4 service, text out", flush=True)
-        report["service_text"] = asyncio.run(_service(url, _bodies(model, prompts, False), levels, args.per_level, "service"))
+        report["service_text"] = asyncio.run(
+            _service(url, _bodies(model, prompts, False), levels, args.per_level, "service")
+        )
         print("[bench] 3/4 service, audio out, async chunk", flush=True)
         report["audio_async"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "async chunk"))
+            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "async chunk")
+        )
         print("[bench] 4/4 service, audio out, no async chunk (redeploying)", flush=True)
         runtime.deploy(cluster, args.profile, app_args={"async_chunk": False}, timeout_s=600)
         report["audio_sync"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "no async"))
+            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "no async")
+        )
     finally:
         runtime.stop(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     print("\n[bench] summary (same run, same machine)")
-    print(f"{'c':>3} | {'bare req/s':>10} | {'svc req/s':>9} | {'thru ratio':>10} | {'+TTFT ms':>8} | "
-          f"{'TTFP async':>10} | {'TTFP sync':>9} | {'sync/async':>10} | {'RTF':>6}")
+    print(
+        f"{'c':>3} | {'bare req/s':>10} | {'svc req/s':>9} | {'thru ratio':>10} | {'+TTFT ms':>8} | "
+        f"{'TTFP async':>10} | {'TTFP sync':>9} | {'sync/async':>10} | {'RTF':>6}"
+    )
     report["comparison"] = {}
     for c in levels:
-        b, s, a, y = report["bare"][c], report["service_text"][c], report["audio_async"][c], report["audio_sync"][c]
+        b, s, a, y = (
+            report["bare"][c],
+            report["service_text"][c],
+            report["audio_async"][c],
+            report["audio_sync"][c],
+        )
         ratio = s["req_per_s"] / b["req_per_s"]
         added = (s["ttft_p50"] - b["ttft_p50"]) if s["ttft_p50"] and b["ttft_p50"] else None
         speedup = (y["ttfp_mean"] / a["ttfp_mean"]) if a["ttfp_mean"] and y["ttfp_mean"] else None
-        report["comparison"][c] = {"throughput_ratio": ratio, "added_ttft_s": added, "ttfp_sync_over_async": speedup}
-        print(f"{c:>3} | {b['req_per_s']:>10.2f} | {s['req_per_s']:>9.2f} | {ratio:>10.2f} | {_ms(added):>8} | "
-              f"{_ms(a['ttfp_mean']):>10} | {_ms(y['ttfp_mean']):>9} | "
-              f"{'-' if speedup is None else f'{speedup:.1f}x':>10} | "
-              f"{_ratio(a['rtf_p50']):>6}")
+        report["comparison"][c] = {
+            "throughput_ratio": ratio,
+            "added_ttft_s": added,
+            "ttfp_sync_over_async": speedup,
+        }
+        print(
+            f"{c:>3} | {b['req_per_s']:>10.2f} | {s['req_per_s']:>9.2f} | {ratio:>10.2f} | {_ms(added):>8} | "
+            f"{_ms(a['ttfp_mean']):>10} | {_ms(y['ttfp_mean']):>9} | "
+            f"{'-' if speedup is None else f'{speedup:.1f}x':>10} | "
+            f"{_ratio(a['rtf_p50']):>6}"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"bench-{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(report, indent=1))

@@ -77,6 +77,7 @@ async def run_closed_loop(url: str, bodies: list[dict], concurrency: int) -> tup
     limits = httpx.Limits(max_connections=concurrency + 4)
 
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
         async def worker():
             while not queue.empty():
                 results.append(await stream_chat(client, url, queue.get_nowait()))

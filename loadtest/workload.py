@@ -10,7 +10,64 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_WORDS = ["the", "a", "of", "to", "and", "in", "is", "it", "you", "that", "for", "on", "with", "as", "this", "be", "at", "by", "from", "or", "have", "an", "not", "are", "but", "can", "voice", "image", "model", "audio", "serve", "stream", "token", "speech", "answer", "question", "time", "long", "short", "fast", "slow", "city", "river", "music", "paper", "light", "house", "story", "green", "blue", "window", "table", "night", "morning", "train", "mountain"]
+_WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "it",
+    "you",
+    "that",
+    "for",
+    "on",
+    "with",
+    "as",
+    "this",
+    "be",
+    "at",
+    "by",
+    "from",
+    "or",
+    "have",
+    "an",
+    "not",
+    "are",
+    "but",
+    "can",
+    "voice",
+    "image",
+    "model",
+    "audio",
+    "serve",
+    "stream",
+    "token",
+    "speech",
+    "answer",
+    "question",
+    "time",
+    "long",
+    "short",
+    "fast",
+    "slow",
+    "city",
+    "river",
+    "music",
+    "paper",
+    "light",
+    "house",
+    "story",
+    "green",
+    "blue",
+    "window",
+    "table",
+    "night",
+    "morning",
+    "train",
+    "mountain",
+]
 
 
 @dataclass(frozen=True)
@@ -19,7 +76,9 @@ class ChatPrompt:
     max_tokens: int
 
 
-def chat_prompts(n: int, *, seed: int = 0, max_tokens: int = 64, median_words: float = 60.0) -> list[ChatPrompt]:
+def chat_prompts(
+    n: int, *, seed: int = 0, max_tokens: int = 64, median_words: float = 60.0
+) -> list[ChatPrompt]:
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(median_words), 0.6, n), 10, 400).astype(int)
     return [ChatPrompt(" ".join(rng.choice(_WORDS, k)), max_tokens) for k in lengths]

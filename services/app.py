@@ -46,9 +46,16 @@ def build_app(args: dict[str, Any]) -> Application:
     )
 
 
-def serve_config(profile_name: str, *, http_port: int = 8000, grpc_port: int = 9000, host: str = "0.0.0.0",
-                 app_args: dict[str, Any] | None = None, stage_overrides: dict[str, dict] | None = None,
-                 env_vars: dict[str, str] | None = None) -> dict[str, Any]:
+def serve_config(
+    profile_name: str,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 9000,
+    host: str = "0.0.0.0",
+    app_args: dict[str, Any] | None = None,
+    stage_overrides: dict[str, dict] | None = None,
+    env_vars: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The Serve config (ServeDeploySchema) for one profile, validated before it is returned.
 
     `stage_overrides` replaces deployment options per stage (tests shorten autoscaling delays)."""
@@ -70,11 +77,13 @@ def serve_config(profile_name: str, *, http_port: int = 8000, grpc_port: int = 9
         "args": {"profile": profile_name, **(app_args or {})},
         "deployments": deployments,
     }
-    app["runtime_env"] = {"env_vars": {
-        # Stage messages carry descriptors and small inline tensors; this bounds the worst case.
-        "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(REPLICA_GRPC_MAX_MESSAGE_BYTES),
-        **(env_vars or {}),
-    }}
+    app["runtime_env"] = {
+        "env_vars": {
+            # Stage messages carry descriptors and small inline tensors; this bounds the worst case.
+            "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(REPLICA_GRPC_MAX_MESSAGE_BYTES),
+            **(env_vars or {}),
+        }
+    }
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": host, "port": http_port, "request_timeout_s": 600},

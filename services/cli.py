@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     from services.models.profile import load_profile
 
     model = load_profile(args.profile).served_model_name
-    print(f"""
+    print(
+        f"""
 [omniray] ready in {time.monotonic() - t0:.0f}s — profile {args.profile!r}, model {model!r}
   REST (OpenAI-compatible): {cluster.http_url}/v1   e.g.
     curl {cluster.http_url}/v1/chat/completions -H 'Content-Type: application/json' \\
@@ -37,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
   Ray dashboard:            {cluster.dashboard_url}
   Redis:                    {cluster.redis_url}
   Stop with: make stop
-""", flush=True)
+""",
+        flush=True,
+    )
     return 0
 
 

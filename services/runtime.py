@@ -96,17 +96,31 @@ class LocalCluster:
         return cls(**state)
 
 
-def start(profile: str, *, http_port: int = 8000, grpc_port: int = 9000, run_dir: Path = DEFAULT_RUN_DIR,
-          app_args: dict[str, Any] | None = None, stage_overrides: dict[str, dict] | None = None,
-          timeout_s: float = 300.0, log=print) -> LocalCluster:
+def start(
+    profile: str,
+    *,
+    http_port: int = 8000,
+    grpc_port: int = 9000,
+    run_dir: Path = DEFAULT_RUN_DIR,
+    app_args: dict[str, Any] | None = None,
+    stage_overrides: dict[str, dict] | None = None,
+    timeout_s: float = 300.0,
+    log=print,
+) -> LocalCluster:
     run_dir.mkdir(parents=True, exist_ok=True)
     if LocalCluster.load(run_dir) is not None:
         log("[omniray] stopping the previous local run first")
         stop(run_dir, log=log)
-    cluster = LocalCluster(run_dir=run_dir, http_port=http_port, grpc_port=grpc_port, gcs_port=free_port(),
-                           dashboard_port=free_port(), redis_port=free_port(),
-                           ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
-                           run_id=uuid.uuid4().hex)
+    cluster = LocalCluster(
+        run_dir=run_dir,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        gcs_port=free_port(),
+        dashboard_port=free_port(),
+        redis_port=free_port(),
+        ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
+        run_id=uuid.uuid4().hex,
+    )
     cluster.save()
     try:
         _start_redis(cluster)
@@ -119,16 +133,31 @@ def start(profile: str, *, http_port: int = 8000, grpc_port: int = 9000, run_dir
     return cluster
 
 
-def deploy(cluster: LocalCluster, profile: str, *, app_args: dict[str, Any] | None = None,
-           stage_overrides: dict[str, dict] | None = None, timeout_s: float = 300.0) -> None:
+def deploy(
+    cluster: LocalCluster,
+    profile: str,
+    *,
+    app_args: dict[str, Any] | None = None,
+    stage_overrides: dict[str, dict] | None = None,
+    timeout_s: float = 300.0,
+) -> None:
     """(Re)deploy the profile's Serve config on the running cluster and wait until it serves."""
-    config = serve_config(profile, http_port=cluster.http_port, grpc_port=cluster.grpc_port, app_args=app_args,
-                          stage_overrides=stage_overrides,
-                          env_vars={"OMNIRAY_DATA": str(data_dir()), RUN_ID_ENV: cluster.run_id})
+    config = serve_config(
+        profile,
+        http_port=cluster.http_port,
+        grpc_port=cluster.grpc_port,
+        app_args=app_args,
+        stage_overrides=stage_overrides,
+        env_vars={"OMNIRAY_DATA": str(data_dir()), RUN_ID_ENV: cluster.run_id},
+    )
     cfg_file = cluster.run_dir / "serve_config.yaml"
     cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
-    subprocess.run([_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url], check=True,
-                   env=_ray_env(cluster), stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url],
+        check=True,
+        env=_ray_env(cluster),
+        stdout=subprocess.DEVNULL,
+    )
     time.sleep(2)  # let the controller pick the new config up before polling its status
     _wait_ready(cluster, timeout_s)
 
@@ -140,9 +169,23 @@ def _start_redis(cluster: LocalCluster) -> None:
     data.mkdir(exist_ok=True)
     log = open(cluster.run_dir / "redis.log", "ab")  # noqa: SIM115 (handed to the child)
     proc = subprocess.Popen(
-        [str(get_binary_path()), "--port", str(cluster.redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(data)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(get_binary_path()),
+            "--port",
+            str(cluster.redis_port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     cluster.redis_pid = proc.pid
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -156,10 +199,23 @@ def _start_redis(cluster: LocalCluster) -> None:
 
 def _start_ray(cluster: LocalCluster) -> None:
     subprocess.run(
-        [_bin("ray"), "start", "--head", f"--port={cluster.gcs_port}", "--node-ip-address=127.0.0.1",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={cluster.dashboard_port}",
-         f"--temp-dir={cluster.ray_temp_dir}", "--disable-usage-stats"],
-        check=True, env=_ray_env(cluster), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            _bin("ray"),
+            "start",
+            "--head",
+            f"--port={cluster.gcs_port}",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={cluster.dashboard_port}",
+            f"--temp-dir={cluster.ray_temp_dir}",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=_ray_env(cluster),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
@@ -174,8 +230,11 @@ def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
             if last == "RUNNING":
                 return
             if last == "DEPLOY_FAILED":
-                details = [f"{name}: {d.get('message', '')[-2000:]}" for name, d in app.get("deployments", {}).items()
-                           if d.get("status") != "HEALTHY"]
+                details = [
+                    f"{name}: {d.get('message', '')[-2000:]}"
+                    for name, d in app.get("deployments", {}).items()
+                    if d.get("status") != "HEALTHY"
+                ]
                 raise RuntimeError("deploy failed:\n" + "\n".join(details or [app.get("message", "")]))
         except OSError:
             pass
@@ -215,8 +274,14 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print) -> None:
         return
     # Graceful first: replicas shut their engines down (and with them the engine processes).
     with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run([_bin("serve"), "shutdown", "-y", "-a", cluster.dashboard_url], env=_ray_env(cluster),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
+        subprocess.run(
+            [_bin("serve"), "shutdown", "-y", "-a", cluster.dashboard_url],
+            env=_ray_env(cluster),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
     _kill_tagged(cluster.run_id)
     if cluster.redis_pid:
         with contextlib.suppress(ProcessLookupError):

@@ -83,7 +83,9 @@ def png_bytes(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
 def wav_bytes(seconds: float = 1.0, rate: int = 16000, freq: float = 220.0) -> bytes:
     t = np.arange(int(seconds * rate)) / rate
     buf = io.BytesIO()
-    soundfile.write(buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    soundfile.write(
+        buf, (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32), rate, format="WAV", subtype="PCM_16"
+    )
     return buf.getvalue()
 
 

@@ -56,7 +56,9 @@ def inject(ctx: common_pb2.RequestContext) -> None:
 
 
 @contextlib.contextmanager
-def stage_span(component: str, name: str, ctx: common_pb2.RequestContext, **attributes) -> Iterator[trace.Span]:
+def stage_span(
+    component: str, name: str, ctx: common_pb2.RequestContext, **attributes
+) -> Iterator[trace.Span]:
     """A span that continues the trace carried by `ctx`."""
     parent = _PROPAGATOR.extract(dict(ctx.trace_context))
     token = otel_context.attach(parent)

@@ -35,6 +35,7 @@ def _hold(ref: ray.ObjectRef) -> None:
             core_worker.remove_object_ref_reference(_held.pop(0)[1])
         _held.append((now + HOLD_SECONDS, ref))
 
+
 _TO_PROTO = {
     np.dtype(np.float32): common_pb2.DTYPE_FLOAT32,
     np.dtype(np.float16): common_pb2.DTYPE_FLOAT16,
@@ -47,7 +48,11 @@ _FROM_PROTO = {v: k for k, v in _TO_PROTO.items()}
 
 
 def describe(
-    array: np.ndarray, *, content_hash: str = "", producer_version: str = "", inline_limit: int = INLINE_LIMIT_BYTES
+    array: np.ndarray,
+    *,
+    content_hash: str = "",
+    producer_version: str = "",
+    inline_limit: int = INLINE_LIMIT_BYTES,
 ) -> common_pb2.TensorDescriptor:
     array = np.ascontiguousarray(array)
     if array.dtype not in _TO_PROTO:
@@ -69,7 +74,9 @@ def describe(
 
 def describe_bytes(data: bytes, **kwargs) -> common_pb2.TensorDescriptor:
     """Raw media bytes as a UINT8 tensor, tagged with their content hash (cache keys use it)."""
-    return describe(np.frombuffer(data, dtype=np.uint8), content_hash=hashlib.sha256(data).hexdigest(), **kwargs)
+    return describe(
+        np.frombuffer(data, dtype=np.uint8), content_hash=hashlib.sha256(data).hexdigest(), **kwargs
+    )
 
 
 def materialize(desc: common_pb2.TensorDescriptor) -> np.ndarray:

@@ -135,12 +135,17 @@ class ThinkerEngine:
         if all(kind == "ids" for kind, _ in spans):
             return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids]}, n_tokens
         table = self._embeddings()
-        parts = [table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32)) for kind, x in spans]
+        parts = [
+            table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32))
+            for kind, x in spans
+        ]
         # Same dtype every time: vLLM's prefix cache hashes the raw embedding bytes.
         return {"prompt_embeds": torch.cat(parts).to(torch.float32).contiguous()}, n_tokens
 
     @staticmethod
-    def sampling_params(sampling: common_pb2.SamplingParams, *, kv_transfer_params: dict | None, max_tokens: int | None = None):
+    def sampling_params(
+        sampling: common_pb2.SamplingParams, *, kv_transfer_params: dict | None, max_tokens: int | None = None
+    ):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -157,7 +162,9 @@ class ThinkerEngine:
 
     # -- stage operations -----------------------------------------------------------------
 
-    async def prefill(self, request_id: str, prompt: stages_pb2.Prompt, sampling: common_pb2.SamplingParams) -> tuple[int, str]:
+    async def prefill(
+        self, request_id: str, prompt: stages_pb2.Prompt, sampling: common_pb2.SamplingParams
+    ) -> tuple[int, str]:
         """Compute the prompt KV; returns (prompt tokens, kv_transfer_params JSON for decode)."""
         params = self.sampling_params(sampling, kv_transfer_params={"do_remote_decode": True}, max_tokens=1)
         engine_prompt, n_tokens = self.engine_prompt(prompt)
@@ -167,7 +174,11 @@ class ThinkerEngine:
         return n_tokens, json.dumps(final.kv_transfer_params or {})
 
     async def decode(
-        self, request_id: str, prompt: stages_pb2.Prompt, sampling: common_pb2.SamplingParams, kv_transfer_params: str
+        self,
+        request_id: str,
+        prompt: stages_pb2.Prompt,
+        sampling: common_pb2.SamplingParams,
+        kv_transfer_params: str,
     ) -> AsyncIterator[DecodeDelta]:
         kv = json.loads(kv_transfer_params) if kv_transfer_params else None
         params = self.sampling_params(sampling, kv_transfer_params=kv)

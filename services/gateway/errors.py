@@ -6,8 +6,16 @@ import grpc
 
 
 class OmniError(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -25,7 +33,9 @@ class OmniError(Exception):
 
     @property
     def grpc_code(self) -> grpc.StatusCode:
-        return _GRPC.get(self.status, grpc.StatusCode.INVALID_ARGUMENT if self.status < 500 else grpc.StatusCode.INTERNAL)
+        return _GRPC.get(
+            self.status, grpc.StatusCode.INVALID_ARGUMENT if self.status < 500 else grpc.StatusCode.INTERNAL
+        )
 
 
 def _rebuild(status, message, code, param, type, headers) -> OmniError:

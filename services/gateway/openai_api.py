@@ -108,8 +108,11 @@ def _add_part(msg: omni_pb2.Message, part: dict, param: str, limits: LimitsSpec)
         data = media.b64decode(audio["data"], param=param)
         msg.content.add(audio=omni_pb2.AudioPart(data=data, format=audio.get("format", "wav")))
     else:
-        raise bad_request(f"unsupported content part type {kind!r}; supported: text, image_url, input_audio",
-                          code="unsupported_content_type", param=param)
+        raise bad_request(
+            f"unsupported content part type {kind!r}; supported: text, image_url, input_audio",
+            code="unsupported_content_type",
+            param=param,
+        )
 
 
 # ---- responses ----
@@ -134,8 +137,15 @@ def usage_dict(usage: common_pb2.Usage) -> dict:
     }
 
 
-def completion(rid: str, model: str, created: int, text: str, finish_reason: str, usage: common_pb2.Usage,
-               audio: dict | None) -> dict:
+def completion(
+    rid: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    usage: common_pb2.Usage,
+    audio: dict | None,
+) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if audio is not None:
         # As OpenAI: with audio out, the words are the audio's transcript.

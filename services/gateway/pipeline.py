@@ -86,7 +86,14 @@ class StageHandles:
 
 
 class Pipeline:
-    def __init__(self, profile: Profile, handles: StageHandles, prompts: PromptBuilder, *, async_chunk: bool | None = None):
+    def __init__(
+        self,
+        profile: Profile,
+        handles: StageHandles,
+        prompts: PromptBuilder,
+        *,
+        async_chunk: bool | None = None,
+    ):
         self.profile = profile
         self.h = handles.grpc()
         self.prompts = prompts
@@ -97,8 +104,12 @@ class Pipeline:
     def _validate(self, req: omni_pb2.ChatRequest) -> tuple[common_pb2.SamplingParams, str, str]:
         limits, pipe = self.profile.limits, self.profile.pipeline
         if req.model != self.profile.served_model_name:
-            raise OmniError(400, f"model {req.model!r} does not exist; this server serves "
-                                 f"{self.profile.served_model_name!r}", code="model_not_found", param="model")
+            raise OmniError(
+                400,
+                f"model {req.model!r} does not exist; this server serves {self.profile.served_model_name!r}",
+                code="model_not_found",
+                param="model",
+            )
         if not req.messages:
             raise bad_request("messages must not be empty", param="messages")
         if len(req.messages) > limits.max_messages:
@@ -108,8 +119,11 @@ class Pipeline:
                 raise bad_request(f"unknown role {m.role!r}", param=f"messages.{i}.role")
         modalities = set(req.modalities or ["text"])
         if not modalities <= SUPPORTED_MODALITIES or "text" not in modalities:
-            raise bad_request(f"unsupported modalities {sorted(modalities)}; use ['text'] or ['text', 'audio']",
-                              code="unsupported_modality", param="modalities")
+            raise bad_request(
+                f"unsupported modalities {sorted(modalities)}; use ['text'] or ['text', 'audio']",
+                code="unsupported_modality",
+                param="modalities",
+            )
         voice = req.audio.voice or pipe.default_voice
         if voice not in pipe.voices:
             raise bad_request(f"unknown voice {voice!r}; available: {pipe.voices}", param="audio.voice")
@@ -134,19 +148,32 @@ class Pipeline:
                 param = f"messages.{i}.content.{j}"
                 kind = part.WhichOneof("part")
                 if kind == "image":
-                    data = part.image.data or media.data_url_bytes(part.image.url, param=param,
-                                                                   limit=limits.max_image_bytes)
+                    data = part.image.data or media.data_url_bytes(
+                        part.image.url, param=param, limit=limits.max_image_bytes
+                    )
                     media.validate_image(data, limits, param=param)
-                    items.append(stages_pb2.MediaItem(modality="image", data=tensors.describe_bytes(data),
-                                                      detail=part.image.detail or "auto"))
+                    items.append(
+                        stages_pb2.MediaItem(
+                            modality="image",
+                            data=tensors.describe_bytes(data),
+                            detail=part.image.detail or "auto",
+                        )
+                    )
                 elif kind == "audio":
-                    wave = media.decode_audio(part.audio.data, part.audio.format or "wav", limits, param=param)
-                    items.append(stages_pb2.MediaItem(modality="audio", data=tensors.describe_bytes(wave.tobytes())))
+                    wave = media.decode_audio(
+                        part.audio.data, part.audio.format or "wav", limits, param=param
+                    )
+                    items.append(
+                        stages_pb2.MediaItem(modality="audio", data=tensors.describe_bytes(wave.tobytes()))
+                    )
                 elif kind is None:
                     raise bad_request("empty content part", param=param)
         if len(items) > limits.max_media_items:
-            raise bad_request(f"at most {limits.max_media_items} images and audio clips per request",
-                              code="too_many_media_items", param="messages")
+            raise bad_request(
+                f"at most {limits.max_media_items} images and audio clips per request",
+                code="too_many_media_items",
+                param="messages",
+            )
         return items
 
     async def prepare(self, req: omni_pb2.ChatRequest, tenant: str = "default") -> Prepared:
@@ -162,11 +189,16 @@ class Pipeline:
                 response = await self.h.encoder.Encode.remote(stages_pb2.EncodeRequest(ctx=ctx, items=items))
                 encoded = list(response.items)
             prompt = self.prompts.render(list(req.messages), encoded)
-        n_prompt = sum(len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments)
+        n_prompt = sum(
+            len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments
+        )
         if n_prompt + sampling.max_tokens > self.profile.engine.max_model_len:
             raise bad_request(
                 f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the context length "
-                f"({self.profile.engine.max_model_len})", code="context_length_exceeded", param="messages")
+                f"({self.profile.engine.max_model_len})",
+                code="context_length_exceeded",
+                param="messages",
+            )
         return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format, n_prompt)
 
     # ---- generation ----------------------------------------------------------------------
@@ -178,19 +210,32 @@ class Pipeline:
 
         async def think() -> None:
             kv_params = ""
-            if self.profile.engine.kv_transfer != "none" and p.prompt_tokens >= self.profile.engine.disagg_min_prompt_tokens:
+            if (
+                self.profile.engine.kv_transfer != "none"
+                and p.prompt_tokens >= self.profile.engine.disagg_min_prompt_tokens
+            ):
                 pre = await self.h.prefill.Prefill.remote(
-                    stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling))
+                    stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling)
+                )
                 kv_params = pre.kv_transfer_params
-            chunker = TextChunker(self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens)
+            chunker = TextChunker(
+                self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
+            )
             text = []
-            stream = self.h.decode.options(stream=True).Decode.remote(stages_pb2.DecodeRequest(
-                ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=kv_params))
+            stream = self.h.decode.options(stream=True).Decode.remote(
+                stages_pb2.DecodeRequest(
+                    ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=kv_params
+                )
+            )
             async for chunk in stream:
                 if chunk.text:
                     text.append(chunk.text)
                     await out.put(Event(text=chunk.text))
-                    if p.plan.speak and self.async_chunk and (piece := chunker.push(chunk.text, len(chunk.token_ids))):
+                    if (
+                        p.plan.speak
+                        and self.async_chunk
+                        and (piece := chunker.push(chunk.text, len(chunk.token_ids)))
+                    ):
                         await pieces.put(piece)
                 if chunk.finish_reason:
                     final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
@@ -215,11 +260,20 @@ class Pipeline:
                         transcript = None
                 else:
                     # Baseline: each stage waits for the whole output of the previous one.
-                    units = [tensors.materialize(uc.units)
-                             async for uc in self.h.talker.options(stream=True).Talk.remote(talk) if not uc.is_final]
+                    units = [
+                        tensors.materialize(uc.units)
+                        async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
+                        if not uc.is_final
+                    ]
                     if units:
-                        await self._vocode(p, tensors.describe(np.concatenate(units)), None, out, piece,
-                                           split_s=WHOLE_AUDIO_PIECE_S)
+                        await self._vocode(
+                            p,
+                            tensors.describe(np.concatenate(units)),
+                            None,
+                            out,
+                            piece,
+                            split_s=WHOLE_AUDIO_PIECE_S,
+                        )
 
         async def run(coro) -> None:
             try:
@@ -248,8 +302,15 @@ class Pipeline:
             for t in tasks:
                 t.cancel()
 
-    async def _vocode(self, p: Prepared, units: common_pb2.TensorDescriptor, left: np.ndarray | None,
-                      out: asyncio.Queue, transcript: str | None, split_s: float | None = None) -> np.ndarray:
+    async def _vocode(
+        self,
+        p: Prepared,
+        units: common_pb2.TensorDescriptor,
+        left: np.ndarray | None,
+        out: asyncio.Queue,
+        transcript: str | None,
+        split_s: float | None = None,
+    ) -> np.ndarray:
         req = stages_pb2.VocodeRequest(ctx=p.ctx, units=units, voice=p.voice)
         if left is not None:
             req.left_context.CopyFrom(tensors.describe(left))
@@ -257,7 +318,9 @@ class Pipeline:
         pcm, rate = chunk.pcm16, chunk.sample_rate
         step = len(pcm) if split_s is None else max(2, int(split_s * rate) * 2)
         for k in range(0, len(pcm), step):
-            await out.put(Event(pcm16=pcm[k:k + step], sample_rate=rate, transcript=transcript if k == 0 else None))
+            await out.put(
+                Event(pcm16=pcm[k : k + step], sample_rate=rate, transcript=transcript if k == 0 else None)
+            )
         current = tensors.materialize(units)
         joined = current if left is None else np.concatenate([left, current])
         return joined[-VOCODER_CONTEXT:]

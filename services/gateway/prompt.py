@@ -21,7 +21,9 @@ class PromptBuilder:
     def __init__(self, tokenizer_path: str):
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
 
-    def render(self, messages: list[omni_pb2.Message], encoded: list[stages_pb2.EncodedItem]) -> stages_pb2.Prompt:
+    def render(
+        self, messages: list[omni_pb2.Message], encoded: list[stages_pb2.EncodedItem]
+    ) -> stages_pb2.Prompt:
         """`encoded` holds one item per media part, in message order."""
         chat, n_media = [], 0
         for m in messages:

@@ -42,21 +42,42 @@ async def _unexpected(_: Request, e: Exception) -> JSONResponse:
 
 class _Metrics:
     def __init__(self):
-        self.requests = metrics.Counter("omniray_gateway_requests_total", description="Requests by API and outcome.",
-                                        tag_keys=("api", "code"))
-        self.ttft = metrics.Histogram("omniray_gateway_ttft_seconds", description="Arrival to first text token.",
-                                      boundaries=LATENCY_BUCKETS_S)
-        self.ttfp = metrics.Histogram("omniray_audio_ttfp_seconds", description="Arrival to first audio chunk.",
-                                      boundaries=LATENCY_BUCKETS_S)
-        self.e2e = metrics.Histogram("omniray_gateway_e2e_seconds", description="Arrival to last chunk.",
-                                     boundaries=LATENCY_BUCKETS_S, tag_keys=("api",))
+        self.requests = metrics.Counter(
+            "omniray_gateway_requests_total",
+            description="Requests by API and outcome.",
+            tag_keys=("api", "code"),
+        )
+        self.ttft = metrics.Histogram(
+            "omniray_gateway_ttft_seconds",
+            description="Arrival to first text token.",
+            boundaries=LATENCY_BUCKETS_S,
+        )
+        self.ttfp = metrics.Histogram(
+            "omniray_audio_ttfp_seconds",
+            description="Arrival to first audio chunk.",
+            boundaries=LATENCY_BUCKETS_S,
+        )
+        self.e2e = metrics.Histogram(
+            "omniray_gateway_e2e_seconds",
+            description="Arrival to last chunk.",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("api",),
+        )
 
 
 @serve.deployment
 @serve.ingress(api)
 class Gateway:
-    def __init__(self, profile: str, encoder: DeploymentHandle, prefill: DeploymentHandle, decode: DeploymentHandle,
-                 talker: DeploymentHandle, vocoder: DeploymentHandle, async_chunk: bool | None = None):
+    def __init__(
+        self,
+        profile: str,
+        encoder: DeploymentHandle,
+        prefill: DeploymentHandle,
+        decode: DeploymentHandle,
+        talker: DeploymentHandle,
+        vocoder: DeploymentHandle,
+        async_chunk: bool | None = None,
+    ):
         self.profile = load_profile(profile)
         self.handles = StageHandles(encoder, prefill, decode, talker, vocoder)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
@@ -65,7 +86,9 @@ class Gateway:
 
     # ---- observation helpers ------------------------------------------------------------
 
-    async def _observed(self, api_name: str, events: AsyncIterator[Event], arrival: float) -> AsyncIterator[Event]:
+    async def _observed(
+        self, api_name: str, events: AsyncIterator[Event], arrival: float
+    ) -> AsyncIterator[Event]:
         first_text = first_audio = True
         code = "ok"
         try:
@@ -116,8 +139,9 @@ class Gateway:
         speak = prepared.plan.speak
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(self._sse(events, rid, model, created, speak, include_usage),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                self._sse(events, rid, model, created, speak, include_usage), media_type="text/event-stream"
+            )
         text, pcm, rate, finish, usage = [], bytearray(), 0, "stop", common_pb2.Usage()
         async for ev in events:
             text.append(ev.text)
@@ -127,12 +151,20 @@ class Gateway:
                 finish, usage = ev.finish_reason, ev.usage or usage
         audio = None
         if speak:
-            audio = openai_api.audio_message(f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000,
-                                             prepared.audio_format, "".join(text))
+            audio = openai_api.audio_message(
+                f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000, prepared.audio_format, "".join(text)
+            )
         return openai_api.completion(rid, model, created, "".join(text), finish, usage, audio)
 
-    async def _sse(self, events: AsyncIterator[Event], rid: str, model: str, created: int, speak: bool,
-                   include_usage: bool) -> AsyncIterator[str]:
+    async def _sse(
+        self,
+        events: AsyncIterator[Event],
+        rid: str,
+        model: str,
+        created: int,
+        speak: bool,
+        include_usage: bool,
+    ) -> AsyncIterator[str]:
         import base64
 
         def line(obj: dict) -> str:
@@ -144,19 +176,49 @@ class Gateway:
             async for ev in events:
                 if ev.text:
                     # As OpenAI: with audio out the words stream as the audio's transcript.
-                    delta = {"audio": {"id": audio_id, "transcript": ev.text}} if speak else {"content": ev.text}
+                    delta = (
+                        {"audio": {"id": audio_id, "transcript": ev.text}} if speak else {"content": ev.text}
+                    )
                     yield line(openai_api.chunk(rid, model, created, delta))
                 if ev.pcm16:
-                    yield line(openai_api.chunk(rid, model, created, {"audio": {
-                        "id": audio_id, "data": base64.b64encode(ev.pcm16).decode(), "sample_rate": ev.sample_rate}}))
+                    yield line(
+                        openai_api.chunk(
+                            rid,
+                            model,
+                            created,
+                            {
+                                "audio": {
+                                    "id": audio_id,
+                                    "data": base64.b64encode(ev.pcm16).decode(),
+                                    "sample_rate": ev.sample_rate,
+                                }
+                            },
+                        )
+                    )
                 if ev.finish_reason:
                     yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
                     if include_usage and ev.usage is not None:
-                        yield line({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                    "choices": [], "usage": openai_api.usage_dict(ev.usage)})
+                        yield line(
+                            {
+                                "id": rid,
+                                "object": "chat.completion.chunk",
+                                "created": created,
+                                "model": model,
+                                "choices": [],
+                                "usage": openai_api.usage_dict(ev.usage),
+                            }
+                        )
         except Exception as e:  # headers are gone: report in-band, then end the stream cleanly
-            yield line({"error": {"message": f"generation failed: {e}", "type": "server_error", "param": None,
-                                  "code": "stage_failure"}})
+            yield line(
+                {
+                    "error": {
+                        "message": f"generation failed: {e}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "stage_failure",
+                    }
+                }
+            )
         yield "data: [DONE]\n\n"
 
     @api.get("/v1/models")
@@ -167,8 +229,14 @@ class Gateway:
         m = self.profile.models
         inputs = ["text"] + (["image"] if m.vision else []) + (["audio"] if m.audio else [])
         outputs = ["text"] + (["audio"] if m.talker and m.vocoder else [])
-        return {"id": self.profile.served_model_name, "object": "model", "created": 0, "owned_by": "omniray",
-                "input_modalities": inputs, "output_modalities": outputs}
+        return {
+            "id": self.profile.served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "omniray",
+            "input_modalities": inputs,
+            "output_modalities": outputs,
+        }
 
     @api.get("/health")
     async def health(self):
@@ -176,7 +244,9 @@ class Gateway:
 
     # ---- gRPC (omni.v1.Omni through Serve's gRPC proxy) -----------------------------------
 
-    async def Chat(self, request: omni_pb2.ChatRequest, grpc_context=None) -> AsyncIterator[omni_pb2.ChatChunk]:
+    async def Chat(
+        self, request: omni_pb2.ChatRequest, grpc_context=None
+    ) -> AsyncIterator[omni_pb2.ChatChunk]:
         arrival = time.perf_counter()
         try:
             prepared = await self.pipeline.prepare(request)
@@ -193,17 +263,28 @@ class Gateway:
             if ev.text:
                 yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
             if ev.pcm16:
-                yield omni_pb2.ChatChunk(id=rid, model=model, audio=omni_pb2.AudioDelta(
-                    pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""))
+                yield omni_pb2.ChatChunk(
+                    id=rid,
+                    model=model,
+                    audio=omni_pb2.AudioDelta(
+                        pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""
+                    ),
+                )
             if ev.finish_reason:
                 yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
 
     async def ListModels(self, request: omni_pb2.ListModelsRequest) -> omni_pb2.ListModelsResponse:
         card = self._model_card()
-        return omni_pb2.ListModelsResponse(models=[omni_pb2.ModelCard(
-            id=card["id"], owned_by=card["owned_by"], input_modalities=card["input_modalities"],
-            output_modalities=card["output_modalities"])])
+        return omni_pb2.ListModelsResponse(
+            models=[
+                omni_pb2.ModelCard(
+                    id=card["id"],
+                    owned_by=card["owned_by"],
+                    input_modalities=card["input_modalities"],
+                    output_modalities=card["output_modalities"],
+                )
+            ]
+        )
 
     async def Health(self, request: omni_pb2.HealthRequest) -> omni_pb2.HealthResponse:
         return omni_pb2.HealthResponse(status="ok")
-

@@ -24,7 +24,10 @@ class TextChunker:
         self._tokens += n_tokens
         stripped = self._text.rstrip()
         at_boundary = bool(stripped) and stripped[-1] in BOUNDARIES
-        if (self._tokens >= self.min_tokens and at_boundary) or self._tokens >= self.max_tokens:
+        # Whitespace alone is never a piece: it stays buffered and leads the next one.
+        if stripped and (
+            (self._tokens >= self.min_tokens and at_boundary) or self._tokens >= self.max_tokens
+        ):
             return self.flush()
         return None
 

@@ -46,7 +46,9 @@ class EngineSpec(_Strict):
     disagg_min_prompt_tokens: int = 0
     # CPU only (VLLM_CPU_OMP_THREADS_BIND per engine role). One core per engine: OpenMP's spinning
     # barriers next to NIXL's progress threads on the same cores slow a step 40x.
-    cpu_threads_bind: dict[Literal["prefill", "decode"], str] = Field(default_factory=lambda: {"prefill": "auto", "decode": "auto"})
+    cpu_threads_bind: dict[Literal["prefill", "decode"], str] = Field(
+        default_factory=lambda: {"prefill": "auto", "decode": "auto"}
+    )
     extra: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -39,4 +39,6 @@ def plan(request: omni_pb2.ChatRequest) -> StagePlan:
         cls = "image"
     else:
         cls = "text"
-    return StagePlan(request_class=cls, n_images=n_images, n_audio=n_audio, speak="audio" in request.modalities)
+    return StagePlan(
+        request_class=cls, n_images=n_images, n_audio=n_audio, speak="audio" in request.modalities
+    )

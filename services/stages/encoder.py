@@ -51,7 +51,9 @@ class Encoder(Stage):
             results = await asyncio.to_thread(self._encode, list(request.items))
             response = stages_pb2.EncodeResponse()
             for out, version, content_hash in results:
-                item = response.items.add(encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds)
+                item = response.items.add(
+                    encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
+                )
                 if out.embeddings is not None:
                     item.embeddings.CopyFrom(
                         tensors.describe(out.embeddings, content_hash=content_hash, producer_version=version)

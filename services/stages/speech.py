@@ -25,7 +25,9 @@ class Talker(Stage):
 
     async def Talk(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
         with self.operation("talk", request.ctx, chunk_index=request.chunk_index):
-            units = self.model.stream_units(request.text, request.voice or self.profile.pipeline.default_voice)
+            units = self.model.stream_units(
+                request.text, request.voice or self.profile.pipeline.default_voice
+            )
             # The model is synchronous; step it off the event loop so other requests interleave.
             while (chunk := await asyncio.to_thread(next, units, _DONE)) is not _DONE:
                 yield stages_pb2.UnitChunk(units=tensors.describe(chunk, producer_version=self.model.version))

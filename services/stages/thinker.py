@@ -42,7 +42,10 @@ class Decode(Stage):
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):
             deltas = self.engine.decode(
-                f"{request.ctx.request_id}-decode", request.prompt, request.sampling, request.kv_transfer_params
+                f"{request.ctx.request_id}-decode",
+                request.prompt,
+                request.sampling,
+                request.kv_transfer_params,
             )
             # Tokens that piled up while the previous chunk was in flight go out as one chunk.
             async for delta in coalesce(deltas, DecodeDelta.merge):

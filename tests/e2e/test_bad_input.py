@@ -53,27 +53,63 @@ CASES = {
     "unknown_model": (lambda m: {**_chat(m, "hi"), "model": "gpt-17"}, 400, "model_not_found"),
     "empty_messages": (lambda m: {"model": m, "messages": []}, 422, "invalid_value"),
     "missing_messages": (lambda m: {"model": m}, 422, "invalid_value"),
-    "bad_role": (lambda m: {"model": m, "messages": [{"role": "robot", "content": "x"}]}, 422, "invalid_value"),
+    "bad_role": (
+        lambda m: {"model": m, "messages": [{"role": "robot", "content": "x"}]},
+        422,
+        "invalid_value",
+    ),
     "bad_temperature": (lambda m: _chat(m, "hi", temperature=9), 422, "invalid_value"),
     "n_not_1": (lambda m: _chat(m, "hi", n=3), 422, "invalid_value"),
     "max_tokens_over_cap": (lambda m: _chat(m, "hi", max_tokens=100000), 400, "invalid_request"),
-    "undecodable_image": (lambda m: _chat(m, [_image_part("data:image/png;base64," + base64.b64encode(b"nope").decode())]),
-                          400, "invalid_image"),
-    "bad_base64_image": (lambda m: _chat(m, [_image_part("data:image/png;base64,@@@")]), 400, "invalid_base64"),
-    "remote_image_url": (lambda m: _chat(m, [_image_part("http://example.com/cat.png")]), 400, "invalid_image_url"),
+    "undecodable_image": (
+        lambda m: _chat(m, [_image_part("data:image/png;base64," + base64.b64encode(b"nope").decode())]),
+        400,
+        "invalid_image",
+    ),
+    "bad_base64_image": (
+        lambda m: _chat(m, [_image_part("data:image/png;base64,@@@")]),
+        400,
+        "invalid_base64",
+    ),
+    "remote_image_url": (
+        lambda m: _chat(m, [_image_part("http://example.com/cat.png")]),
+        400,
+        "invalid_image_url",
+    ),
     "gif_image": (lambda m: _chat(m, [_image_part(data_url(_gif(), "image/gif"))]), 400, "invalid_image"),
-    "image_over_20mb": (lambda m: _chat(m, [_image_part("data:image/png;base64," + "A" * (28 * 1024 * 1024))]),
-                        413, "image_too_large"),
-    "image_over_8000px": (lambda m: _chat(m, [_image_part(data_url(_huge_png_header(8001)))]), 413, "image_too_large"),
+    "image_over_20mb": (
+        lambda m: _chat(m, [_image_part("data:image/png;base64," + "A" * (28 * 1024 * 1024))]),
+        413,
+        "image_too_large",
+    ),
+    "image_over_8000px": (
+        lambda m: _chat(m, [_image_part(data_url(_huge_png_header(8001)))]),
+        413,
+        "image_too_large",
+    ),
     "undecodable_audio": (lambda m: _chat(m, [_audio_part(b"RIFF....WAVEjunk")]), 400, "invalid_audio"),
     "audio_too_long": (lambda m: _chat(m, [_audio_part(_long_wav(121))]), 413, "audio_too_long"),
-    "audio_bad_format": (lambda m: _chat(m, [_audio_part(wav_bytes(), fmt="flac")]), 400, "invalid_audio_format"),
-    "unsupported_part": (lambda m: _chat(m, [{"type": "video_url", "video_url": {"url": "x"}}]),
-                         400, "unsupported_content_type"),
-    "unsupported_modality": (lambda m: _chat(m, "hi", modalities=["text", "video"]), 400, "unsupported_modality"),
+    "audio_bad_format": (
+        lambda m: _chat(m, [_audio_part(wav_bytes(), fmt="flac")]),
+        400,
+        "invalid_audio_format",
+    ),
+    "unsupported_part": (
+        lambda m: _chat(m, [{"type": "video_url", "video_url": {"url": "x"}}]),
+        400,
+        "unsupported_content_type",
+    ),
+    "unsupported_modality": (
+        lambda m: _chat(m, "hi", modalities=["text", "video"]),
+        400,
+        "unsupported_modality",
+    ),
     "audio_only_modality": (lambda m: _chat(m, "hi", modalities=["audio"]), 400, "unsupported_modality"),
-    "unknown_voice": (lambda m: _chat(m, "hi", modalities=["text", "audio"], audio={"voice": "zz", "format": "wav"}),
-                      400, "invalid_request"),
+    "unknown_voice": (
+        lambda m: _chat(m, "hi", modalities=["text", "audio"], audio={"voice": "zz", "format": "wav"}),
+        400,
+        "invalid_request",
+    ),
     "body_over_limit": (lambda m: b"x" * (49 * 1024 * 1024), 413, "request_too_large"),
 }
 
@@ -102,5 +138,7 @@ def test_rejected_with_openai_error(http, model_name, case):
 
 
 def test_valid_image_at_limits_is_accepted(http, model_name):
-    r = http.post("/v1/chat/completions", json=_chat(model_name, [_image_part(data_url(png_bytes(800, 600)))]))
+    r = http.post(
+        "/v1/chat/completions", json=_chat(model_name, [_image_part(data_url(png_bytes(800, 600)))])
+    )
     assert r.status_code == 200

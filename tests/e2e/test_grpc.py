@@ -20,8 +20,12 @@ def stub(omniray):
 
 def _request(model_name, *parts, modalities=("text",), max_tokens=16):
     msg = omni_pb2.Message(role="user", content=list(parts))
-    return omni_pb2.ChatRequest(model=model_name, messages=[msg], modalities=list(modalities),
-                                sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0))
+    return omni_pb2.ChatRequest(
+        model=model_name,
+        messages=[msg],
+        modalities=list(modalities),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0),
+    )
 
 
 def test_chat_text_stream(stub, model_name):
@@ -33,10 +37,13 @@ def test_chat_text_stream(stub, model_name):
 
 
 def test_chat_audio_out_with_image_and_speech_in(stub, model_name):
-    req = _request(model_name, omni_pb2.ContentPart(text="Describe"),
-                   omni_pb2.ContentPart(image=omni_pb2.ImagePart(data=png_bytes())),
-                   omni_pb2.ContentPart(audio=omni_pb2.AudioPart(data=wav_bytes(), format="wav")),
-                   modalities=("text", "audio"))
+    req = _request(
+        model_name,
+        omni_pb2.ContentPart(text="Describe"),
+        omni_pb2.ContentPart(image=omni_pb2.ImagePart(data=png_bytes())),
+        omni_pb2.ContentPart(audio=omni_pb2.AudioPart(data=wav_bytes(), format="wav")),
+        modalities=("text", "audio"),
+    )
     chunks = list(stub.Chat(req, timeout=60))
     audio = [c.audio for c in chunks if c.WhichOneof("delta") == "audio"]
     text = "".join(c.text for c in chunks if c.WhichOneof("delta") == "text")
@@ -54,15 +61,26 @@ def test_list_models_and_health(stub, model_name):
     assert stub.Health(omni_pb2.HealthRequest(), timeout=10).status == "ok"
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda r: setattr(r, "model", "nope"), "does not exist"),
-    (lambda r: r.ClearField("messages"), "messages must not be empty"),
-    (lambda r: r.modalities.append("video"), "unsupported modalities"),
-    (lambda r: r.messages[0].content.append(omni_pb2.ContentPart(image=omni_pb2.ImagePart(data=b"not an image"))),
-     "image could not be decoded"),
-    (lambda r: r.messages[0].content.append(omni_pb2.ContentPart(audio=omni_pb2.AudioPart(data=b"RIFFxx", format="wav"))),
-     "audio could not be decoded"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda r: setattr(r, "model", "nope"), "does not exist"),
+        (lambda r: r.ClearField("messages"), "messages must not be empty"),
+        (lambda r: r.modalities.append("video"), "unsupported modalities"),
+        (
+            lambda r: r.messages[0].content.append(
+                omni_pb2.ContentPart(image=omni_pb2.ImagePart(data=b"not an image"))
+            ),
+            "image could not be decoded",
+        ),
+        (
+            lambda r: r.messages[0].content.append(
+                omni_pb2.ContentPart(audio=omni_pb2.AudioPart(data=b"RIFFxx", format="wav"))
+            ),
+            "audio could not be decoded",
+        ),
+    ],
+)
 def test_invalid_argument(stub, model_name, mutate, needle):
     req = _request(model_name, omni_pb2.ContentPart(text="Hello"))
     mutate(req)

@@ -16,21 +16,28 @@ OPENAI_PCM_RATE = 24000
 
 def test_text_non_streamed(openai_client, model_name):
     r = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0)
+        model=model_name, messages=[{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0
+    )
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].message.content
     assert r.usage.completion_tokens == 12
     assert r.choices[0].finish_reason == "length"
     # Greedy decoding through prefill -> NIXL -> decode is deterministic.
     again = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0)
+        model=model_name, messages=[{"role": "user", "content": "Hello there"}], max_tokens=12, temperature=0
+    )
     assert again.choices[0].message.content == r.choices[0].message.content
 
 
 def test_text_streamed(openai_client, model_name):
     stream = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        model=model_name,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     pieces, finish, usage = [], None, None
     for chunk in stream:
         if chunk.usage:
@@ -42,7 +49,11 @@ def test_text_streamed(openai_client, model_name):
     assert finish == "length"
     assert usage.completion_tokens == 20
     whole = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=20, temperature=0)
+        model=model_name,
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=20,
+        temperature=0,
+    )
     assert "".join(pieces) == whole.choices[0].message.content
 
 
@@ -64,8 +75,14 @@ def _collect_audio(stream):
 
 def test_streamed_audio_out(openai_client, model_name):
     stream = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Say something"}], max_tokens=24, temperature=0,
-        modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"}, stream=True)
+        model=model_name,
+        messages=[{"role": "user", "content": "Say something"}],
+        max_tokens=24,
+        temperature=0,
+        modalities=["text", "audio"],
+        audio={"voice": "default", "format": "pcm16"},
+        stream=True,
+    )
     pcm, transcript, rates = _collect_audio(stream)
     assert rates == {OPENAI_PCM_RATE}
     assert len(pcm) % 2 == 0
@@ -78,8 +95,13 @@ def test_streamed_audio_out(openai_client, model_name):
 
 def test_non_streamed_wav_out(openai_client, model_name):
     r = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": "Read this aloud"}], max_tokens=16, temperature=0,
-        modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+        model=model_name,
+        messages=[{"role": "user", "content": "Read this aloud"}],
+        max_tokens=16,
+        temperature=0,
+        modalities=["text", "audio"],
+        audio={"voice": "default", "format": "wav"},
+    )
     audio = r.choices[0].message.audio
     assert audio.transcript
     wave, rate = soundfile.read(io.BytesIO(base64.b64decode(audio.data)), dtype="int16")
@@ -89,22 +111,40 @@ def test_non_streamed_wav_out(openai_client, model_name):
 
 def test_image_input(openai_client, model_name):
     r = openai_client.chat.completions.create(
-        model=model_name, max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": [
-            {"type": "text", "text": "What is in this image?"},
-            {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}]}])
+        model=model_name,
+        max_tokens=8,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is in this image?"},
+                    {"type": "image_url", "image_url": {"url": data_url(png_bytes())}},
+                ],
+            }
+        ],
+    )
     assert r.choices[0].message.content
     # 64 image embeddings replace the image part in the prompt.
     text_only = openai_client.chat.completions.create(
-        model=model_name, max_tokens=1, messages=[{"role": "user", "content": "What is in this image?\n"}])
+        model=model_name, max_tokens=1, messages=[{"role": "user", "content": "What is in this image?\n"}]
+    )
     assert r.usage.prompt_tokens == text_only.usage.prompt_tokens + 64
 
 
 def test_speech_input(openai_client, model_name):
     wav = base64.b64encode(wav_bytes(seconds=2.0, rate=22050)).decode()
     r = openai_client.chat.completions.create(
-        model=model_name, max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}]}])
+        model=model_name,
+        max_tokens=8,
+        temperature=0,
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}],
+            }
+        ],
+    )
     assert r.choices[0].message.content
     assert r.usage.prompt_tokens > 40  # 2 s of audio -> 50 embeddings
 

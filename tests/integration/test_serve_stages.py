@@ -38,7 +38,9 @@ def test_gateway_and_five_stage_deployments(omniray):
 
 def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
     assert _running_replicas(omniray, "Encoder") == 1
-    images = [{"type": "image_url", "image_url": {"url": data_url(png_bytes(512, 512, seed=i))}} for i in range(8)]
+    images = [
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes(512, 512, seed=i))}} for i in range(8)
+    ]
     body = {"model": model_name, "max_tokens": 1, "messages": [{"role": "user", "content": images}]}
     deadline = time.monotonic() + 90
     scaled = False
@@ -66,7 +68,8 @@ def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client
     before = decode.prompt_token_sources.remote().result()
     long_prompt = " ".join(f"word{i}" for i in range(400))
     r = openai_client.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": long_prompt}], max_tokens=4, temperature=0)
+        model=model_name, messages=[{"role": "user", "content": long_prompt}], max_tokens=4, temperature=0
+    )
     after = decode.prompt_token_sources.remote().result()
     external = after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
     computed = after.get("local_compute", 0) - before.get("local_compute", 0)
@@ -79,11 +82,20 @@ def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client
 
 def test_first_audio_arrives_before_last_text_token(omniray, model_name):
     """Async chunk: the talker starts on the first text piece, not on the whole answer."""
-    body = {"model": model_name, "max_tokens": 200, "temperature": 0, "stream": True,
-            "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"},
-            "messages": [{"role": "user", "content": "Talk for a while"}]}
+    body = {
+        "model": model_name,
+        "max_tokens": 200,
+        "temperature": 0,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "default", "format": "pcm16"},
+        "messages": [{"role": "user", "content": "Talk for a while"}],
+    }
     order = []
-    with httpx.Client(timeout=120) as c, c.stream("POST", f"{omniray.http_url}/v1/chat/completions", json=body) as r:
+    with (
+        httpx.Client(timeout=120) as c,
+        c.stream("POST", f"{omniray.http_url}/v1/chat/completions", json=body) as r,
+    ):
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue

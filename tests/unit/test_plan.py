@@ -4,7 +4,9 @@ from services.router.plan import plan
 
 
 def _req(*parts, modalities=("text",)):
-    return omni_pb2.ChatRequest(messages=[omni_pb2.Message(role="user", content=list(parts))], modalities=modalities)
+    return omni_pb2.ChatRequest(
+        messages=[omni_pb2.Message(role="user", content=list(parts))], modalities=modalities
+    )
 
 
 TEXT = omni_pb2.ContentPart(text="hi")

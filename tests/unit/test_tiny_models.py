@@ -46,8 +46,8 @@ def test_chunked_vocoding_equals_whole_utterance():
     whole = voc.decode(units, None, "default")
     pieces, left = [], None
     for k in range(0, len(units), 13):
-        chunk = units[k:k + 13]
+        chunk = units[k : k + 13]
         pieces.append(voc.decode(chunk, left, "default"))
-        left = units[max(0, k + 13 - 32):k + 13]
+        left = units[max(0, k + 13 - 32) : k + 13]
     np.testing.assert_allclose(np.concatenate(pieces), whole, atol=1e-5)
     assert len(whole) == 97 * 480
