@@ -128,6 +128,11 @@ def chunk(rid: str, model: str, created: int, delta: dict, finish_reason: str | 
     }
 
 
+def usage_chunk(rid: str, model: str, created: int, usage: common_pb2.Usage) -> dict:
+    """The last chunk with `stream_options.include_usage`: no choices, just usage."""
+    return {**chunk(rid, model, created, {}), "choices": [], "usage": usage_dict(usage)}
+
+
 def usage_dict(usage: common_pb2.Usage) -> dict:
     return {
         "prompt_tokens": usage.prompt_tokens,

@@ -198,16 +198,7 @@ class Gateway:
                 if ev.finish_reason:
                     yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
                     if include_usage and ev.usage is not None:
-                        yield line(
-                            {
-                                "id": rid,
-                                "object": "chat.completion.chunk",
-                                "created": created,
-                                "model": model,
-                                "choices": [],
-                                "usage": openai_api.usage_dict(ev.usage),
-                            }
-                        )
+                        yield line(openai_api.usage_chunk(rid, model, created, ev.usage))
         except Exception as e:  # headers are gone: report in-band, then end the stream cleanly
             yield line(
                 {
