@@ -124,6 +124,13 @@ class Pipeline:
                 code="unsupported_modality",
                 param="modalities",
             )
+        models = self.profile.models
+        if "audio" in modalities and not (models.talker and models.vocoder):
+            raise bad_request(
+                f"profile {self.profile.name!r} has no speech output; use modalities ['text']",
+                code="unsupported_modality",
+                param="modalities",
+            )
         voice = req.audio.voice or pipe.default_voice
         if voice not in pipe.voices:
             raise bad_request(f"unknown voice {voice!r}; available: {pipe.voices}", param="audio.voice")
@@ -147,6 +154,15 @@ class Pipeline:
             for j, part in enumerate(m.content):
                 param = f"messages.{i}.content.{j}"
                 kind = part.WhichOneof("part")
+                if (
+                    kind in ("image", "audio")
+                    and getattr(self.profile.models, "vision" if kind == "image" else "audio") is None
+                ):
+                    raise bad_request(
+                        f"profile {self.profile.name!r} does not accept {kind} input",
+                        code="unsupported_modality",
+                        param=param,
+                    )
                 if kind == "image":
                     data = part.image.data or media.data_url_bytes(
                         part.image.url, param=param, limit=limits.max_image_bytes

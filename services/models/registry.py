@@ -16,6 +16,8 @@ ADAPTERS: dict[str, str] = {
     "tiny_audio": "services.models.tiny.audio",
     "tiny_talker": "services.models.tiny.talker",
     "tiny_vocoder": "services.models.tiny.vocoder",
+    "smollm2": "services.models.small.thinker",
+    "whisper_ct2": "services.models.small.asr",
 }
 
 
