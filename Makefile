@@ -13,9 +13,15 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench lint clean
+.PHONY: setup protos models run stop test test-fast bench lint clean system-deps
 
-setup: $(VENV)/.installed protos
+setup: $(VENV)/.installed protos system-deps
+
+# Debian tools the tests use to make real speech (espeak-ng) — best effort where apt is not ours.
+system-deps:
+	@command -v espeak-ng >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq espeak-ng) >/dev/null; } || \
+	  echo "[setup] espeak-ng not installed: spoken-question tests will be skipped"
 
 # One stamp per dependency set: re-runs only when pyproject.toml or constraints.txt change.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -48,6 +54,7 @@ stop:
 
 test: setup
 	$(PY) -m services.models.build --profile tiny
+	$(PY) -m services.models.build --profile small
 	$(PY) -m pytest -q -ra tests
 
 # Unit and property tests only (no Ray, no engine): seconds.

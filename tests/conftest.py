@@ -4,6 +4,7 @@ session on free ports with the `tiny` profile, exactly as `make run` does."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import shutil
@@ -31,24 +32,30 @@ ENCODER_AUTOSCALING = {
 }
 
 
-@pytest.fixture(scope="session")
-def omniray():
+@contextlib.contextmanager
+def local_cluster(profile: str, **kwargs):
     from services import runtime
 
-    run_dir = Path(tempfile.mkdtemp(prefix="omniray-test-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=f"omniray-test-{profile}-"))
     cluster = runtime.start(
-        "tiny",
+        profile,
         http_port=runtime.free_port(),
         grpc_port=runtime.free_port(),
         run_dir=run_dir,
-        stage_overrides={"encoder": ENCODER_AUTOSCALING},
         timeout_s=420,
+        **kwargs,
     )
     try:
         yield cluster
     finally:
         runtime.stop(run_dir)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def omniray():
+    with local_cluster("tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="session")
