@@ -18,6 +18,7 @@ ADAPTERS: dict[str, str] = {
     "tiny_vocoder": "services.models.tiny.vocoder",
     "smollm2": "services.models.small.thinker",
     "whisper_ct2": "services.models.small.asr",
+    "mobilenet_v2": "services.models.small.vision",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from openai import OpenAI
@@ -43,10 +44,29 @@ def test_spoken_question_is_answered_correctly(small, tmp_path):
     assert "Paris" in _ask(small, [part])
 
 
-def test_missing_modalities_are_clear_errors(small):
+def test_speech_out_is_a_clear_error_until_the_talker_lands(small):
     from openai import BadRequestError
 
     with pytest.raises(BadRequestError, match="no speech output"):
         small.chat.completions.create(
             model="omniray-small", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"]
         )
+
+
+def test_photo_answer_mentions_what_mobilenet_recognized(small):
+    import matplotlib
+    from PIL import Image
+
+    from tests.conftest import data_url
+
+    photo = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
+    # MobileNetV2's top labels for this photo are military uniform, bow tie, graduation cap.
+    assert Image.open(photo).format == "JPEG"
+    answer = _ask(
+        small,
+        [
+            {"type": "text", "text": "What is in this photo?"},
+            {"type": "image_url", "image_url": {"url": data_url(photo.read_bytes(), "image/jpeg")}},
+        ],
+    )
+    assert any(label in answer.lower() for label in ("uniform", "bow tie", "graduation")), answer
