@@ -10,7 +10,7 @@ from services.models.profile import Profile
 
 
 async def run(
-    profile: Profile, prompts: list[list[int]], max_tokens: int, concurrency: int, engine
+    engine, prompts: list[list[int]], max_tokens: int, concurrency: int
 ) -> tuple[list[float], float]:
     """Returns (TTFT per request, wall seconds)."""
     from vllm import SamplingParams

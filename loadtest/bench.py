@@ -92,11 +92,11 @@ def _requests_for(c: int, per_level: int) -> int:
 async def _bare(profile, token_prompts, max_tokens, levels, per_level) -> dict:
     engine = baseline_vllm.make_engine(profile)
     try:
-        await baseline_vllm.run(profile, token_prompts[:4], max_tokens, 2, engine)  # warm-up
+        await baseline_vllm.run(engine, token_prompts[:4], max_tokens, 2)  # warm-up
         out = {}
         for c in levels:
             n = _requests_for(c, per_level)
-            ttfts, wall = await baseline_vllm.run(profile, token_prompts[:n], max_tokens, c, engine)
+            ttfts, wall = await baseline_vllm.run(engine, token_prompts[:n], max_tokens, c)
             out[c] = {
                 "n": n,
                 "req_per_s": n / wall,

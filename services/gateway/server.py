@@ -3,6 +3,7 @@ in front of the one Pipeline."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import time
@@ -165,8 +166,6 @@ class Gateway:
         speak: bool,
         include_usage: bool,
     ) -> AsyncIterator[str]:
-        import base64
-
         def line(obj: dict) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
