@@ -21,6 +21,14 @@ class _Failure:
         self.error = error
 
 
+async def next_batch(queue: asyncio.Queue) -> list:
+    """Wait for one item, then take everything else already queued."""
+    batch = [await queue.get()]
+    while not queue.empty():
+        batch.append(queue.get_nowait())
+    return batch
+
+
 async def coalesce(source: AsyncIterator[T], merge: Callable[[list[T]], T]) -> AsyncIterator[T]:
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -36,9 +44,7 @@ async def coalesce(source: AsyncIterator[T], merge: Callable[[list[T]], T]) -> A
     task = asyncio.create_task(pump())
     try:
         while True:
-            batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
+            batch = await next_batch(queue)
             end = next((i for i, x in enumerate(batch) if x is _DONE or isinstance(x, _Failure)), None)
             items = batch if end is None else batch[:end]
             if items:

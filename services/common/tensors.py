@@ -24,16 +24,31 @@ HOLD_SECONDS = 300.0
 
 _held: list[tuple[float, ray.ObjectRef]] = []
 _held_lock = threading.Lock()
+_sweeper: threading.Thread | None = None
 
 
-def _hold(ref: ray.ObjectRef) -> None:
-    """Keep the producer's pin for HOLD_SECONDS, then undo it (and any older expired ones)."""
-    now = time.monotonic()
+def _release_expired() -> None:
     core_worker = ray._private.worker.global_worker.core_worker
+    now = time.monotonic()
     with _held_lock:
         while _held and _held[0][0] <= now:
             core_worker.remove_object_ref_reference(_held.pop(0)[1])
-        _held.append((now + HOLD_SECONDS, ref))
+
+
+def _sweep_forever() -> None:
+    while True:
+        time.sleep(HOLD_SECONDS / 10)
+        _release_expired()
+
+
+def _hold(ref: ray.ObjectRef) -> None:
+    """Keep the producer's pin for HOLD_SECONDS; a daemon thread undoes expired pins."""
+    global _sweeper
+    with _held_lock:
+        _held.append((time.monotonic() + HOLD_SECONDS, ref))
+        if _sweeper is None:
+            _sweeper = threading.Thread(target=_sweep_forever, name="omniray-tensor-unpin", daemon=True)
+            _sweeper.start()
 
 
 _TO_PROTO = {

@@ -9,16 +9,16 @@ the first unit chunk, so PCM streams while the thinker is still writing.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from omni.v1 import common_pb2, omni_pb2, stages_pb2
 from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry, tensors
+from services.common.streams import next_batch
 from services.gateway import media
 from services.gateway.errors import OmniError, bad_request
 from services.gateway.prompt import PromptBuilder
@@ -69,7 +69,6 @@ class Prepared:
     voice: str
     audio_format: str
     prompt_tokens: int
-    arrival: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -201,7 +200,7 @@ class Pipeline:
             telemetry.inject(ctx)
             items = await asyncio.to_thread(self._media_items, req)
             encoded: list[stages_pb2.EncodedItem] = []
-            if items:
+            if stage_plan.encode:
                 response = await self.h.encoder.Encode.remote(stages_pb2.EncodeRequest(ctx=ctx, items=items))
                 encoded = list(response.items)
             prompt = self.prompts.render(list(req.messages), encoded)
@@ -303,10 +302,7 @@ class Pipeline:
         try:
             done = 0
             while done < len(tasks):
-                batch = [await out.get()]
-                while not out.empty():
-                    batch.append(out.get_nowait())
-                for ev in _merge_text(batch):
+                for ev in _merge_text(await next_batch(out)):
                     if ev is None:
                         done += 1
                     else:
