@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-PROFILE ?= tiny
+PROFILE ?= small
+LEVELS ?= 1,4,16
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 9000
 export OMNIRAY_DATA ?= $(CURDIR)/.data
@@ -17,11 +18,12 @@ PROTOS := $(wildcard protos/omni/v1/*.proto)
 
 setup: $(VENV)/.installed protos system-deps
 
-# Debian tools the tests use to make real speech (espeak-ng) — best effort where apt is not ours.
+# espeak-ng (GPL-3.0, a separate program, optional): the `small` talker's phonemizer, and the
+# tests' way to speak a question. Best effort where apt is not ours.
 system-deps:
 	@command -v espeak-ng >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq espeak-ng) >/dev/null; } || \
-	  echo "[setup] espeak-ng not installed: spoken-question tests will be skipped"
+	  echo "[setup] espeak-ng not installed: 'small' answers in text only; speech tests are skipped"
 
 # One stamp per dependency set: re-runs only when pyproject.toml or constraints.txt change.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -62,7 +64,7 @@ test-fast: setup
 	$(PY) -m pytest -q tests/unit
 
 bench: models
-	$(PY) -m loadtest.bench --profile $(PROFILE)
+	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

@@ -70,7 +70,7 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _bodies(model: str, prompts, audio: bool) -> list[dict]:
+def _bodies(model: str, prompts, audio: bool, voice: str) -> list[dict]:
     out = []
     for p in prompts:
         b = {
@@ -80,7 +80,7 @@ def _bodies(model: str, prompts, audio: bool) -> list[dict]:
             "temperature": 0,
         }
         if audio:
-            b.update(modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"})
+            b.update(modalities=["text", "audio"], audio={"voice": voice, "format": "pcm16"})
         out.append(b)
     return out
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     profile = load_profile(args.profile)
-    model = profile.served_model_name
+    model, voice = profile.served_model_name, profile.pipeline.default_voice
     n_max = _requests_for(max(levels), args.per_level)
     prompts = chat_prompts(n_max, seed=0, max_tokens=args.max_tokens)
     audio_prompts = chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens)
@@ -179,16 +179,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print("[bench] 2/4 service, text out", flush=True)
         report["service_text"] = asyncio.run(
-            _service(url, _bodies(model, prompts, False), levels, args.per_level, "service")
+            _service(url, _bodies(model, prompts, False, voice), levels, args.per_level, "service")
         )
         print("[bench] 3/4 service, audio out, async chunk", flush=True)
         report["audio_async"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "async chunk")
+            _service(url, _bodies(model, audio_prompts, True, voice), levels, args.per_level, "async chunk")
         )
         print("[bench] 4/4 service, audio out, no async chunk (redeploying)", flush=True)
         runtime.deploy(cluster, args.profile, app_args={"async_chunk": False}, timeout_s=600)
         report["audio_sync"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True), levels, args.per_level, "no async")
+            _service(url, _bodies(model, audio_prompts, True, voice), levels, args.per_level, "no async")
         )
     finally:
         runtime.stop(run_dir)

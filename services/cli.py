@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omniray")
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="start Redis, Ray and the Serve application for a profile")
-    run.add_argument("--profile", default="tiny")
+    run.add_argument("--profile", default="small")
     run.add_argument("--http-port", type=int, default=8000)
     run.add_argument("--grpc-port", type=int, default=9000)
     sub.add_parser("stop", help="stop everything `run` started")

@@ -9,6 +9,8 @@ import io
 import os
 import shutil
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -98,3 +100,30 @@ def wav_bytes(seconds: float = 1.0, rate: int = 16000, freq: float = 220.0) -> b
 
 def data_url(png: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64,{base64.b64encode(png).decode()}"
+
+
+@dataclass
+class StreamedAudio:
+    pcm: bytes
+    transcript: str
+    rates: set[int]
+    chunk_times: list[float]  # monotonic arrival time of each audio chunk
+    end_time: float  # when the stream closed
+
+
+def collect_audio(stream) -> StreamedAudio:
+    """Audio deltas of an OpenAI SDK chat stream (`delta.audio`: data, transcript, sample_rate)."""
+    pcm, transcript, rates, times = bytearray(), [], set(), []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        audio = getattr(chunk.choices[0].delta, "audio", None)
+        if audio:
+            audio = audio.model_dump()  # typed in the SDK; sample_rate is our extra field
+            if audio.get("data"):
+                pcm += base64.b64decode(audio["data"])
+                rates.add(audio["sample_rate"])
+                times.append(time.monotonic())
+            if audio.get("transcript"):
+                transcript.append(audio["transcript"])
+    return StreamedAudio(bytes(pcm), "".join(transcript), rates, times, time.monotonic())

@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry, tensors
 from services.common.streams import next_batch
+from services.common.vocoder_window import VocodeCall, VocoderWindow
 from services.gateway import media
 from services.gateway.errors import OmniError, bad_request
 from services.gateway.prompt import PromptBuilder
@@ -27,8 +28,6 @@ from services.models.profile import Profile
 from services.router.plan import StagePlan, plan
 
 SUPPORTED_MODALITIES = {"text", "audio"}
-# Trailing units the gateway keeps as vocoder left context between chunks (>= any vocoder needs).
-VOCODER_CONTEXT = 32
 # Without async chunk, whole-utterance audio is still sent to the client in pieces of this length.
 WHOLE_AUDIO_PIECE_S = 0.5
 
@@ -123,10 +122,9 @@ class Pipeline:
                 code="unsupported_modality",
                 param="modalities",
             )
-        models = self.profile.models
-        if "audio" in modalities and not (models.talker and models.vocoder):
+        if "audio" in modalities and (why := self.profile.speech_out_unavailable()):
             raise bad_request(
-                f"profile {self.profile.name!r} has no speech output; use modalities ['text']",
+                f"{why}; use modalities ['text']",
                 code="unsupported_modality",
                 param="modalities",
             )
@@ -261,34 +259,33 @@ class Pipeline:
             await pieces.put(None)
 
         async def speak() -> None:
-            left: np.ndarray | None = None
+            vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
             index = 0
             while (piece := await pieces.get()) is not None:
                 talk = stages_pb2.TalkRequest(ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index)
                 index += 1
+                units = (
+                    tensors.materialize(uc.units)
+                    async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
+                    if not uc.is_final
+                )
                 if self.async_chunk:
-                    transcript = piece
-                    async for uc in self.h.talker.options(stream=True).Talk.remote(talk):
-                        if uc.is_final:
-                            break
-                        left = await self._vocode(p, uc.units, left, out, transcript)
-                        transcript = None
+                    # One talker stream is one utterance: vocode its units as they arrive, each
+                    # call with the context that makes it equal to a whole-utterance decode.
+                    window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
+                    transcript: str | None = piece
+                    async for chunk in units:
+                        if call := window.push(chunk):
+                            await self._vocode(p, call, out, transcript)
+                            transcript = None
+                    if call := window.flush():
+                        await self._vocode(p, call, out, transcript)
                 else:
                     # Baseline: each stage waits for the whole output of the previous one.
-                    units = [
-                        tensors.materialize(uc.units)
-                        async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
-                        if not uc.is_final
-                    ]
-                    if units:
-                        await self._vocode(
-                            p,
-                            tensors.describe(np.concatenate(units)),
-                            None,
-                            out,
-                            piece,
-                            split_s=WHOLE_AUDIO_PIECE_S,
-                        )
+                    whole = [u async for u in units]
+                    if whole:
+                        call = VocodeCall(np.concatenate(whole), None, None)
+                        await self._vocode(p, call, out, piece, split_s=WHOLE_AUDIO_PIECE_S)
 
         async def run(coro) -> None:
             try:
@@ -317,15 +314,16 @@ class Pipeline:
     async def _vocode(
         self,
         p: Prepared,
-        units: common_pb2.TensorDescriptor,
-        left: np.ndarray | None,
+        call: VocodeCall,
         out: asyncio.Queue,
         transcript: str | None,
         split_s: float | None = None,
-    ) -> np.ndarray:
-        req = stages_pb2.VocodeRequest(ctx=p.ctx, units=units, voice=p.voice)
-        if left is not None:
-            req.left_context.CopyFrom(tensors.describe(left))
+    ) -> None:
+        req = stages_pb2.VocodeRequest(ctx=p.ctx, units=tensors.describe(call.units), voice=p.voice)
+        if call.left is not None:
+            req.left_context.CopyFrom(tensors.describe(call.left))
+        if call.right is not None:
+            req.right_context.CopyFrom(tensors.describe(call.right))
         chunk = await self.h.vocoder.Vocode.remote(req)
         pcm, rate = chunk.pcm16, chunk.sample_rate
         step = len(pcm) if split_s is None else max(2, int(split_s * rate) * 2)
@@ -333,6 +331,3 @@ class Pipeline:
             await out.put(
                 Event(pcm16=pcm[k : k + step], sample_rate=rate, transcript=transcript if k == 0 else None)
             )
-        current = tensors.materialize(units)
-        joined = current if left is None else np.concatenate([left, current])
-        return joined[-VOCODER_CONTEXT:]

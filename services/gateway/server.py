@@ -218,7 +218,7 @@ class Gateway:
     def _model_card(self) -> dict:
         m = self.profile.models
         inputs = ["text"] + (["image"] if m.vision else []) + (["audio"] if m.audio else [])
-        outputs = ["text"] + (["audio"] if m.talker and m.vocoder else [])
+        outputs = ["text"] + ([] if self.profile.speech_out_unavailable() else ["audio"])
         return {
             "id": self.profile.served_model_name,
             "object": "model",

@@ -48,8 +48,9 @@ class Talker(Protocol):
 class Vocoder(Protocol):
     version: str
     sample_rate: int
-    # Units of left context a chunk needs for its output to match a whole-utterance decode.
-    context_units: int
 
-    def decode(self, units: np.ndarray, left_context: np.ndarray | None, voice: str) -> np.ndarray:
-        """Units -> float32 mono PCM in [-1, 1] for `units` only (the context is not re-emitted)."""
+    def decode(
+        self, units: np.ndarray, left: np.ndarray | None, right: np.ndarray | None, voice: str
+    ) -> np.ndarray:
+        """Units -> float32 mono PCM in [-1, 1] for `units` only; `left`/`right` are context that is
+        decoded but not emitted (how much a chunk needs is the profile's VocoderSpec)."""

@@ -37,6 +37,9 @@ def is_prepared(path: Path) -> bool:
 
 def prepare(spec: ModelSpec, path: Path, options: dict) -> bool:
     """Returns True when something was built."""
+    if Path(spec.path).is_absolute():  # provided by the deployment (a mounted volume): check only
+        adapter_module(spec.adapter).verify(path, options)
+        return False
     if is_prepared(path):
         return False
     tmp = path.with_name(path.name + ".partial")

@@ -6,6 +6,7 @@ One file is the single source of truth for the local run, the tests and the Helm
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,9 +24,22 @@ class _Strict(BaseModel):
 
 class ModelSpec(_Strict):
     adapter: str
-    # Relative to $OMNIRAY_DATA/models.
+    # Relative to $OMNIRAY_DATA/models, or absolute for weights the deployment mounts.
     path: str
     options: dict[str, Any] = Field(default_factory=dict)
+    # Programs the adapter runs that `make setup` installs only where it can (e.g. espeak-ng,
+    # GPL-3.0, kept an optional system package). Missing ones switch this model off, not the app.
+    requires: list[str] = Field(default_factory=list)
+
+    def missing(self) -> list[str]:
+        return [prog for prog in self.requires if shutil.which(prog) is None]
+
+
+class VocoderSpec(ModelSpec):
+    # Units before / after a chunk that it must be decoded with to equal a whole-utterance decode
+    # (the vocoder's receptive field, measured for trained weights). The gateway keeps them.
+    context_frames: int = Field(default=0, ge=0)
+    lookahead_frames: int = Field(default=0, ge=0)
 
 
 class EngineSpec(_Strict):
@@ -57,7 +71,7 @@ class ModelsSpec(_Strict):
     vision: ModelSpec | None = None
     audio: ModelSpec | None = None
     talker: ModelSpec | None = None
-    vocoder: ModelSpec | None = None
+    vocoder: VocoderSpec | None = None
 
 
 class PipelineSpec(_Strict):
@@ -104,6 +118,15 @@ class Profile(_Strict):
 
     def model_path(self, spec: ModelSpec) -> Path:
         return data_dir() / "models" / spec.path
+
+    def speech_out_unavailable(self) -> str | None:
+        """Why this profile cannot speak here, or None when it can."""
+        talker, vocoder = self.models.talker, self.models.vocoder
+        if not (talker and vocoder):
+            return f"profile {self.name!r} has no speech output"
+        if missing := talker.missing() + vocoder.missing():
+            return f"speech output needs {', '.join(missing)} on this host (optional system package)"
+        return None
 
 
 def data_dir() -> Path:

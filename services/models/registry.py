@@ -1,7 +1,8 @@
 """Adapter registry: the names deploy profiles use, mapped to modules with `prepare` and `load`.
 
 `prepare(dest, options)` builds or fetches the weights into `dest` (run by `make models`);
-`load(path, options)` returns the object a stage serves. Imports are lazy so a stage loads only
+`load(path, options)` returns the object a stage serves. A model with an absolute `path` is mounted
+by the deployment instead: its module has `verify(path, options)`. Imports are lazy so a stage loads only
 the adapters it serves.
 """
 
@@ -11,6 +12,7 @@ import importlib
 from types import ModuleType
 
 ADAPTERS: dict[str, str] = {
+    "hf_checkpoint": "services.models.hf_checkpoint",
     "tiny_llama": "services.models.tiny.thinker",
     "tiny_vit": "services.models.tiny.vision",
     "tiny_audio": "services.models.tiny.audio",
@@ -19,6 +21,8 @@ ADAPTERS: dict[str, str] = {
     "smollm2": "services.models.small.thinker",
     "whisper_ct2": "services.models.small.asr",
     "mobilenet_v2": "services.models.small.vision",
+    "piper_talker": "services.models.small.piper_talker",
+    "piper_vocoder": "services.models.small.piper_vocoder",
 }
 
 

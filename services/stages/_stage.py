@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 
@@ -11,6 +12,8 @@ from omni.v1 import common_pb2
 from services.common.telemetry import StageMetrics, stage_span
 from services.models.profile import ModelSpec, Profile, load_profile
 from services.models.registry import adapter_module
+
+log = logging.getLogger(__name__)
 
 
 class Stage:
@@ -21,7 +24,11 @@ class Stage:
         self.metrics = StageMetrics(self.name)
 
     def load_model(self, spec: ModelSpec | None):
+        """The adapter for `spec`, or None when the profile has none or its programs are missing."""
         if spec is None:
+            return None
+        if missing := spec.missing():
+            log.warning("%s: %s disabled, missing %s", self.name, spec.adapter, ", ".join(missing))
             return None
         return adapter_module(spec.adapter).load(self.profile.model_path(spec), spec.options)
 

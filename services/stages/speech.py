@@ -45,7 +45,10 @@ class Vocoder(Stage):
     async def Vocode(self, request: stages_pb2.VocodeRequest) -> stages_pb2.AudioChunk:
         with self.operation("vocode", request.ctx):
             units = tensors.materialize(request.units)
-            context = tensors.materialize(request.left_context) if request.HasField("left_context") else None
-            wave = await asyncio.to_thread(self.model.decode, units, context, request.voice)
+            left, right = (
+                tensors.materialize(getattr(request, f)) if request.HasField(f) else None
+                for f in ("left_context", "right_context")
+            )
+            wave = await asyncio.to_thread(self.model.decode, units, left, right, request.voice)
             pcm16 = (np.clip(wave, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
             return stages_pb2.AudioChunk(pcm16=pcm16, sample_rate=self.model.sample_rate)

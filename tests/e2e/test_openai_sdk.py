@@ -9,7 +9,7 @@ import io
 import numpy as np
 import soundfile
 
-from tests.conftest import data_url, png_bytes, wav_bytes
+from tests.conftest import collect_audio, data_url, png_bytes, wav_bytes
 
 OPENAI_PCM_RATE = 24000
 
@@ -57,22 +57,6 @@ def test_text_streamed(openai_client, model_name):
     assert "".join(pieces) == whole.choices[0].message.content
 
 
-def _collect_audio(stream):
-    pcm, transcript, rates = bytearray(), [], set()
-    for chunk in stream:
-        if not chunk.choices:
-            continue
-        audio = getattr(chunk.choices[0].delta, "audio", None)
-        if audio:
-            audio = audio.model_dump()  # typed in the SDK; sample_rate is our extra field
-            if audio.get("data"):
-                pcm += base64.b64decode(audio["data"])
-                rates.add(audio["sample_rate"])
-            if audio.get("transcript"):
-                transcript.append(audio["transcript"])
-    return bytes(pcm), "".join(transcript), rates
-
-
 def test_streamed_audio_out(openai_client, model_name):
     stream = openai_client.chat.completions.create(
         model=model_name,
@@ -83,7 +67,8 @@ def test_streamed_audio_out(openai_client, model_name):
         audio={"voice": "default", "format": "pcm16"},
         stream=True,
     )
-    pcm, transcript, rates = _collect_audio(stream)
+    audio = collect_audio(stream)
+    pcm, transcript, rates = audio.pcm, audio.transcript, audio.rates
     assert rates == {OPENAI_PCM_RATE}
     assert len(pcm) % 2 == 0
     samples = np.frombuffer(pcm, dtype="<i2")

@@ -1,17 +1,22 @@
 """The `small` profile (real models on CPU) through the official OpenAI SDK: asked in text and
-by voice, it answers with the right fact."""
+by voice, it answers with the right fact, and its spoken answer says what its transcript says."""
 
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import jiwer
+import numpy as np
 import pytest
 from openai import OpenAI
 
-from tests.conftest import local_cluster
+from services.models.profile import load_profile
+from services.models.registry import adapter_module
+from tests.conftest import collect_audio, local_cluster
 
 QUESTION = "What is the capital of France?"
 
@@ -44,13 +49,46 @@ def test_spoken_question_is_answered_correctly(small, tmp_path):
     assert "Paris" in _ask(small, [part])
 
 
-def test_speech_out_is_a_clear_error_until_the_talker_lands(small):
-    from openai import BadRequestError
+@pytest.mark.skipif(
+    shutil.which("espeak-ng") is None, reason="speech out needs espeak-ng (optional system package)"
+)
+def test_spoken_answer_is_streamed_and_says_its_transcript(small):
+    # A few sentences, not "The capital of France is Paris.": Whisper tiny.en hears that one's
+    # "France is" as "Francis" (one homophone merge = WER 0.33 over six words).
+    stream = small.chat.completions.create(
+        model="omniray-small",
+        messages=[{"role": "user", "content": "Describe Paris in two sentences."}],
+        temperature=0,
+        max_tokens=60,
+        modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "pcm16"},
+        stream=True,
+    )
+    audio = collect_audio(stream)
+    assert len(audio.transcript.split()) >= 10
+    # Streamed: several chunks, the first well before the stream ends.
+    assert len(audio.chunk_times) >= 3 and audio.chunk_times[0] < audio.chunk_times[-1]
+    (rate,) = audio.rates
+    wave = np.frombuffer(audio.pcm, "<i2").astype(np.float32) / 32768.0
+    assert len(wave) / rate > 1.0
+    heard = _transcribe(wave, rate)
+    error = jiwer.wer(_words(audio.transcript), _words(heard))
+    assert error <= 0.2, (audio.transcript, heard, error)
 
-    with pytest.raises(BadRequestError, match="no speech output"):
-        small.chat.completions.create(
-            model="omniray-small", messages=[{"role": "user", "content": "hi"}], modalities=["text", "audio"]
-        )
+
+def _transcribe(wave: np.ndarray, rate: int) -> str:
+    """Whisper tiny.en, the profile's own speech-in model, run directly."""
+    from scipy.signal import resample_poly
+
+    profile = load_profile("small")
+    spec = profile.models.audio
+    asr = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
+    (out,) = asr.encode([resample_poly(wave, asr.sample_rate, rate).astype(np.float32)])
+    return out.text
+
+
+def _words(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
 
 
 def test_photo_answer_mentions_what_mobilenet_recognized(small):

@@ -32,3 +32,29 @@ def test_stage_overrides_replace_options():
 def test_unknown_profile_is_a_clear_error():
     with pytest.raises(FileNotFoundError, match="known"):
         load_profile("does-not-exist")
+
+
+def test_missing_optional_program_switches_speech_out_off():
+    profile = load_profile("small")
+    assert profile.models.talker.requires == ["espeak-ng"]
+    talker = profile.models.talker.model_copy(update={"requires": ["omniray-no-such-program"]})
+    models = profile.models.model_copy(update={"talker": talker})
+    why = profile.model_copy(update={"models": models}).speech_out_unavailable()
+    assert why and "omniray-no-such-program" in why
+    no_speech = profile.model_copy(update={"models": models.model_copy(update={"talker": None})})
+    assert "no speech output" in no_speech.speech_out_unavailable()
+
+
+def test_mounted_checkpoint_is_verified_not_fetched(tmp_path):
+    from services.models.build import prepare
+
+    spec = load_profile("qwen3-omni").models.thinker.model_copy(update={"path": str(tmp_path)})
+    with pytest.raises(FileNotFoundError, match="mount the weights"):
+        prepare(spec, tmp_path, spec.options)
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="expects Qwen3OmniMoeForConditionalGeneration"):
+        prepare(spec, tmp_path, spec.options)
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen3OmniMoeForConditionalGeneration"]}')
+    assert prepare(spec, tmp_path, spec.options) is False
+    assert not (tmp_path / "omniray_manifest.json").exists()

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from services.common.vocoder_window import VocoderWindow
 from services.models.profile import load_profile
 from services.models.registry import adapter_module
 
@@ -43,11 +44,10 @@ def test_talker_is_deterministic_and_chunked():
 def test_chunked_vocoding_equals_whole_utterance():
     voc = _load("vocoder")
     units = np.random.default_rng(0).integers(0, 256, 97).astype(np.int32)
-    whole = voc.decode(units, None, "default")
-    pieces, left = [], None
-    for k in range(0, len(units), 13):
-        chunk = units[k : k + 13]
-        pieces.append(voc.decode(chunk, left, "default"))
-        left = units[max(0, k + 13 - 32) : k + 13]
+    whole = voc.decode(units, None, None, "default")
+    spec = load_profile("tiny").models.vocoder
+    window = VocoderWindow(spec.context_frames, spec.lookahead_frames)
+    calls = [window.push(units[k : k + 13]) for k in range(0, len(units), 13)] + [window.flush()]
+    pieces = [voc.decode(c.units, c.left, c.right, "default") for c in calls if c]
     np.testing.assert_allclose(np.concatenate(pieces), whole, atol=1e-5)
     assert len(whole) == 97 * 480

@@ -1,7 +1,7 @@
 """Tiny conv vocoder: speech units -> 24 kHz PCM, 20 ms per unit.
 
 Causal convolutions at unit rate then non-overlapping transposed convolutions, so a chunk decoded
-with `context_units` of left context equals the same span of a whole-utterance decode exactly.
+with CONTEXT_UNITS of left context equals the same span of a whole-utterance decode exactly.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ SAMPLE_RATE = 24000
 SAMPLES_PER_UNIT = 480  # 8 * 6 * 10
 KERNEL = 3
 N_CAUSAL = 2
+CONTEXT_UNITS = N_CAUSAL * (KERNEL - 1)  # causal: no lookahead needed
 
 
 class TinyConvVocoder(nn.Module):
@@ -54,15 +55,16 @@ def prepare(dest: Path, options: dict) -> None:
 
 class TinyVocoder:
     sample_rate = SAMPLE_RATE
-    context_units = N_CAUSAL * (KERNEL - 1)
 
     def __init__(self, path: Path):
         self.model, config = _weights.load(TinyConvVocoder, path)
         self.version = config["version"]
 
     @torch.inference_mode()
-    def decode(self, units: np.ndarray, left_context: np.ndarray | None, voice: str) -> np.ndarray:
-        ctx = np.zeros(0, np.int32) if left_context is None else left_context[-self.context_units :]
+    def decode(
+        self, units: np.ndarray, left: np.ndarray | None, right: np.ndarray | None, voice: str
+    ) -> np.ndarray:
+        ctx = np.zeros(0, np.int32) if left is None else left[-CONTEXT_UNITS:]
         x = torch.from_numpy(np.concatenate([ctx, units]).astype(np.int64))[None]
         return self.model(x)[0, len(ctx) * SAMPLES_PER_UNIT :].numpy()
 
