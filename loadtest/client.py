@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from services.quota import LOCAL_API_KEY
+
 
 @dataclass
 class Result:
@@ -68,15 +70,18 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Result
     return res
 
 
-async def run_closed_loop(url: str, bodies: list[dict], concurrency: int) -> tuple[list[Result], float]:
+async def run_closed_loop(
+    url: str, bodies: list[dict], concurrency: int, api_key: str = LOCAL_API_KEY
+) -> tuple[list[Result], float]:
     """`concurrency` workers send `bodies` back to back; returns results and wall time."""
     queue: asyncio.Queue = asyncio.Queue()
     for b in bodies:
         queue.put_nowait(b)
     results: list[Result] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
+    headers = {"Authorization": f"Bearer {api_key}"}
 
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=300, limits=limits, headers=headers) as client:
 
         async def worker():
             while not queue.empty():

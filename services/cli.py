@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[omniray] starting profile {args.profile!r} (Redis, Ray, Serve)...", flush=True)
     cluster = runtime.start(args.profile, http_port=args.http_port, grpc_port=args.grpc_port)
     from services.models.profile import load_profile
+    from services.quota import LOCAL_API_KEY
 
     model = load_profile(args.profile).served_model_name
     print(
@@ -33,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 [omniray] ready in {time.monotonic() - t0:.0f}s — profile {args.profile!r}, model {model!r}
   REST (OpenAI-compatible): {cluster.http_url}/v1   e.g.
     curl {cluster.http_url}/v1/chat/completions -H 'Content-Type: application/json' \\
+      -H 'Authorization: Bearer {LOCAL_API_KEY}' \\
       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+  API key:                  {LOCAL_API_KEY} (tenant 'local', configs/tenants/local.yaml)
   gRPC (omni.v1.Omni):      {cluster.grpc_target}
   Ray dashboard:            {cluster.dashboard_url}
   Redis:                    {cluster.redis_url}

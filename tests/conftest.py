@@ -13,12 +13,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import soundfile
 from PIL import Image
 
+from services.quota import LOCAL_API_KEY
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+AUTH = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
 
 # Short autoscaling delays so a test can watch a stage scale up and back down.
 ENCODER_AUTOSCALING = {
@@ -79,7 +83,7 @@ def model_name() -> str:
 def openai_client(omniray):
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{omniray.http_url}/v1", api_key="unused", timeout=120, max_retries=0)
+    return OpenAI(base_url=f"{omniray.http_url}/v1", api_key=LOCAL_API_KEY, timeout=120, max_retries=0)
 
 
 def png_bytes(width: int = 64, height: int = 48, seed: int = 0) -> bytes:
@@ -127,3 +131,37 @@ def collect_audio(stream) -> StreamedAudio:
             if audio.get("transcript"):
                 transcript.append(audio["transcript"])
     return StreamedAudio(bytes(pcm), "".join(transcript), rates, times, time.monotonic())
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A real Redis-compatible server (valkey) for this test session."""
+    from services import runtime
+
+    port = runtime.free_port()
+    proc = runtime.start_redis(port, tmp_path_factory.mktemp("redis"))
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(10)
+
+
+class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, key: str):
+        self.key = key
+
+    def _with_key(self, details):
+        metadata = [*(details.metadata or []), ("authorization", f"Bearer {self.key}")]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_key(details), request)
+
+
+def grpc_channel(target: str, key: str | None = LOCAL_API_KEY) -> grpc.Channel:
+    """An insecure channel whose calls carry `authorization: Bearer <key>` (none if key is None)."""
+    channel = grpc.insecure_channel(target)
+    grpc.channel_ready_future(channel).result(timeout=30)
+    return channel if key is None else grpc.intercept_channel(channel, _BearerAuth(key))

@@ -18,7 +18,7 @@ import soundfile
 from PIL import Image
 from scipy.signal import resample_poly
 
-from services.gateway.errors import bad_request, too_large
+from services.common.errors import bad_request, too_large
 from services.models.profile import LimitsSpec
 
 AUDIO_SAMPLE_RATE = 16000

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from omni.v1 import common_pb2, omni_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from services.common.errors import OmniError, bad_request
 from services.gateway import media
-from services.gateway.errors import OmniError, bad_request
 from services.models.profile import LimitsSpec
 
 

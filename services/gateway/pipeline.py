@@ -9,6 +9,7 @@ the first unit chunk, so PCM streams while the thinker is still writing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,14 +19,17 @@ from omni.v1 import common_pb2, omni_pb2, stages_pb2
 from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry, tensors
+from services.common.errors import OmniError, bad_request
 from services.common.streams import next_batch
 from services.common.vocoder_window import VocodeCall, VocoderWindow
 from services.gateway import media
-from services.gateway.errors import OmniError, bad_request
 from services.gateway.prompt import PromptBuilder
 from services.gateway.text_chunker import TextChunker
 from services.models.profile import Profile
-from services.router.plan import StagePlan, plan
+from services.quota.service import Cost, Lease, QuotaService
+from services.quota.tenants import TenantSpec
+from services.router.plan import StagePlan, plan, slo_class
+from services.router.tiles import TILE_POLICY_VERSION, tile_grid
 
 SUPPORTED_MODALITIES = {"text", "audio"}
 # Without async chunk, whole-utterance audio is still sent to the client in pieces of this length.
@@ -68,6 +72,7 @@ class Prepared:
     voice: str
     audio_format: str
     prompt_tokens: int
+    lease: Lease
 
 
 @dataclass
@@ -89,12 +94,14 @@ class Pipeline:
         profile: Profile,
         handles: StageHandles,
         prompts: PromptBuilder,
+        quota: QuotaService,
         *,
         async_chunk: bool | None = None,
     ):
         self.profile = profile
         self.h = handles.grpc()
         self.prompts = prompts
+        self.quota = quota
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
 
     # ---- validation and preparation -----------------------------------------------------
@@ -145,7 +152,7 @@ class Pipeline:
         return sampling, voice, audio_format
 
     def _media_items(self, req: omni_pb2.ChatRequest) -> list[stages_pb2.MediaItem]:
-        limits = self.profile.limits
+        limits, vision = self.profile.limits, self.profile.tiling
         items = []
         for i, m in enumerate(req.messages):
             for j, part in enumerate(m.content):
@@ -164,12 +171,23 @@ class Pipeline:
                     data = part.image.data or media.data_url_bytes(
                         part.image.url, param=param, limit=limits.max_image_bytes
                     )
-                    media.validate_image(data, limits, param=param)
+                    width, height = media.validate_image(data, limits, param=param)
+                    detail = part.image.detail or "auto"
+                    try:
+                        grid = tile_grid(width, height, detail, vision.tile_px, vision.max_tiles)
+                    except ValueError as e:
+                        raise bad_request(str(e), param=f"{param}.image_url.detail") from None
                     items.append(
                         stages_pb2.MediaItem(
                             modality="image",
                             data=tensors.describe_bytes(data),
-                            detail=part.image.detail or "auto",
+                            detail=detail,
+                            tiles=stages_pb2.TileGrid(
+                                cols=grid.cols,
+                                rows=grid.rows,
+                                tile_px=grid.tile_px,
+                                policy_version=TILE_POLICY_VERSION,
+                            ),
                         )
                     )
                 elif kind == "audio":
@@ -177,7 +195,11 @@ class Pipeline:
                         part.audio.data, part.audio.format or "wav", limits, param=param
                     )
                     items.append(
-                        stages_pb2.MediaItem(modality="audio", data=tensors.describe_bytes(wave.tobytes()))
+                        stages_pb2.MediaItem(
+                            modality="audio",
+                            data=tensors.describe_bytes(wave.tobytes()),
+                            audio_seconds=len(wave) / media.AUDIO_SAMPLE_RATE,
+                        )
                     )
                 elif kind is None:
                     raise bad_request("empty content part", param=param)
@@ -189,30 +211,52 @@ class Pipeline:
             )
         return items
 
-    async def prepare(self, req: omni_pb2.ChatRequest, tenant: str = "default") -> Prepared:
+    def _cost(self, req: omni_pb2.ChatRequest, stage_plan: StagePlan, max_tokens: int) -> Cost:
+        return Cost(
+            text_tokens=self.prompts.count_text_tokens(list(req.messages)) + max_tokens,
+            image_tiles=stage_plan.tiles,
+            audio_seconds=stage_plan.audio_seconds,
+            document_pages=stage_plan.pages,
+            encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
+        )
+
+    async def prepare(self, req: omni_pb2.ChatRequest, tenant: TenantSpec) -> Prepared:
+        """Validate, plan, admit against the tenant's quota, encode media, build the prompt."""
         sampling, voice, audio_format = self._validate(req)
-        ctx = common_pb2.RequestContext(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant=tenant)
-        stage_plan = plan(req)
+        slo = slo_class(tenant, req.slo_class, req.service_tier)
+        ctx = common_pb2.RequestContext(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant=tenant.id)
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
-            span.set_attribute("omniray.request_class", stage_plan.request_class)
             telemetry.inject(ctx)
             items = await asyncio.to_thread(self._media_items, req)
-            encoded: list[stages_pb2.EncodedItem] = []
-            if stage_plan.encode:
-                response = await self.h.encoder.Encode.remote(stages_pb2.EncodeRequest(ctx=ctx, items=items))
-                encoded = list(response.items)
-            prompt = self.prompts.render(list(req.messages), encoded)
-        n_prompt = sum(
-            len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments
-        )
-        if n_prompt + sampling.max_tokens > self.profile.engine.max_model_len:
-            raise bad_request(
-                f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the context length "
-                f"({self.profile.engine.max_model_len})",
-                code="context_length_exceeded",
-                param="messages",
-            )
-        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format, n_prompt)
+            stage_plan = plan(req, items)
+            span.set_attribute("omniray.request_class", stage_plan.request_class)
+            span.set_attribute("omniray.slo_class", slo)
+            with telemetry.tracer("quota").start_as_current_span("quota.admit") as qspan:
+                lease = await self.quota.admit(
+                    tenant, ctx.request_id, self._cost(req, stage_plan, sampling.max_tokens), slo
+                )
+                qspan.set_attribute("omniray.queued_s", lease.queued_s)
+            try:
+                encoded: list[stages_pb2.EncodedItem] = []
+                if stage_plan.encode:
+                    request = stages_pb2.EncodeRequest(ctx=ctx, items=items)
+                    encoded = list((await self.h.encoder.Encode.remote(request)).items)
+                prompt = self.prompts.render(list(req.messages), encoded)
+                n_prompt = sum(
+                    len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0]
+                    for s in prompt.segments
+                )
+                if n_prompt + sampling.max_tokens > self.profile.engine.max_model_len:
+                    raise bad_request(
+                        f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
+                        f"context length ({self.profile.engine.max_model_len})",
+                        code="context_length_exceeded",
+                        param="messages",
+                    )
+            except BaseException:
+                await self.quota.release(lease)
+                raise
+        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format, n_prompt, lease)
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -310,6 +354,11 @@ class Pipeline:
         finally:
             for t in tasks:
                 t.cancel()
+            usage = final.get("usage")
+            used = p.lease.cost
+            if usage is not None:
+                used = dataclasses.replace(used, text_tokens=usage.prompt_tokens + usage.completion_tokens)
+            await self.quota.release(p.lease, used)
 
     async def _vocode(
         self,

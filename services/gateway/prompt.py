@@ -52,5 +52,14 @@ class PromptBuilder:
                 prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=ids))
         return prompt
 
+    def count_text_tokens(self, messages: list[omni_pb2.Message]) -> int:
+        """Tokens of the text parts alone (what the quota debits before the prompt is built)."""
+        texts = [part.text for m in messages for part in m.content if part.WhichOneof("part") == "text"]
+        return (
+            sum(len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+            if texts
+            else 0
+        )
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -17,14 +17,25 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.util import metrics
 
+from services.common.errors import OmniError, bad_request, too_large
 from services.common.telemetry import LATENCY_BUCKETS_S
 from services.gateway import openai_api
-from services.gateway.errors import OmniError, bad_request, too_large
 from services.gateway.pipeline import Event, Pipeline, StageHandles
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
+from services.quota import quota_service
 
 logger = logging.getLogger("ray.serve")
+SLO_HEADER = "x-omniray-slo-class"
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
 api = FastAPI(title="omniray", docs_url=None, redoc_url=None)
 
 
@@ -82,7 +93,8 @@ class Gateway:
         self.profile = load_profile(profile)
         self.handles = StageHandles(encoder, prefill, decode, talker, vocoder)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
-        self.pipeline = Pipeline(self.profile, self.handles, prompts, async_chunk=async_chunk)
+        self.quota = quota_service()
+        self.pipeline = Pipeline(self.profile, self.handles, prompts, self.quota, async_chunk=async_chunk)
         self.metrics = _Metrics()
 
     # ---- observation helpers ------------------------------------------------------------
@@ -129,9 +141,11 @@ class Gateway:
     async def chat_completions(self, request: Request):
         arrival = time.perf_counter()
         try:
+            tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
             body = await self._read_json(request)
             req, proto = openai_api.parse_request(body, self.profile.limits)
-            prepared = await self.pipeline.prepare(proto)
+            proto.slo_class = request.headers.get(SLO_HEADER, "")
+            prepared = await self.pipeline.prepare(proto, tenant)
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
             raise
@@ -141,7 +155,9 @@ class Gateway:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._sse(events, rid, model, created, speak, include_usage), media_type="text/event-stream"
+                self._sse(events, rid, model, created, speak, include_usage),
+                media_type="text/event-stream",
+                headers=prepared.lease.headers,
             )
         text, pcm, rate, finish, usage = [], bytearray(), 0, "stop", common_pb2.Usage()
         async for ev in events:
@@ -155,7 +171,10 @@ class Gateway:
             audio = openai_api.audio_message(
                 f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000, prepared.audio_format, "".join(text)
             )
-        return openai_api.completion(rid, model, created, "".join(text), finish, usage, audio)
+        return JSONResponse(
+            openai_api.completion(rid, model, created, "".join(text), finish, usage, audio),
+            headers=prepared.lease.headers,
+        )
 
     async def _sse(
         self,
@@ -239,7 +258,11 @@ class Gateway:
     ) -> AsyncIterator[omni_pb2.ChatChunk]:
         arrival = time.perf_counter()
         try:
-            prepared = await self.pipeline.prepare(request)
+            metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
+            tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
+            if not request.slo_class:
+                request.slo_class = metadata.get(SLO_HEADER, "")
+            prepared = await self.pipeline.prepare(request, tenant)
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
             if grpc_context is None:
@@ -247,7 +270,10 @@ class Gateway:
             # Serve keeps a code set on the context when the method then raises.
             grpc_context.set_code(e.grpc_code)
             grpc_context.set_details(e.message)
+            grpc_context.set_trailing_metadata(list(e.headers.items()))
             raise
+        if grpc_context is not None:
+            grpc_context.set_trailing_metadata(list(prepared.lease.headers.items()))
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
         async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
             if ev.text:

@@ -85,6 +85,15 @@ class PipelineSpec(_Strict):
     voices: list[str] = Field(default_factory=lambda: ["default"])
 
 
+class TilingSpec(_Strict):
+    """The router's tile policy for this profile's vision encoder (services/router/tiles.py)."""
+
+    tile_px: int = Field(default=448, ge=16)
+    max_tiles: int = Field(default=40, ge=1, le=40)
+    # Encoder compute per tile, for the encoder_gflops quota.
+    gflops_per_tile: float = Field(default=1.0, ge=0)
+
+
 class LimitsSpec(_Strict):
     max_request_bytes: int = 48 * 1024 * 1024
     max_image_bytes: int = 20 * 1024 * 1024
@@ -114,6 +123,7 @@ class Profile(_Strict):
     engine: EngineSpec = Field(default_factory=EngineSpec)
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    tiling: TilingSpec = Field(default_factory=TilingSpec)
     stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
     def model_path(self, spec: ModelSpec) -> Path:

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import data_url, wav_bytes
+from tests.conftest import AUTH, data_url, wav_bytes
 
 
 @pytest.fixture(scope="module")
 def http(omniray):
-    with httpx.Client(base_url=omniray.http_url, timeout=120) as client:
+    with httpx.Client(base_url=omniray.http_url, timeout=120, headers=AUTH) as client:
         yield client
 
 

@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
-from tests.conftest import png_bytes, wav_bytes
+from tests.conftest import grpc_channel, png_bytes, wav_bytes
 
 
 @pytest.fixture(scope="module")
 def stub(omniray):
-    channel = grpc.insecure_channel(omniray.grpc_target)
-    grpc.channel_ready_future(channel).result(timeout=30)
+    channel = grpc_channel(omniray.grpc_target)
     yield omni_pb2_grpc.OmniStub(channel)
     channel.close()
 

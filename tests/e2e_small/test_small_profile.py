@@ -16,6 +16,7 @@ from openai import OpenAI
 
 from services.models.profile import load_profile
 from services.models.registry import adapter_module
+from services.quota import LOCAL_API_KEY
 from tests.conftest import collect_audio, local_cluster
 
 QUESTION = "What is the capital of France?"
@@ -24,7 +25,7 @@ QUESTION = "What is the capital of France?"
 @pytest.fixture(scope="module")
 def small():
     with local_cluster("small") as cluster:
-        yield OpenAI(base_url=f"{cluster.http_url}/v1", api_key="unused", timeout=300, max_retries=0)
+        yield OpenAI(base_url=f"{cluster.http_url}/v1", api_key=LOCAL_API_KEY, timeout=300, max_retries=0)
 
 
 def _ask(client, content):

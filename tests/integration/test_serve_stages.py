@@ -10,7 +10,7 @@ import urllib.request
 
 import httpx
 
-from tests.conftest import data_url, png_bytes
+from tests.conftest import AUTH, data_url, png_bytes
 
 STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
 
@@ -46,7 +46,7 @@ def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
     scaled = False
 
     def one(_):
-        with httpx.Client(timeout=120) as c:
+        with httpx.Client(timeout=120, headers=AUTH) as c:
             return c.post(f"{omniray.http_url}/v1/chat/completions", json=body).status_code
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -93,7 +93,7 @@ def test_first_audio_arrives_before_last_text_token(omniray, model_name):
     }
     order = []
     with (
-        httpx.Client(timeout=120) as c,
+        httpx.Client(timeout=120, headers=AUTH) as c,
         c.stream("POST", f"{omniray.http_url}/v1/chat/completions", json=body) as r,
     ):
         for line in r.iter_lines():

@@ -5,8 +5,8 @@ import pytest
 import soundfile
 from PIL import Image
 
+from services.common.errors import OmniError
 from services.gateway import media
-from services.gateway.errors import OmniError
 from services.models.profile import LimitsSpec
 from tests.conftest import png_bytes, wav_bytes
 

@@ -1,0 +1,49 @@
+"""Prometheus metrics of the quota service (exported through Ray's metrics agent, `ray_` prefix)."""
+
+from __future__ import annotations
+
+from services.common.telemetry import LATENCY_BUCKETS_S
+
+
+class QuotaMetrics:
+    def __init__(self):
+        from ray.util import metrics
+
+        self._rejections = metrics.Counter(
+            "omniray_quota_rejections_total",
+            description="Requests refused by the quota service (429/401), by what ran out.",
+            tag_keys=("tenant", "modality", "reason", "slo_class"),
+        )
+        self._admitted = metrics.Counter(
+            "omniray_quota_admitted_total", description="Requests admitted.", tag_keys=("tenant", "slo_class")
+        )
+        self._remaining = metrics.Gauge(
+            "omniray_quota_bucket_remaining_ratio",
+            description="Bucket level after the last admission, as a share of the per-minute budget.",
+            tag_keys=("tenant", "modality"),
+        )
+        self._queue = metrics.Gauge(
+            "omniray_quota_batch_queue_depth",
+            description="Over-budget batch requests waiting in this gateway replica.",
+            tag_keys=("tenant",),
+        )
+        self._wait = metrics.Histogram(
+            "omniray_quota_queue_wait_seconds",
+            description="Time an admitted request waited for budget (0 for most).",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("slo_class",),
+        )
+
+    def rejected(self, tenant: str, modality: str, reason: str, slo_class: str = "none") -> None:
+        self._rejections.inc(
+            tags={"tenant": tenant, "modality": modality, "reason": reason, "slo_class": slo_class}
+        )
+
+    def admitted(self, lease) -> None:
+        self._admitted.inc(tags={"tenant": lease.tenant.id, "slo_class": lease.slo_class})
+        self._wait.observe(lease.queued_s, tags={"slo_class": lease.slo_class})
+        for modality, ratio in lease.levels.items():
+            self._remaining.set(ratio, tags={"tenant": lease.tenant.id, "modality": modality})
+
+    def queue_depth(self, tenant: str, depth: int) -> None:
+        self._queue.set(depth, tags={"tenant": tenant})

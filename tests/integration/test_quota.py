@@ -1,0 +1,139 @@
+"""The quota service against a real Redis: atomic Lua buckets, leases, 429s with headers, the batch
+queue, API keys (file, hot reload, Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.common.errors import OmniError
+from services.quota.buckets import Buckets
+from services.quota.service import Cost, QuotaService
+from services.quota.tenants import Limits, Tenants, TenantSpec, key_digest, put_tenant
+
+
+@pytest.fixture
+async def redis(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+def _tenant(**kw) -> TenantSpec:
+    return TenantSpec(id=kw.pop("id", f"t{uuid.uuid4().hex[:8]}"), **kw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    capacity=st.integers(1, 600),
+    steps=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 700)), min_size=1, max_size=25),
+)
+async def test_bucket_never_negative_never_overspends_refill_monotone(redis_url, capacity, steps):
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        buckets = Buckets(client, prefix=f"prop{uuid.uuid4().hex}")
+        now, spent, prev_level = 0, 0, float(capacity)
+        for dt, cost in steps:
+            now += dt
+            probe = await buckets.admit("t", "r", {"x": (capacity, 0)}, now_ms=now)
+            level = probe.buckets[0].remaining
+            # Refill is monotone (no debit in between) and capped at the capacity.
+            assert prev_level - 1e-6 <= level <= capacity + 1e-6
+            r = await buckets.admit("t", "r", {"x": (capacity, cost)}, now_ms=now)
+            assert r.ok == (cost <= level + 1e-9)
+            after = r.buckets[0].remaining
+            assert after >= -1e-9
+            spent += cost if r.ok else 0
+            prev_level = after
+            if not r.ok:
+                assert r.retry_after_s is None if cost > capacity else r.retry_after_s > 0
+        # Never more than the initial budget plus what refilled.
+        assert spent <= capacity + capacity * now / 60000 + 1e-6
+    finally:
+        await client.aclose()
+
+
+async def test_fifty_concurrent_debits_never_overspend(redis):
+    buckets = Buckets(redis, prefix=f"conc{uuid.uuid4().hex}")
+    results = await asyncio.gather(
+        *(buckets.admit("t", f"r{i}", {"image_tiles": (20, 1)}, now_ms=1000) for i in range(50))
+    )
+    assert sum(r.ok for r in results) == 20
+    assert all(r.retry_after_s and r.retry_after_s > 0 for r in results if not r.ok)
+
+
+async def test_concurrency_lease_and_release_with_refund(redis):
+    buckets = Buckets(redis, prefix=f"lease{uuid.uuid4().hex}")
+    costs = {"text_tokens": (100, 40)}
+    a = await buckets.admit("t", "a", costs, max_concurrent=2, now_ms=0)
+    b = await buckets.admit("t", "b", costs, max_concurrent=2, now_ms=0)
+    c = await buckets.admit("t", "c", {"text_tokens": (100, 1)}, max_concurrent=2, now_ms=0)
+    assert a.ok and b.ok and not c.ok and c.reason == "concurrency"
+    assert b.buckets[0].remaining == pytest.approx(20)
+    await buckets.release("t", "a", {"text_tokens": (100, 30)})  # 10 of 40 used
+    c = await buckets.admit("t", "c", {"text_tokens": (100, 45)}, max_concurrent=2, now_ms=0)
+    assert c.ok and c.buckets[0].remaining == pytest.approx(5)
+
+
+async def test_interactive_over_budget_gets_429_with_headers(redis):
+    tenant = _tenant(per_minute=Limits(image_tiles=10, text_tokens=1000))
+    quota = QuotaService(Tenants(None), Buckets(redis))
+    lease = await quota.admit(tenant, "r1", Cost(image_tiles=8, text_tokens=100), "interactive")
+    assert lease.headers["x-ratelimit-limit-image-tiles"] == "10"
+    assert lease.headers["x-ratelimit-remaining-image-tiles"] == "2"
+    with pytest.raises(OmniError) as e:
+        await quota.admit(tenant, "r2", Cost(image_tiles=8), "interactive")
+    err = e.value
+    assert err.status == 429 and err.code == "rate_limit_exceeded" and "image tiles" in err.message
+    assert int(err.headers["retry-after"]) >= 1
+    assert err.headers["x-ratelimit-remaining-image-tiles"] in ("2", "3")
+    assert err.headers["x-ratelimit-reset-image-tiles"].endswith("s")
+    # More than a whole minute's budget can never pass: a clear 429 at once, no Retry-After.
+    with pytest.raises(OmniError) as e:
+        await quota.admit(tenant, "r3", Cost(image_tiles=11), "batch")
+    assert e.value.code == "request_exceeds_quota" and "retry-after" not in e.value.headers
+
+
+async def test_batch_request_queues_then_completes_and_queue_is_bounded(redis):
+    # 120 tiles/min = 2 per second.
+    tenant = _tenant(per_minute=Limits(image_tiles=120), batch_queue=1)
+    quota = QuotaService(Tenants(None), Buckets(redis))
+    await quota.admit(tenant, "fill", Cost(image_tiles=119), "interactive")
+    waiting = asyncio.create_task(quota.admit(tenant, "batch", Cost(image_tiles=3), "batch"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    with pytest.raises(OmniError) as e:  # the queue (1) is taken
+        await quota.admit(tenant, "batch2", Cost(image_tiles=3), "batch")
+    assert e.value.status == 429 and "queue is full" in e.value.message
+    lease = await asyncio.wait_for(waiting, 5)
+    assert 0.5 < lease.queued_s < 3
+
+
+async def test_api_keys_from_file_hot_reload_and_redis(redis, tmp_path):
+    path = tmp_path / "tenants.yaml"
+    path.write_text(f"tenants:\n- id: alpha\n  api_key_sha256: ['{key_digest('sk-alpha')}']\n")
+    tenants = Tenants(path, redis, reload_s=0.0)
+    quota = QuotaService(tenants, Buckets(redis))
+    assert (await quota.authenticate("sk-alpha")).id == "alpha"
+    for key in (None, "", "sk-nope"):
+        with pytest.raises(OmniError) as e:
+            await quota.authenticate(key)
+        assert e.value.status == 401 and e.value.code == "invalid_api_key"
+    # Hot reload: a new key in the file works without a restart.
+    path.write_text(
+        f"tenants:\n- id: beta\n  api_key_sha256: ['{key_digest('sk-beta')}']\n  max_class: realtime\n"
+    )
+    import os
+
+    os.utime(path, (1, 1))  # a different mtime even within the same second
+    assert (await quota.authenticate("sk-beta")).id == "beta"
+    with pytest.raises(OmniError):
+        await quota.authenticate("sk-alpha")
+    # Registered in Redis at run time.
+    await put_tenant(redis, TenantSpec(id="gamma"), ["sk-gamma"])
+    assert (await quota.authenticate("sk-gamma")).id == "gamma"
