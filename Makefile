@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -65,6 +65,10 @@ test-fast: setup
 
 bench: models
 	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
+
+# Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
+bench-encoder: models
+	$(PY) -m loadtest.encoder_hol --profile $(PROFILE)
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

@@ -22,6 +22,7 @@ from omni.v1 import common_pb2, stages_pb2
 
 from services.common import tensors
 from services.models.profile import Profile
+from services.models.versions import FeatureVersionMismatch, FeatureVersions
 
 Role = Literal["prefill", "decode"]
 
@@ -107,6 +108,8 @@ class ThinkerEngine:
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._embed_table: torch.Tensor | None = None
+        # Feature tensors from encoders of other versions (a rollout in progress) are rejected.
+        self.feature_versions = {FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")}
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -130,6 +133,10 @@ class ThinkerEngine:
             if seg.WhichOneof("segment") == "tokens":
                 spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
             else:
+                if seg.embeddings.producer_version not in self.feature_versions:
+                    raise FeatureVersionMismatch(
+                        seg.embeddings.producer_version, " or ".join(self.feature_versions)
+                    )
                 spans.append(("emb", tensors.materialize(seg.embeddings)))
         n_tokens = sum(len(x) for _, x in spans)
         if all(kind == "ids" for kind, _ in spans):

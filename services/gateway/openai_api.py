@@ -48,6 +48,8 @@ class ChatCompletionRequest(_Loose):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
+    # "flex" -> batch SLO class, "priority" -> the tenant's highest (services/router/plan.py).
+    service_tier: str | None = None
 
     @field_validator("n")
     @classmethod
@@ -69,6 +71,7 @@ def parse_request(body: Any, limits: LimitsSpec) -> tuple[ChatCompletionRequest,
     proto = omni_pb2.ChatRequest(
         model=req.model,
         modalities=req.modalities or ["text"],
+        service_tier=req.service_tier or "",
         sampling=common_pb2.SamplingParams(
             max_tokens=req.max_completion_tokens or req.max_tokens or 0,
             temperature=req.temperature,

@@ -26,6 +26,7 @@ from services.gateway import media
 from services.gateway.prompt import PromptBuilder
 from services.gateway.text_chunker import TextChunker
 from services.models.profile import Profile
+from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.quota.service import Cost, Lease, QuotaService
 from services.quota.tenants import TenantSpec
 from services.router.plan import StagePlan, plan, slo_class
@@ -102,6 +103,16 @@ class Pipeline:
         self.h = handles.grpc()
         self.prompts = prompts
         self.quota = quota
+        self.feature_versions = {
+            m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
+        }
+        from ray.util import metrics
+
+        self.version_mismatches = metrics.Counter(
+            "omniray_encoder_feature_version_mismatch_total",
+            description="Encoder outputs rejected for carrying other model versions (then re-encoded).",
+            tag_keys=("modality",),
+        )
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
 
     # ---- validation and preparation -----------------------------------------------------
@@ -211,6 +222,34 @@ class Pipeline:
             )
         return items
 
+    async def _encode(
+        self, ctx: common_pb2.RequestContext, items: list[stages_pb2.MediaItem]
+    ) -> list[stages_pb2.EncodedItem]:
+        """Encoder outputs whose versions match this deployment's; a mismatch (e.g. an encoder
+        replica still on the previous version during a rollout) is counted and re-encoded once."""
+        request = stages_pb2.EncodeRequest(ctx=ctx, items=items)
+        encoded = list((await self.h.encoder.Encode.remote(request)).items)
+        stale = self._stale(items, encoded)
+        if stale:
+            for modality in stale:
+                self.version_mismatches.inc(tags={"modality": modality})
+            request.bypass_cache = True
+            encoded = list((await self.h.encoder.Encode.remote(request)).items)
+            if self._stale(items, encoded):
+                raise OmniError(
+                    503,
+                    "encoder replicas serve other model versions than this gateway; retry shortly",
+                    code=FeatureVersionMismatch.CODE,
+                )
+        return encoded
+
+    def _stale(self, items: list[stages_pb2.MediaItem], encoded: list[stages_pb2.EncodedItem]) -> list[str]:
+        return [
+            item.modality
+            for item, out in zip(items, encoded, strict=True)
+            if out.encoder_version != self.feature_versions[item.modality]
+        ]
+
     def _cost(self, req: omni_pb2.ChatRequest, stage_plan: StagePlan, max_tokens: int) -> Cost:
         return Cost(
             text_tokens=self.prompts.count_text_tokens(list(req.messages)) + max_tokens,
@@ -239,8 +278,7 @@ class Pipeline:
             try:
                 encoded: list[stages_pb2.EncodedItem] = []
                 if stage_plan.encode:
-                    request = stages_pb2.EncodeRequest(ctx=ctx, items=items)
-                    encoded = list((await self.h.encoder.Encode.remote(request)).items)
+                    encoded = await self._encode(ctx, items)
                 prompt = self.prompts.render(list(req.messages), encoded)
                 n_prompt = sum(
                     len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0]

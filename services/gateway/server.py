@@ -269,11 +269,11 @@ class Gateway:
                 raise
             # Serve keeps a code set on the context when the method then raises.
             grpc_context.set_code(e.grpc_code)
-            grpc_context.set_details(e.message)
-            grpc_context.set_trailing_metadata(list(e.headers.items()))
+            # Serve's proxy does not forward a replica's trailing metadata on errors, so the
+            # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
+            headers = "; ".join(f"{k}={v}" for k, v in e.headers.items())
+            grpc_context.set_details(f"{e.message} [{headers}]" if headers else e.message)
             raise
-        if grpc_context is not None:
-            grpc_context.set_trailing_metadata(list(prepared.lease.headers.items()))
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
         async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
             if ev.text:

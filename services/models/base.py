@@ -24,10 +24,19 @@ class EncoderOutput:
 
 
 class VisionEncoder(Protocol):
+    """Tile-level: the encoder pool cuts images into tiles (the router's grid), batches tiles of
+    many requests through `encode_tiles`, and reassembles each image with `assemble`."""
+
     version: str
 
-    def encode(self, images: list) -> list[EncoderOutput]:
-        """PIL images in RGB -> one output per image. Batched: the caller groups requests."""
+    def preprocess(self, tile) -> np.ndarray:
+        """One RGB PIL tile (or the whole image for a 1x1 grid) -> the model's input array."""
+
+    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
+        """[B, ...] preprocessed tiles from any requests -> [B, ...] per-tile features."""
+
+    def assemble(self, features: np.ndarray) -> EncoderOutput:
+        """One image's tile features, in row-major grid order -> what the thinker sees."""
 
 
 class AudioEncoder(Protocol):

@@ -94,6 +94,17 @@ class TilingSpec(_Strict):
     gflops_per_tile: float = Field(default=1.0, ge=0)
 
 
+class EncoderPoolSpec(_Strict):
+    """Tile batching and the feature cache of each encoder replica (services/stages/encoder.py)."""
+
+    batch_size: int = Field(default=16, ge=1)
+    # "fewest_pending" (small requests first, with aging) or "fifo" (arrival order; the baseline).
+    policy: Literal["fewest_pending", "fifo"] = "fewest_pending"
+    # How fast a waiting request's priority grows, in tiles per second of waiting.
+    aging_tiles_per_s: float = Field(default=50.0, ge=0)
+    cache_mib: int = Field(default=256, ge=0)
+
+
 class LimitsSpec(_Strict):
     max_request_bytes: int = 48 * 1024 * 1024
     max_image_bytes: int = 20 * 1024 * 1024
@@ -124,6 +135,7 @@ class Profile(_Strict):
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     tiling: TilingSpec = Field(default_factory=TilingSpec)
+    encoder_pool: EncoderPoolSpec = Field(default_factory=EncoderPoolSpec)
     stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
     def model_path(self, spec: ModelSpec) -> Path:

@@ -1,17 +1,59 @@
-"""Encoder pool stage: images and audio -> what the thinker sees (embeddings or text)."""
+"""Encoder pool stage: images and audio -> what the thinker sees (embeddings or text).
+
+Images are cut into tiles by the grid the router chose; the tile is the scheduling unit. Tiles of
+all requests on this replica go through one TileScheduler (fewest pending tiles first, with aging)
+and share batches up to `encoder_pool.batch_size`; each image is reassembled from its tiles. A
+feature cache skips the encoder for an image it has already encoded for the same tenant, encoder
+version and tile grid. Every feature tensor carries the encoder/projector/LLM versions.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import uuid
 
+import numpy as np
 from omni.v1 import stages_pb2
 from PIL import Image
 from ray import serve
 
 from services.common import tensors
 from services.models.base import EncoderOutput
+from services.models.versions import FeatureVersions
 from services.stages._stage import Stage
+from services.stages.feature_cache import FeatureCache, cache_key
+from services.stages.tile_scheduler import TileScheduler
+
+
+def cut_tiles(image: Image.Image, grid: stages_pb2.TileGrid) -> list[Image.Image]:
+    """The tiles of `image` in row-major order. A 1x1 grid is the whole image, left to the
+    model's own preprocessing (resize, crop) rather than squashed to a square here."""
+    if grid.cols * grid.rows <= 1:
+        return [image]
+    t = grid.tile_px
+    resized = image.resize((grid.cols * t, grid.rows * t), Image.Resampling.BICUBIC)
+    return [
+        resized.crop((c * t, r * t, (c + 1) * t, (r + 1) * t))
+        for r in range(grid.rows)
+        for c in range(grid.cols)
+    ]
+
+
+class _Pending:
+    """One request's images waiting for their tile features (a request is one scheduler job, so
+    its priority is its total pending tiles)."""
+
+    def __init__(self, tiles_per_image: dict[int, int]):
+        self.remaining = dict(tiles_per_image)
+        self.features: dict[int, list[np.ndarray]] = {i: [] for i in tiles_per_image}
+        self.done = asyncio.get_running_loop().create_future()
+
+    def add(self, image: int, feature: np.ndarray) -> None:
+        self.features[image].append(feature)
+        self.remaining[image] -= 1
+        if not any(self.remaining.values()) and not self.done.done():
+            self.done.set_result({i: np.stack(f) for i, f in self.features.items()})
 
 
 @serve.deployment
@@ -22,42 +64,143 @@ class Encoder(Stage):
         super().__init__(profile)
         self.vision = self.load_model(self.profile.models.vision)
         self.audio = self.load_model(self.profile.models.audio)
+        pool = self.profile.encoder_pool
+        self.scheduler = TileScheduler(pool.batch_size, pool.policy, pool.aging_tiles_per_s)
+        self.cache = FeatureCache(pool.cache_mib * 1024 * 1024)
+        self.versions = {m: FeatureVersions.for_profile(self.profile, m).encode() for m in ("image", "audio")}
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._work = asyncio.Event()
+        self._worker: asyncio.Task | None = None
+        self.pool_metrics = _PoolMetrics()
 
-    def _encode(self, items: list[stages_pb2.MediaItem]) -> list[tuple[EncoderOutput, str, str]]:
-        images, waves = [], []
-        for i, item in enumerate(items):
-            data = tensors.materialize(item.data)
-            if item.modality == "image":
-                if self.vision is None:
-                    raise ValueError("this profile has no vision encoder")
-                images.append((i, Image.open(io.BytesIO(data.tobytes())).convert("RGB")))
-            elif item.modality == "audio":
-                if self.audio is None:
-                    raise ValueError("this profile has no audio encoder")
-                waves.append((i, data.view("float32")))
+    # ---- tile batching --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        """Forever: take the best batch of tiles, encode it, hand each feature to its request."""
+        while True:
+            if not self.scheduler.pending:
+                self._work.clear()
+                await self._work.wait()
+            batch = self.scheduler.next_batch()
+            self.pool_metrics.batch(len(batch), self.scheduler.pending)
+            try:
+                feats = await asyncio.to_thread(
+                    self.vision.encode_tiles, np.stack([t for _, (_, t) in batch])
+                )
+            except Exception as e:  # fail the requests in this batch, keep serving the rest
+                for key, _ in batch:
+                    self.scheduler.cancel(key)
+                    if (p := self._pending.pop(key, None)) is not None and not p.done.done():
+                        p.done.set_exception(e)
+                continue
+            for (key, (image, _)), feat in zip(batch, feats, strict=True):
+                if (p := self._pending.get(key)) is not None:  # else cancelled
+                    p.add(image, feat)
+
+    def _cache_key(self, item: stages_pb2.MediaItem, tenant: str) -> str:
+        grid = f"{item.tiles.cols}x{item.tiles.rows}@{item.tiles.tile_px}/{item.tiles.policy_version}"
+        return cache_key(tenant, item.data.content_hash, self.versions["image"], grid)
+
+    def _tiles(self, item: stages_pb2.MediaItem) -> list[np.ndarray]:
+        image = Image.open(io.BytesIO(tensors.materialize(item.data).tobytes())).convert("RGB")
+        return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
+
+    async def _encode_images(
+        self, request: stages_pb2.EncodeRequest, indices: list[int]
+    ) -> dict[int, EncoderOutput]:
+        """Images of one request -> outputs: cache hits directly, the rest as one scheduler job."""
+        out: dict[int, EncoderOutput] = {}
+        misses = []
+        for i in indices:
+            item = request.items[i]
+            hit = None if request.bypass_cache else self.cache.get(self._cache_key(item, request.ctx.tenant))
+            self.pool_metrics.cache("miss" if hit is None else "hit")
+            if hit is None:
+                misses.append(i)
             else:
-                raise ValueError(f"unknown modality {item.modality!r}")
-        results: list = [None] * len(items)
-        if images:
-            for (i, _), out in zip(images, self.vision.encode([im for _, im in images]), strict=True):
-                results[i] = (out, self.vision.version, items[i].data.content_hash)
-        if waves:
-            for (i, _), out in zip(waves, self.audio.encode([w for _, w in waves]), strict=True):
-                results[i] = (out, self.audio.version, items[i].data.content_hash)
-        return results
+                out[i] = hit
+        if not misses:
+            return out
+        tiles = await asyncio.to_thread(lambda: {i: self._tiles(request.items[i]) for i in misses})
+        key = (request.ctx.request_id, uuid.uuid4().hex)
+        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()})
+        self.scheduler.submit(key, [(i, t) for i in misses for t in tiles[i]])
+        self._work.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run())
+        try:
+            features = await pending.done
+        finally:
+            self.scheduler.cancel(key)
+            self._pending.pop(key, None)
+        for i in misses:
+            out[i] = await asyncio.to_thread(self.vision.assemble, features[i])
+            self.cache.put(self._cache_key(request.items[i], request.ctx.tenant), out[i])
+            self.pool_metrics.tiles(len(tiles[i]))
+        return out
+
+    async def _encode_audio(self, item: stages_pb2.MediaItem) -> EncoderOutput:
+        wave = tensors.materialize(item.data).view("float32")
+        (out,) = await asyncio.to_thread(self.audio.encode, [wave])
+        return out
+
+    # ---- the stage call ---------------------------------------------------------------------
 
     async def Encode(self, request: stages_pb2.EncodeRequest) -> stages_pb2.EncodeResponse:
         with self.operation("encode", request.ctx, items=len(request.items)):
-            results = await asyncio.to_thread(self._encode, list(request.items))
+            images, audio = [], []
+            for i, item in enumerate(request.items):
+                if item.modality == "image" and self.vision is not None:
+                    images.append(i)
+                elif item.modality == "audio" and self.audio is not None:
+                    audio.append(i)
+                else:
+                    raise ValueError(f"this profile has no encoder for {item.modality!r}")
+            image_out, *audio_out = await asyncio.gather(
+                self._encode_images(request, images), *(self._encode_audio(request.items[i]) for i in audio)
+            )
+            outputs = {**image_out, **dict(zip(audio, audio_out, strict=True))}
             response = stages_pb2.EncodeResponse()
-            for out, version, content_hash in results:
-                item = response.items.add(
+            for i, item in enumerate(request.items):
+                out = outputs[i]
+                version = self.versions[item.modality]
+                encoded = response.items.add(
                     encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
                 )
                 if out.embeddings is not None:
-                    item.embeddings.CopyFrom(
-                        tensors.describe(out.embeddings, content_hash=content_hash, producer_version=version)
+                    encoded.embeddings.CopyFrom(
+                        tensors.describe(
+                            out.embeddings, content_hash=item.data.content_hash, producer_version=version
+                        )
                     )
                 else:
-                    item.text = out.text or ""
+                    encoded.text = out.text or ""
             return response
+
+
+class _PoolMetrics:
+    def __init__(self):
+        from ray.util import metrics
+
+        self._tiles = metrics.Counter("omniray_encoder_tiles_total", description="Image tiles encoded.")
+        self._batch = metrics.Histogram(
+            "omniray_encoder_batch_tiles",
+            description="Tiles per encoder batch.",
+            boundaries=[1, 2, 4, 8, 16, 32, 64],
+        )
+        self._pending = metrics.Gauge(
+            "omniray_encoder_pending_tiles", description="Tiles waiting in this replica."
+        )
+        self._cache = metrics.Counter(
+            "omniray_encoder_cache_requests_total", description="Feature cache lookups.", tag_keys=("result",)
+        )
+
+    def batch(self, size: int, pending: int) -> None:
+        self._batch.observe(size)
+        self._pending.set(pending)
+
+    def tiles(self, n: int) -> None:
+        self._tiles.inc(n)
+
+    def cache(self, result: str) -> None:
+        self._cache.inc(tags={"result": result})

@@ -20,9 +20,20 @@ def _load(role):
 
 
 def test_vision_encoder_gives_64_embeddings_per_tile():
+    from omni.v1 import stages_pb2
+
+    from services.stages.encoder import cut_tiles
+
     enc = _load("vision")
-    out = enc.encode([Image.new("RGB", (300, 200)), Image.new("RGB", (10, 10), "red")])
-    assert [o.embeddings.shape for o in out] == [(64, 128), (64, 128)]
+    grid = stages_pb2.TileGrid(cols=3, rows=2, tile_px=128)
+    tiles = cut_tiles(Image.new("RGB", (300, 200)), grid)
+    assert len(tiles) == 6 and all(t.size == (128, 128) for t in tiles)
+    feats = enc.encode_tiles(np.stack([enc.preprocess(t) for t in tiles]))
+    out = enc.assemble(feats)
+    assert out.embeddings.shape == (6 * 64, 128) and out.tiles == 6
+    # Batching does not change a tile's features.
+    alone = enc.encode_tiles(np.stack([enc.preprocess(tiles[0])]))
+    np.testing.assert_allclose(alone[0], feats[0], atol=1e-5)
 
 
 def test_audio_encoder_rate():

@@ -99,22 +99,20 @@ class MobileNetLabeler:
         self.top_k = int(options.get("top_k", 3))
         self.version = "mobilenet_v2-b0353104"
 
-    @torch.inference_mode()
-    def classify(self, images: list) -> list[list[tuple[str, float]]]:
-        probs = self.model(torch.from_numpy(np.stack([preprocess(im) for im in images]))).softmax(-1)
-        top = probs.topk(self.top_k, dim=-1)
-        return [
-            [(self.labels[i], float(p)) for p, i in zip(ps.tolist(), ids.tolist(), strict=True)]
-            for ps, ids in zip(top.values, top.indices, strict=True)
-        ]
+    def preprocess(self, tile) -> np.ndarray:
+        return preprocess(tile)
 
-    def encode(self, images: list) -> list[EncoderOutput]:
-        out = []
-        for labels in self.classify(images):
-            listed = ", ".join(f"{name} ({p:.0%})" for name, p in labels)
-            text = f"[An image is attached. An image classifier (MobileNetV2, ImageNet classes) labels it: {listed}.]"
-            out.append(EncoderOutput(text=text, tiles=1))
-        return out
+    @torch.inference_mode()
+    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
+        return self.model(torch.from_numpy(tiles)).softmax(-1).numpy()
+
+    def assemble(self, features: np.ndarray) -> EncoderOutput:
+        """Class probabilities averaged over the tiles -> the top labels, as text for the thinker."""
+        probs = features.mean(axis=0)
+        top = np.argsort(probs)[::-1][: self.top_k]
+        listed = ", ".join(f"{self.labels[i]} ({probs[i]:.0%})" for i in top)
+        text = f"[An image is attached. An image classifier (MobileNetV2, ImageNet classes) labels it: {listed}.]"
+        return EncoderOutput(text=text, tiles=len(features))
 
 
 def load(path: Path, options: dict) -> MobileNetLabeler:

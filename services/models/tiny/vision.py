@@ -36,7 +36,7 @@ def prepare(dest: Path, options: dict) -> None:
 
 
 def tile_image(image) -> np.ndarray:
-    """One global tile per image for now (the tile policy arrives with the router)."""
+    """A tile (or a whole image for a 1x1 grid) at the model's 128 px."""
     img = image.convert("RGB").resize((TILE, TILE))
     arr = np.asarray(img, dtype=np.float32) / 255.0
     return ((arr - 0.5) / 0.5).transpose(2, 0, 1)
@@ -47,11 +47,16 @@ class TinyVisionEncoder:
         self.model, config = _weights.load(TinyViT, path)
         self.version = config["version"]
 
+    def preprocess(self, tile) -> np.ndarray:
+        return tile_image(tile)
+
     @torch.inference_mode()
-    def encode(self, images: list) -> list[EncoderOutput]:
-        tiles = torch.from_numpy(np.stack([tile_image(im) for im in images]))
-        feats = self.model(tiles).numpy()
-        return [EncoderOutput(embeddings=f, tiles=1) for f in feats]
+    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
+        return self.model(torch.from_numpy(tiles)).numpy()
+
+    def assemble(self, features: np.ndarray) -> EncoderOutput:
+        """64 embeddings per tile, tiles in grid order."""
+        return EncoderOutput(embeddings=features.reshape(-1, features.shape[-1]), tiles=len(features))
 
 
 def load(path: Path, options: dict) -> TinyVisionEncoder:
