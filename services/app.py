@@ -67,7 +67,16 @@ def serve_config(
         spec = profile.stages.get(stage)
         if spec is None:
             continue
-        options = spec.model_dump(exclude_none=True)
+        options = spec.model_dump(exclude_none=True, exclude={"request_router"})
+        if spec.request_router is not None:
+            from services.router.scorers import ScorerPipeline
+
+            ScorerPipeline.from_config(spec.request_router.scorers)  # unknown scorer: fail here
+            options["request_router_config"] = {
+                "request_router_class": "services.router.replica_router:ScoredRequestRouter",
+                "request_router_kwargs": {"scorers": spec.request_router.scorers},
+                "request_routing_stats_period_s": spec.request_router.stats_period_s,
+            }
         options.update((stage_overrides or {}).get(stage, {}))
         deployments.append({"name": DEPLOYMENT_NAMES[stage], **options})
     app: dict[str, Any] = {

@@ -133,6 +133,8 @@ class Pipeline:
         for i, m in enumerate(req.messages):
             if m.role not in ("system", "developer", "user", "assistant"):
                 raise bad_request(f"unknown role {m.role!r}", param=f"messages.{i}.role")
+        if len(req.session_id) > 128:
+            raise bad_request("session id must be at most 128 characters", param="x-omniray-session-id")
         modalities = set(req.modalities or ["text"])
         if not modalities <= SUPPORTED_MODALITIES or "text" not in modalities:
             raise bad_request(
@@ -305,11 +307,14 @@ class Pipeline:
 
         async def think() -> None:
             kv_params = ""
+            # Turns of one session go to the replicas that served it before (session_affinity).
+            session = {"session_id": f"{p.ctx.tenant}/{p.request.session_id}"} if p.request.session_id else {}
+            prefill, decode = self.h.prefill.options(**session), self.h.decode.options(**session)
             if (
                 self.profile.engine.kv_transfer != "none"
                 and p.prompt_tokens >= self.profile.engine.disagg_min_prompt_tokens
             ):
-                pre = await self.h.prefill.Prefill.remote(
+                pre = await prefill.Prefill.remote(
                     stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling)
                 )
                 kv_params = pre.kv_transfer_params
@@ -317,7 +322,7 @@ class Pipeline:
                 self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
             )
             text = []
-            stream = self.h.decode.options(stream=True).Decode.remote(
+            stream = decode.options(stream=True).Decode.remote(
                 stages_pb2.DecodeRequest(
                     ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=kv_params
                 )

@@ -27,6 +27,7 @@ from services.quota import quota_service
 
 logger = logging.getLogger("ray.serve")
 SLO_HEADER = "x-omniray-slo-class"
+SESSION_HEADER = "x-omniray-session-id"
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -145,6 +146,7 @@ class Gateway:
             body = await self._read_json(request)
             req, proto = openai_api.parse_request(body, self.profile.limits)
             proto.slo_class = request.headers.get(SLO_HEADER, "")
+            proto.session_id = request.headers.get(SESSION_HEADER, "")
             prepared = await self.pipeline.prepare(proto, tenant)
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
@@ -262,6 +264,8 @@ class Gateway:
             tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
             if not request.slo_class:
                 request.slo_class = metadata.get(SLO_HEADER, "")
+            if not request.session_id:
+                request.session_id = metadata.get(SESSION_HEADER, "")
             prepared = await self.pipeline.prepare(request, tenant)
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})

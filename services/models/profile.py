@@ -116,6 +116,15 @@ class LimitsSpec(_Strict):
     max_tokens_cap: int = 4096
 
 
+class RequestRouterSpec(_Strict):
+    """Replica selection for calls into this stage: a weighted pipeline of scorers
+    (services/router/scorers/), run by services/router/replica_router.py."""
+
+    scorers: list[dict[str, Any]] = Field(min_length=1)
+    # How often replicas report their routing stats (e.g. the encoder's pending tiles).
+    stats_period_s: float = Field(default=0.5, gt=0)
+
+
 class StageSpec(_Strict):
     """Serve deployment options; passed through to the Serve config for this stage."""
 
@@ -124,6 +133,7 @@ class StageSpec(_Strict):
     max_ongoing_requests: int = 64
     max_queued_requests: int = -1
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0.1})
+    request_router: RequestRouterSpec | None = None
 
 
 class Profile(_Strict):

@@ -144,6 +144,10 @@ class Encoder(Stage):
         (out,) = await asyncio.to_thread(self.audio.encode, [wave])
         return out
 
+    def record_routing_stats(self) -> dict:
+        """Read by the least_pending_tiles scorer in every caller's request router."""
+        return {"pending_tiles": self.scheduler.pending}
+
     # ---- the stage call ---------------------------------------------------------------------
 
     async def Encode(self, request: stages_pb2.EncodeRequest) -> stages_pb2.EncodeResponse:

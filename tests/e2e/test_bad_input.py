@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import AUTH, data_url, wav_bytes
+from tests.conftest import AUTH, data_url, png_bytes, wav_bytes
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,26 @@ CASES = {
         "invalid_request",
     ),
     "body_over_limit": (lambda m: b"x" * (49 * 1024 * 1024), 413, "request_too_large"),
+    "bad_image_detail": (
+        lambda m: _chat(
+            m, [{"type": "image_url", "image_url": {"url": data_url(png_bytes()), "detail": "ultra"}}]
+        ),
+        400,
+        "invalid_request",
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"x-omniray-slo-class": "urgent"}, {"x-omniray-session-id": "s" * 129}],
+    ids=["unknown_slo_class", "session_id_too_long"],
+)
+def test_bad_routing_headers_are_400(http, model_name, headers):
+    r = http.post("/v1/chat/completions", json=_chat(model_name, "hi"), headers=headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert http.post("/v1/chat/completions", json=_chat(model_name, "hi")).status_code == 200
 
 
 def _gif() -> bytes:

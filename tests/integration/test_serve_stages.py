@@ -4,6 +4,7 @@ and async chunk ordering."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import time
 import urllib.request
@@ -38,16 +39,23 @@ def test_gateway_and_five_stage_deployments(omniray):
 
 def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
     assert _running_replicas(omniray, "Encoder") == 1
-    images = [
-        {"type": "image_url", "image_url": {"url": data_url(png_bytes(512, 512, seed=i))}} for i in range(8)
-    ]
-    body = {"model": model_name, "max_tokens": 1, "messages": [{"role": "user", "content": images}]}
+    seeds = itertools.count()
+
+    def body():
+        # Fresh images each time (the feature cache would answer repeats without encoder work);
+        # 256 px: 2x2 tiles of 128 px, 8 x 4 x 64 = 2048 embeddings (fits the 4096 context).
+        images = [
+            {"type": "image_url", "image_url": {"url": data_url(png_bytes(256, 256, seed=next(seeds)))}}
+            for _ in range(8)
+        ]
+        return {"model": model_name, "max_tokens": 1, "messages": [{"role": "user", "content": images}]}
+
     deadline = time.monotonic() + 90
     scaled = False
 
     def one(_):
         with httpx.Client(timeout=120, headers=AUTH) as c:
-            return c.post(f"{omniray.http_url}/v1/chat/completions", json=body).status_code
+            return c.post(f"{omniray.http_url}/v1/chat/completions", json=body()).status_code
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         while time.monotonic() < deadline and not scaled:

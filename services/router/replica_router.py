@@ -1,0 +1,57 @@
+"""The Serve request router behind every stage deployment that configures `request_router`:
+candidates ranked by a weighted pipeline of scorers (services/router/scorers/), from the profile.
+
+Serve calls `choose_replicas` in the caller's process (the gateway) with the replicas that can take
+the request; we return them ranked, one per rank, so Serve tries the best first and falls back when a
+replica is full.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve._private.request_router.request_router import (
+    FIFOMixin,
+    LocalityMixin,
+    MultiplexMixin,
+    RequestRouter,
+)
+
+from services.router.scorers import ScorerPipeline
+from services.router.scorers.base import Candidate, RoutedRequest
+
+
+def routed_request(pending) -> RoutedRequest:
+    """What the scorers need from a pending Serve request (its first argument is a stage proto)."""
+    meta = pending.metadata
+    tiles = 0
+    if pending.args and (items := getattr(pending.args[0], "items", None)) is not None:
+        tiles = sum(i.tiles.cols * i.tiles.rows for i in items if i.modality == "image")
+    return RoutedRequest(request_id=meta.internal_request_id, session_id=meta.session_id or "", tiles=tiles)
+
+
+class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    def initialize_state(self, scorers: list[dict[str, Any]] | None = None, **_: Any) -> None:
+        self.pipeline = ScorerPipeline.from_config(scorers or [{"name": "queue_length"}])
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        replicas = self.select_available_replicas(candidate_replicas) or list(candidate_replicas)
+        if not replicas:
+            return []
+        by_id = {r.replica_id.unique_id: r for r in replicas}
+        candidates = [
+            Candidate(rid, self._replica_queue_len_cache.get(r.replica_id), dict(r.routing_stats or {}))
+            for rid, r in by_id.items()
+        ]
+        request = routed_request(pending_request) if pending_request is not None else RoutedRequest("")
+        return [[by_id[rid]] for rid in self.pipeline.rank(request, candidates)]
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        self.pipeline.on_routed(routed_request(pending_request), replica_id.unique_id)
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        self.pipeline.on_completed(internal_request_id, replica_id.unique_id)
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.pipeline.forget_replica(replica_id.unique_id)
