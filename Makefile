@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -69,6 +69,11 @@ bench: models
 # Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
 bench-encoder: models
 	$(PY) -m loadtest.encoder_hol --profile $(PROFILE)
+
+# Tenant isolation: tenant B's latency alone vs while tenant A bursts at 10x its quota (tiny profile).
+bench-fairness: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.fairness --profile tiny
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

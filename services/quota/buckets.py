@@ -3,7 +3,8 @@
 One `admit` call checks and debits every bucket a request touches (tenant x modality) and takes a
 concurrency lease, all or nothing, so 50 gateways debiting one bucket at once never overspend.
 Time is Redis's own clock (`TIME`) unless a test passes `now_ms`, so gateways' clocks never matter.
-A bucket holds at most one minute's budget and refills continuously at budget/60 per second.
+A bucket refills continuously at its per-minute budget / 60 per second and holds at most its
+capacity (the tenant's burst: `burst_s` seconds of budget).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # KEYS[1] = concurrency zset, KEYS[2..] = buckets
-# ARGV: now_ms|"", request_id, max_concurrent (0 = none), lease_ms, then per bucket: capacity, cost
+# ARGV: now_ms|"", request_id, max_concurrent (0 = none), lease_ms, then per bucket: per-minute
+# budget, capacity, cost
 # Returns {ok, wait_ms, reason, level_1, reset_ms_1, level_2, reset_ms_2, ...}; levels as strings
 # (a Lua number returned to Redis is truncated to an integer).
 ADMIT = """
@@ -25,8 +27,9 @@ local n = #KEYS - 1
 local levels, out = {}, {}
 local wait, reason = 0, ''
 for i = 1, n do
-  local cap, cost = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
-  local rate = cap / 60000.0
+  local base = 2 + 3 * i
+  local rate = tonumber(ARGV[base]) / 60000.0
+  local cap, cost = tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
   local b = redis.call('HMGET', KEYS[i + 1], 'level', 'ts')
   local level, ts = tonumber(b[1]), tonumber(b[2])
   if not level then level, ts = cap, now end
@@ -80,7 +83,8 @@ return 1
 @dataclass(frozen=True)
 class BucketState:
     modality: str
-    limit: float  # per minute (= capacity)
+    limit: float  # per minute
+    capacity: float  # burst
     remaining: float
     reset_s: float  # until full again
 
@@ -107,7 +111,7 @@ class Buckets:
         self,
         tenant: str,
         request_id: str,
-        costs: dict[str, tuple[float, float]],  # modality -> (per-minute limit, cost)
+        costs: dict[str, tuple[float, float, float]],  # modality -> (per-minute budget, capacity, cost)
         max_concurrent: int | None = None,
         lease_s: float = 900.0,
         now_ms: int | None = None,
@@ -119,13 +123,13 @@ class Buckets:
         raw = await self._admit(keys=self._keys(tenant, modalities), args=args)
         ok, wait_ms, reason = int(raw[0]), int(raw[1]), _str(raw[2])
         states = [
-            BucketState(m, costs[m][0], float(_str(raw[3 + 2 * i])), int(raw[4 + 2 * i]) / 1000)
+            BucketState(m, costs[m][0], costs[m][1], float(_str(raw[3 + 2 * i])), int(raw[4 + 2 * i]) / 1000)
             for i, m in enumerate(modalities)
         ]
         return AdmitResult(bool(ok), None if wait_ms < 0 else wait_ms / 1000, reason, states)
 
     async def release(self, tenant: str, request_id: str, refunds: dict[str, tuple[float, float]]) -> None:
-        """End a lease and give back what was debited but not used (limit, refund) per modality."""
+        """End a lease and give back what was debited but not used (capacity, refund) per modality."""
         modalities = list(refunds)
         args: list = [request_id]
         for m in modalities:

@@ -19,7 +19,7 @@ class QuotaMetrics:
         )
         self._remaining = metrics.Gauge(
             "omniray_quota_bucket_remaining_ratio",
-            description="Bucket level after the last admission, as a share of the per-minute budget.",
+            description="Bucket level after the last admission, as a share of its capacity (burst).",
             tag_keys=("tenant", "modality"),
         )
         self._queue = metrics.Gauge(

@@ -78,7 +78,11 @@ class QuotaService:
 
     async def admit(self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass) -> Lease:
         limits = tenant.per_minute
-        costs = {m: (getattr(limits, m), c) for m, c in cost.items() if getattr(limits, m) is not None}
+        costs = {
+            m: (getattr(limits, m), getattr(limits, m) * tenant.burst_s / 60, c)
+            for m, c in cost.items()
+            if getattr(limits, m) is not None
+        }
         start = time.monotonic()
         queued = False
         try:
@@ -91,19 +95,20 @@ class QuotaService:
                         slo_class,
                         cost,
                         headers=ratelimit_headers(result),
-                        levels={b.modality: max(0.0, b.remaining) / b.limit for b in result.buckets},
+                        levels={b.modality: max(0.0, b.remaining) / b.capacity for b in result.buckets},
                         queued_s=time.monotonic() - start,
                     )
                     if self.metrics:
                         self.metrics.admitted(lease)
                     return lease
                 if result.retry_after_s is None:
-                    worst = max(costs, key=lambda m: costs[m][1] / costs[m][0])
+                    worst = max(costs, key=lambda m: costs[m][2] / costs[m][1])
                     self._reject(tenant, worst, "exceeds_limit", slo_class)
                     raise OmniError(
                         429,
-                        f"this request needs {costs[worst][1]:g} {worst.replace('_', ' ')}, more than tenant "
-                        f"{tenant.id!r} may use per minute ({costs[worst][0]:g})",
+                        f"this request needs {costs[worst][2]:g} {worst.replace('_', ' ')}, more than tenant "
+                        f"{tenant.id!r} may burst ({costs[worst][1]:g}: {tenant.burst_s:g}s of its "
+                        f"{costs[worst][0]:g}/min)",
                         code="request_exceeds_quota",
                         headers=ratelimit_headers(result),
                     )
@@ -132,7 +137,7 @@ class QuotaService:
             modality, reason = "none", "concurrency"
             message = f"tenant {tenant.id!r} has {tenant.max_concurrent} requests in flight, its limit"
         else:
-            modality = min(result.buckets, key=lambda b: b.remaining / max(b.limit, 1e-9)).modality
+            modality = min(result.buckets, key=lambda b: b.remaining / max(b.capacity, 1e-9)).modality
             message = f"tenant {tenant.id!r} is over its {modality.replace('_', ' ')} budget"
         if reason == "queue_full":
             message += "; the batch queue is full"
@@ -154,5 +159,6 @@ class QuotaService:
         for m, reserved in lease.cost.items():
             limit = getattr(limits, m)
             if limit is not None:
-                refunds[m] = (limit, max(0.0, reserved - getattr(used, m)) if used else 0.0)
+                capacity = limit * lease.tenant.burst_s / 60
+                refunds[m] = (capacity, max(0.0, reserved - getattr(used, m)) if used else 0.0)
         await self.buckets.release(lease.tenant.id, lease.request_id, refunds)

@@ -29,7 +29,7 @@ class _Strict(BaseModel):
 
 
 class Limits(_Strict):
-    """Per-minute budgets; None means unlimited. Bursts up to one minute's budget."""
+    """Per-minute budgets; None means unlimited."""
 
     text_tokens: float | None = None
     image_tiles: float | None = None
@@ -44,6 +44,9 @@ class TenantSpec(_Strict):
     api_key_sha256: list[str] = Field(default_factory=list)
     per_minute: Limits = Field(default_factory=Limits)
     max_concurrent: int | None = Field(default=None, ge=1)
+    # A bucket holds this many seconds of budget: how far a tenant can burst above its rate. A single
+    # request bigger than that is refused (429 request_exceeds_quota).
+    burst_s: float = Field(default=10.0, gt=0, le=60)
     default_class: SloClass = "interactive"
     # The highest class this tenant may ask for (x-omniray-slo-class / service_tier).
     max_class: SloClass = "interactive"

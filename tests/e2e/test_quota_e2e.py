@@ -25,7 +25,8 @@ def _tenant(omniray, **kw) -> str:
     async def put():
         client = aioredis.Redis.from_url(omniray.redis_url)
         try:
-            await put_tenant(client, TenantSpec(id=f"t-{uuid.uuid4().hex[:8]}", **kw), [key])
+            spec = TenantSpec(id=f"t-{uuid.uuid4().hex[:8]}", **{"burst_s": 60, **kw})
+            await put_tenant(client, spec, [key])
         finally:
             await client.aclose()
 

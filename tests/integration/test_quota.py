@@ -40,11 +40,11 @@ async def test_bucket_never_negative_never_overspends_refill_monotone(redis_url,
         now, spent, prev_level = 0, 0, float(capacity)
         for dt, cost in steps:
             now += dt
-            probe = await buckets.admit("t", "r", {"x": (capacity, 0)}, now_ms=now)
+            probe = await buckets.admit("t", "r", {"x": (capacity, capacity, 0)}, now_ms=now)
             level = probe.buckets[0].remaining
             # Refill is monotone (no debit in between) and capped at the capacity.
             assert prev_level - 1e-6 <= level <= capacity + 1e-6
-            r = await buckets.admit("t", "r", {"x": (capacity, cost)}, now_ms=now)
+            r = await buckets.admit("t", "r", {"x": (capacity, capacity, cost)}, now_ms=now)
             assert r.ok == (cost <= level + 1e-9)
             after = r.buckets[0].remaining
             assert after >= -1e-9
@@ -61,7 +61,7 @@ async def test_bucket_never_negative_never_overspends_refill_monotone(redis_url,
 async def test_fifty_concurrent_debits_never_overspend(redis):
     buckets = Buckets(redis, prefix=f"conc{uuid.uuid4().hex}")
     results = await asyncio.gather(
-        *(buckets.admit("t", f"r{i}", {"image_tiles": (20, 1)}, now_ms=1000) for i in range(50))
+        *(buckets.admit("t", f"r{i}", {"image_tiles": (20, 20, 1)}, now_ms=1000) for i in range(50))
     )
     assert sum(r.ok for r in results) == 20
     assert all(r.retry_after_s and r.retry_after_s > 0 for r in results if not r.ok)
@@ -69,19 +69,19 @@ async def test_fifty_concurrent_debits_never_overspend(redis):
 
 async def test_concurrency_lease_and_release_with_refund(redis):
     buckets = Buckets(redis, prefix=f"lease{uuid.uuid4().hex}")
-    costs = {"text_tokens": (100, 40)}
+    costs = {"text_tokens": (100, 100, 40)}
     a = await buckets.admit("t", "a", costs, max_concurrent=2, now_ms=0)
     b = await buckets.admit("t", "b", costs, max_concurrent=2, now_ms=0)
-    c = await buckets.admit("t", "c", {"text_tokens": (100, 1)}, max_concurrent=2, now_ms=0)
+    c = await buckets.admit("t", "c", {"text_tokens": (100, 100, 1)}, max_concurrent=2, now_ms=0)
     assert a.ok and b.ok and not c.ok and c.reason == "concurrency"
     assert b.buckets[0].remaining == pytest.approx(20)
     await buckets.release("t", "a", {"text_tokens": (100, 30)})  # 10 of 40 used
-    c = await buckets.admit("t", "c", {"text_tokens": (100, 45)}, max_concurrent=2, now_ms=0)
+    c = await buckets.admit("t", "c", {"text_tokens": (100, 100, 45)}, max_concurrent=2, now_ms=0)
     assert c.ok and c.buckets[0].remaining == pytest.approx(5)
 
 
 async def test_interactive_over_budget_gets_429_with_headers(redis):
-    tenant = _tenant(per_minute=Limits(image_tiles=10, text_tokens=1000))
+    tenant = _tenant(per_minute=Limits(image_tiles=10, text_tokens=1000), burst_s=60)
     quota = QuotaService(Tenants(None), Buckets(redis))
     lease = await quota.admit(tenant, "r1", Cost(image_tiles=8, text_tokens=100), "interactive")
     assert lease.headers["x-ratelimit-limit-image-tiles"] == "10"
@@ -101,7 +101,7 @@ async def test_interactive_over_budget_gets_429_with_headers(redis):
 
 async def test_batch_request_queues_then_completes_and_queue_is_bounded(redis):
     # 120 tiles/min = 2 per second.
-    tenant = _tenant(per_minute=Limits(image_tiles=120), batch_queue=1)
+    tenant = _tenant(per_minute=Limits(image_tiles=120), batch_queue=1, burst_s=60)
     quota = QuotaService(Tenants(None), Buckets(redis))
     await quota.admit(tenant, "fill", Cost(image_tiles=119), "interactive")
     waiting = asyncio.create_task(quota.admit(tenant, "batch", Cost(image_tiles=3), "batch"))
@@ -137,3 +137,17 @@ async def test_api_keys_from_file_hot_reload_and_redis(redis, tmp_path):
     # Registered in Redis at run time.
     await put_tenant(redis, TenantSpec(id="gamma"), ["sk-gamma"])
     assert (await quota.authenticate("sk-gamma")).id == "gamma"
+
+
+async def test_burst_is_bounded_by_burst_seconds(redis):
+    # 600 tiles/min with a 5 s burst: at most 50 at once, then 10 per second.
+    tenant = _tenant(per_minute=Limits(image_tiles=600), burst_s=5)
+    quota = QuotaService(Tenants(None), Buckets(redis))
+    lease = await quota.admit(tenant, "a", Cost(image_tiles=50), "interactive")
+    assert lease.headers["x-ratelimit-limit-image-tiles"] == "600"
+    with pytest.raises(OmniError) as e:
+        await quota.admit(tenant, "b", Cost(image_tiles=5), "interactive")
+    assert e.value.code == "rate_limit_exceeded"
+    with pytest.raises(OmniError) as e:
+        await quota.admit(tenant, "c", Cost(image_tiles=51), "batch")
+    assert e.value.code == "request_exceeds_quota" and "5s" in e.value.message
