@@ -136,6 +136,16 @@ def usage_chunk(rid: str, model: str, created: int, usage: common_pb2.Usage) -> 
     return {**chunk(rid, model, created, {}), "choices": [], "usage": usage_dict(usage)}
 
 
+def progress_chunk(rid: str, model: str, created: int, progress: common_pb2.Progress) -> dict:
+    """omniray's progress event (documents): no choices, so OpenAI clients skip it."""
+    fields = ("stage", "tiles_done", "tiles_total", "images_done", "images_total")
+    return {
+        **chunk(rid, model, created, {}),
+        "choices": [],
+        "omniray_progress": {f: getattr(progress, f) for f in fields},
+    }
+
+
 def usage_dict(usage: common_pb2.Usage) -> dict:
     return {
         "prompt_tokens": usage.prompt_tokens,

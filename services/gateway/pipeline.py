@@ -45,6 +45,7 @@ class Event:
     transcript: str | None = None
     finish_reason: str | None = None
     usage: common_pb2.Usage | None = None
+    progress: common_pb2.Progress | None = None
 
 
 def _merge_text(batch: list[Event | None]) -> list[Event | None]:
@@ -60,7 +61,7 @@ def _merge_text(batch: list[Event | None]) -> list[Event | None]:
 
 
 def _text_only(ev: Event) -> bool:
-    return bool(ev.text) and not ev.pcm16 and ev.finish_reason is None
+    return bool(ev.text) and not ev.pcm16 and ev.finish_reason is None and ev.progress is None
 
 
 @dataclass
@@ -68,12 +69,15 @@ class Prepared:
     request: omni_pb2.ChatRequest
     ctx: common_pb2.RequestContext
     plan: StagePlan
-    prompt: stages_pb2.Prompt
+    items: list[stages_pb2.MediaItem]
     sampling: common_pb2.SamplingParams
     voice: str
     audio_format: str
-    prompt_tokens: int
     lease: Lease
+    # Built in prepare(), except for documents: their encoding runs inside generate() so that
+    # progress events stream to the client while the tiles are encoded.
+    prompt: stages_pb2.Prompt | None = None
+    prompt_tokens: int = 0
 
 
 @dataclass
@@ -225,12 +229,20 @@ class Pipeline:
         return items
 
     async def _encode(
-        self, ctx: common_pb2.RequestContext, items: list[stages_pb2.MediaItem]
+        self, ctx: common_pb2.RequestContext, items: list[stages_pb2.MediaItem], progress=None
     ) -> list[stages_pb2.EncodedItem]:
         """Encoder outputs whose versions match this deployment's; a mismatch (e.g. an encoder
-        replica still on the previous version during a rollout) is counted and re-encoded once."""
+        replica still on the previous version during a rollout) is counted and re-encoded once.
+        With `progress`, the encoder streams progress events to it while it works."""
         request = stages_pb2.EncodeRequest(ctx=ctx, items=items)
-        encoded = list((await self.h.encoder.Encode.remote(request)).items)
+        if progress is None:
+            encoded = list((await self.h.encoder.Encode.remote(request)).items)
+        else:
+            async for event in self.h.encoder.options(stream=True).EncodeStream.remote(request):
+                if event.HasField("progress"):
+                    await progress(event.progress)
+                else:
+                    encoded = list(event.result.items)
         stale = self._stale(items, encoded)
         if stale:
             for modality in stale:
@@ -262,7 +274,8 @@ class Pipeline:
         )
 
     async def prepare(self, req: omni_pb2.ChatRequest, tenant: TenantSpec) -> Prepared:
-        """Validate, plan, admit against the tenant's quota, encode media, build the prompt."""
+        """Validate, plan, admit against the tenant's quota; encode media and build the prompt
+        (documents: later, in generate(), with progress events)."""
         sampling, voice, audio_format = self._validate(req)
         slo = slo_class(tenant, req.slo_class, req.service_tier)
         ctx = common_pb2.RequestContext(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant=tenant.id)
@@ -277,26 +290,30 @@ class Pipeline:
                     tenant, ctx.request_id, self._cost(req, stage_plan, sampling.max_tokens), slo
                 )
                 qspan.set_attribute("omniray.queued_s", lease.queued_s)
-            try:
-                encoded: list[stages_pb2.EncodedItem] = []
-                if stage_plan.encode:
-                    encoded = await self._encode(ctx, items)
-                prompt = self.prompts.render(list(req.messages), encoded)
-                n_prompt = sum(
-                    len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0]
-                    for s in prompt.segments
-                )
-                if n_prompt + sampling.max_tokens > self.profile.engine.max_model_len:
-                    raise bad_request(
-                        f"prompt ({n_prompt} tokens) plus max_tokens ({sampling.max_tokens}) exceeds the "
-                        f"context length ({self.profile.engine.max_model_len})",
-                        code="context_length_exceeded",
-                        param="messages",
-                    )
-            except BaseException:
-                await self.quota.release(lease)
-                raise
-        return Prepared(req, ctx, stage_plan, prompt, sampling, voice, audio_format, n_prompt, lease)
+            p = Prepared(req, ctx, stage_plan, items, sampling, voice, audio_format, lease)
+            if stage_plan.request_class != "document":
+                try:
+                    await self._build_prompt(p)
+                except BaseException:
+                    await self.quota.release(lease)
+                    raise
+        return p
+
+    async def _build_prompt(self, p: Prepared, progress=None) -> None:
+        encoded: list[stages_pb2.EncodedItem] = []
+        if p.plan.encode:
+            encoded = await self._encode(p.ctx, p.items, progress)
+        p.prompt = self.prompts.render(list(p.request.messages), encoded)
+        p.prompt_tokens = sum(
+            len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in p.prompt.segments
+        )
+        if p.prompt_tokens + p.sampling.max_tokens > self.profile.engine.max_model_len:
+            raise bad_request(
+                f"prompt ({p.prompt_tokens} tokens) plus max_tokens ({p.sampling.max_tokens}) exceeds the "
+                f"context length ({self.profile.engine.max_model_len})",
+                code="context_length_exceeded",
+                param="messages",
+            )
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -306,6 +323,14 @@ class Pipeline:
         final: dict = {}
 
         async def think() -> None:
+            try:
+                if p.prompt is None:  # a document: encode now, streaming progress
+                    await self._build_prompt(p, progress=lambda pr: out.put(Event(progress=pr)))
+                await generate_text()
+            finally:
+                await pieces.put(None)  # speak() ends even when thinking failed
+
+        async def generate_text() -> None:
             kv_params = ""
             # Turns of one session go to the replicas that served it before (session_affinity).
             session = {"session_id": f"{p.ctx.tenant}/{p.request.session_id}"} if p.request.session_id else {}
@@ -343,7 +368,6 @@ class Pipeline:
                 rest = chunker.flush() if self.async_chunk else "".join(text)
                 if rest and rest.strip():
                     await pieces.put(rest)
-            await pieces.put(None)
 
         async def speak() -> None:
             vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise

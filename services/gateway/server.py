@@ -194,6 +194,9 @@ class Gateway:
         yield line(openai_api.chunk(rid, model, created, {"role": "assistant", "content": ""}))
         try:
             async for ev in events:
+                if ev.progress is not None:
+                    # Documents: encoder progress as a chunk with no choices (OpenAI SDKs skip those).
+                    yield line(openai_api.progress_chunk(rid, model, created, ev.progress))
                 if ev.text:
                     # As OpenAI: with audio out the words stream as the audio's transcript.
                     delta = (
@@ -219,7 +222,9 @@ class Gateway:
                     yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
                     if include_usage and ev.usage is not None:
                         yield line(openai_api.usage_chunk(rid, model, created, ev.usage))
-        except Exception as e:  # headers are gone: report in-band, then end the stream cleanly
+        except OmniError as e:  # headers are gone: report in-band, then end the stream cleanly
+            yield line(e.body())
+        except Exception as e:
             yield line(
                 {
                     "error": {
@@ -279,19 +284,29 @@ class Gateway:
             grpc_context.set_details(f"{e.message} [{headers}]" if headers else e.message)
             raise
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
-        async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
-            if ev.text:
-                yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
-            if ev.pcm16:
-                yield omni_pb2.ChatChunk(
-                    id=rid,
-                    model=model,
-                    audio=omni_pb2.AudioDelta(
-                        pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""
-                    ),
-                )
-            if ev.finish_reason:
-                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
+        try:
+            async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
+                if ev.progress is not None:
+                    yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
+                if ev.text:
+                    yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
+                if ev.pcm16:
+                    yield omni_pb2.ChatChunk(
+                        id=rid,
+                        model=model,
+                        audio=omni_pb2.AudioDelta(
+                            pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""
+                        ),
+                    )
+                if ev.finish_reason:
+                    yield omni_pb2.ChatChunk(
+                        id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage
+                    )
+        except OmniError as e:  # a document's encoding failed after the stream started
+            if grpc_context is not None:
+                grpc_context.set_code(e.grpc_code)
+                grpc_context.set_details(e.message)
+            raise
 
     async def ListModels(self, request: omni_pb2.ListModelsRequest) -> omni_pb2.ListModelsResponse:
         card = self._model_card()

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import io
 import uuid
+from collections.abc import AsyncIterator
 
 import numpy as np
-from omni.v1 import stages_pb2
+from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
 
@@ -44,16 +45,36 @@ class _Pending:
     """One request's images waiting for their tile features (a request is one scheduler job, so
     its priority is its total pending tiles)."""
 
-    def __init__(self, tiles_per_image: dict[int, int]):
+    def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None):
         self.remaining = dict(tiles_per_image)
         self.features: dict[int, list[np.ndarray]] = {i: [] for i in tiles_per_image}
         self.done = asyncio.get_running_loop().create_future()
+        self.tiles_total = sum(tiles_per_image.values())
+        self.tiles_done = 0
+        self.cached = n_images - len(tiles_per_image)  # images the cache answered
+        self.n_images = n_images
+        self.progress = progress
 
     def add(self, image: int, feature: np.ndarray) -> None:
         self.features[image].append(feature)
         self.remaining[image] -= 1
+        self.tiles_done += 1
         if not any(self.remaining.values()) and not self.done.done():
             self.done.set_result({i: np.stack(f) for i, f in self.features.items()})
+
+    def report(self) -> None:
+        """After each batch that carried this request's tiles."""
+        if self.progress is not None:
+            images_done = self.cached + sum(1 for n in self.remaining.values() if n == 0)
+            self.progress(
+                common_pb2.Progress(
+                    stage="encoder",
+                    tiles_done=self.tiles_done,
+                    tiles_total=self.tiles_total,
+                    images_done=images_done,
+                    images_total=self.n_images,
+                )
+            )
 
 
 @serve.deployment
@@ -93,9 +114,13 @@ class Encoder(Stage):
                     if (p := self._pending.pop(key, None)) is not None and not p.done.done():
                         p.done.set_exception(e)
                 continue
+            touched = {}
             for (key, (image, _)), feat in zip(batch, feats, strict=True):
                 if (p := self._pending.get(key)) is not None:  # else cancelled
                     p.add(image, feat)
+                    touched[key] = p
+            for p in touched.values():
+                p.report()
 
     def _cache_key(self, item: stages_pb2.MediaItem, tenant: str) -> str:
         grid = f"{item.tiles.cols}x{item.tiles.rows}@{item.tiles.tile_px}/{item.tiles.policy_version}"
@@ -106,7 +131,7 @@ class Encoder(Stage):
         return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
 
     async def _encode_images(
-        self, request: stages_pb2.EncodeRequest, indices: list[int]
+        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None
     ) -> dict[int, EncoderOutput]:
         """Images of one request -> outputs: cache hits directly, the rest as one scheduler job."""
         out: dict[int, EncoderOutput] = {}
@@ -123,7 +148,7 @@ class Encoder(Stage):
             return out
         tiles = await asyncio.to_thread(lambda: {i: self._tiles(request.items[i]) for i in misses})
         key = (request.ctx.request_id, uuid.uuid4().hex)
-        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()})
+        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, len(indices), progress)
         self.scheduler.submit(key, [(i, t) for i in misses for t in tiles[i]])
         self._work.set()
         if self._worker is None or self._worker.done():
@@ -152,34 +177,58 @@ class Encoder(Stage):
 
     async def Encode(self, request: stages_pb2.EncodeRequest) -> stages_pb2.EncodeResponse:
         with self.operation("encode", request.ctx, items=len(request.items)):
-            images, audio = [], []
-            for i, item in enumerate(request.items):
-                if item.modality == "image" and self.vision is not None:
-                    images.append(i)
-                elif item.modality == "audio" and self.audio is not None:
-                    audio.append(i)
-                else:
-                    raise ValueError(f"this profile has no encoder for {item.modality!r}")
-            image_out, *audio_out = await asyncio.gather(
-                self._encode_images(request, images), *(self._encode_audio(request.items[i]) for i in audio)
+            return await self._encode(request, None)
+
+    async def EncodeStream(self, request: stages_pb2.EncodeRequest) -> AsyncIterator[stages_pb2.EncodeEvent]:
+        """Progress (at most one event per encoder batch) while the request's tiles are encoded."""
+        with self.operation("encode_stream", request.ctx, items=len(request.items)):
+            updates: asyncio.Queue = asyncio.Queue()
+            task = asyncio.create_task(self._encode(request, updates.put_nowait))
+            try:
+                while not task.done():
+                    getter = asyncio.create_task(updates.get())
+                    await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+                    if not getter.done():
+                        getter.cancel()
+                        continue
+                    latest = getter.result()
+                    while not updates.empty():  # only the newest of what piled up
+                        latest = updates.get_nowait()
+                    yield stages_pb2.EncodeEvent(progress=latest)
+                yield stages_pb2.EncodeEvent(result=task.result())
+            finally:
+                task.cancel()
+
+    async def _encode(self, request: stages_pb2.EncodeRequest, progress) -> stages_pb2.EncodeResponse:
+        images, audio = [], []
+        for i, item in enumerate(request.items):
+            if item.modality == "image" and self.vision is not None:
+                images.append(i)
+            elif item.modality == "audio" and self.audio is not None:
+                audio.append(i)
+            else:
+                raise ValueError(f"this profile has no encoder for {item.modality!r}")
+        image_out, *audio_out = await asyncio.gather(
+            self._encode_images(request, images, progress),
+            *(self._encode_audio(request.items[i]) for i in audio),
+        )
+        outputs = {**image_out, **dict(zip(audio, audio_out, strict=True))}
+        response = stages_pb2.EncodeResponse()
+        for i, item in enumerate(request.items):
+            out = outputs[i]
+            version = self.versions[item.modality]
+            encoded = response.items.add(
+                encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
             )
-            outputs = {**image_out, **dict(zip(audio, audio_out, strict=True))}
-            response = stages_pb2.EncodeResponse()
-            for i, item in enumerate(request.items):
-                out = outputs[i]
-                version = self.versions[item.modality]
-                encoded = response.items.add(
-                    encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
-                )
-                if out.embeddings is not None:
-                    encoded.embeddings.CopyFrom(
-                        tensors.describe(
-                            out.embeddings, content_hash=item.data.content_hash, producer_version=version
-                        )
+            if out.embeddings is not None:
+                encoded.embeddings.CopyFrom(
+                    tensors.describe(
+                        out.embeddings, content_hash=item.data.content_hash, producer_version=version
                     )
-                else:
-                    encoded.text = out.text or ""
-            return response
+                )
+            else:
+                encoded.text = out.text or ""
+        return response
 
 
 class _PoolMetrics:

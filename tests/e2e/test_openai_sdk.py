@@ -137,3 +137,30 @@ def test_speech_input(openai_client, model_name):
 def test_models_endpoint(openai_client, model_name):
     models = openai_client.models.list()
     assert [m.id for m in models.data] == [model_name]
+
+
+def test_document_streams_encoder_progress_the_sdk_skips(openai_client, model_name):
+    """A document (4+ images) streams progress chunks (no choices, `omniray_progress`) while its
+    tiles are encoded; the SDK yields them as choice-less chunks, like the usage chunk."""
+    pages = [
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes(256, 256, seed=100 + i))}} for i in range(5)
+    ]
+    stream = openai_client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Summarize"}, *pages]}],
+        max_tokens=4,
+        stream=True,
+    )
+    progress, text = [], []
+    for chunk in stream:
+        if not chunk.choices:
+            if (p := (chunk.model_extra or {}).get("omniray_progress")) is not None:
+                progress.append(p)
+            continue
+        text.append(chunk.choices[0].delta.content or "")
+    assert progress, "no progress events"
+    last = progress[-1]
+    assert last["stage"] == "encoder" and last["tiles_total"] == 5 * 4
+    assert last["tiles_done"] == last["tiles_total"] and last["images_done"] == 5
+    assert [p["tiles_done"] for p in progress] == sorted(p["tiles_done"] for p in progress)
+    assert "".join(text)
