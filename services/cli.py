@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
   API key:                  {LOCAL_API_KEY} (tenant 'local', configs/tenants/local.yaml)
   gRPC (omni.v1.Omni):      {cluster.grpc_target}
   Ray dashboard:            {cluster.dashboard_url}
+  Prometheus metrics:       {cluster.metrics_url}
   Redis:                    {cluster.redis_url}
   Stop with: make stop
 """,

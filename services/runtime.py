@@ -61,6 +61,12 @@ class LocalCluster:
     # Tags every process of this run (env OMNIRAY_RUN_ID) so `stop` also finds engine
     # subprocesses that outlive their replica.
     run_id: str = ""
+    # Ray's Prometheus endpoint: every omniray_* metric of every process (as ray_omniray_*).
+    metrics_port: int = 0
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
     def http_url(self) -> str:
@@ -118,6 +124,7 @@ def start(
         gcs_port=free_port(),
         dashboard_port=free_port(),
         redis_port=free_port(),
+        metrics_port=free_port(),
         ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
         run_id=uuid.uuid4().hex,
     )
@@ -207,6 +214,7 @@ def _start_ray(cluster: LocalCluster) -> None:
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={cluster.dashboard_port}",
+            f"--metrics-export-port={cluster.metrics_port}",
             f"--temp-dir={cluster.ray_temp_dir}",
             "--disable-usage-stats",
         ],

@@ -22,7 +22,7 @@ from omni.v1 import common_pb2, stages_pb2
 
 from services.common import tensors
 from services.models.profile import Profile
-from services.models.versions import FeatureVersionMismatch, FeatureVersions
+from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
 Role = Literal["prefill", "decode"]
 
@@ -108,8 +108,9 @@ class ThinkerEngine:
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._embed_table: torch.Tensor | None = None
-        # Feature tensors from encoders of other versions (a rollout in progress) are rejected.
-        self.feature_versions = {FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")}
+        # Feature tensors projected for another LLM are rejected (which encoder version made them is
+        # the gateway's check: it knows the deployment's encoders).
+        self.llm_version = model_version(profile, profile.models.thinker)
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -133,10 +134,9 @@ class ThinkerEngine:
             if seg.WhichOneof("segment") == "tokens":
                 spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
             else:
-                if seg.embeddings.producer_version not in self.feature_versions:
-                    raise FeatureVersionMismatch(
-                        seg.embeddings.producer_version, " or ".join(self.feature_versions)
-                    )
+                found = seg.embeddings.producer_version
+                if FeatureVersions.parse(found).llm != self.llm_version:
+                    raise FeatureVersionMismatch(found, f"llm={self.llm_version}")
                 spans.append(("emb", tensors.materialize(seg.embeddings)))
         n_tokens = sum(len(x) for _, x in spans)
         if all(kind == "ids" for kind, _ in spans):

@@ -248,8 +248,14 @@ class Pipeline:
             for modality in stale:
                 self.version_mismatches.inc(tags={"modality": modality})
             request.bypass_cache = True
-            encoded = list((await self.h.encoder.Encode.remote(request)).items)
-            if self._stale(items, encoded):
+            request.require_versions.update({m: self.feature_versions[m] for m in stale})
+            try:
+                encoded = list((await self.h.encoder.Encode.remote(request)).items)
+            except Exception as e:  # the replica cannot serve the version (raised in another process)
+                if FeatureVersionMismatch.CODE not in str(e):
+                    raise
+                encoded = None
+            if encoded is None or self._stale(items, encoded):
                 raise OmniError(
                     503,
                     "encoder replicas serve other model versions than this gateway; retry shortly",

@@ -33,6 +33,11 @@ class FeatureVersions:
         return f"encoder={self.encoder};projector={self.projector};llm={self.llm}"
 
     @classmethod
+    def parse(cls, text: str) -> FeatureVersions:
+        fields = dict(part.partition("=")[::2] for part in text.split(";") if part)
+        return cls(fields.get("encoder", ""), fields.get("projector", ""), fields.get("llm", ""))
+
+    @classmethod
     def for_profile(cls, profile: Profile, modality: str) -> FeatureVersions:
         """What this deployment's features of `modality` must carry. The projector into the
         thinker's embedding space is part of the encoder model in every profile so far."""

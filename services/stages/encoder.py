@@ -21,7 +21,7 @@ from ray import serve
 
 from services.common import tensors
 from services.models.base import EncoderOutput
-from services.models.versions import FeatureVersions
+from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
 from services.stages.feature_cache import FeatureCache, cache_key
 from services.stages.tile_scheduler import TileScheduler
@@ -92,6 +92,7 @@ class Encoder(Stage):
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._work = asyncio.Event()
         self._worker: asyncio.Task | None = None
+        self._reload_lock = asyncio.Lock()
         self.pool_metrics = _PoolMetrics()
 
     # ---- tile batching --------------------------------------------------------------------
@@ -199,7 +200,27 @@ class Encoder(Stage):
             finally:
                 task.cancel()
 
+    async def _follow_versions(self, required: dict[str, str]) -> None:
+        """Reload a model the caller needs at another version, if that version is what is on disk
+        now (the model was updated under this replica); otherwise fail clearly."""
+        async with self._reload_lock:
+            for modality, version in required.items():
+                if self.versions.get(modality) == version:
+                    continue
+                on_disk = FeatureVersions.for_profile(self.profile, modality).encode()
+                if on_disk != version:
+                    raise FeatureVersionMismatch(on_disk, version)
+                spec = self.profile.models.vision if modality == "image" else self.profile.models.audio
+                model = await asyncio.to_thread(self.load_model, spec)
+                if modality == "image":
+                    self.vision = model
+                else:
+                    self.audio = model
+                self.versions[modality] = on_disk
+
     async def _encode(self, request: stages_pb2.EncodeRequest, progress) -> stages_pb2.EncodeResponse:
+        if request.require_versions:
+            await self._follow_versions(dict(request.require_versions))
         images, audio = [], []
         for i, item in enumerate(request.items):
             if item.modality == "image" and self.vision is not None:

@@ -143,7 +143,8 @@ def test_document_streams_encoder_progress_the_sdk_skips(openai_client, model_na
     """A document (4+ images) streams progress chunks (no choices, `omniray_progress`) while its
     tiles are encoded; the SDK yields them as choice-less chunks, like the usage chunk."""
     pages = [
-        {"type": "image_url", "image_url": {"url": data_url(png_bytes(256, 256, seed=100 + i))}} for i in range(5)
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes(256, 256, seed=100 + i))}}
+        for i in range(5)
     ]
     stream = openai_client.chat.completions.create(
         model=model_name,

@@ -35,3 +35,11 @@ def test_least_recently_used_goes_first():
     cache.get("a")
     cache.put("d", _out(4))
     assert cache.get("b") is None and cache.get("a") is not None
+
+
+def test_feature_versions_round_trip():
+    from services.models.versions import FeatureVersions
+
+    v = FeatureVersions("tiny_vit@abc", "tiny_vit@abc", "tiny_llama@def")
+    assert FeatureVersions.parse(v.encode()) == v
+    assert FeatureVersions.parse("garbage").llm == ""
