@@ -8,6 +8,7 @@ replica is full.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ray.serve._private.request_router.request_router import (
@@ -32,7 +33,22 @@ def routed_request(pending) -> RoutedRequest:
 
 class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
     def initialize_state(self, scorers: list[dict[str, Any]] | None = None, **_: Any) -> None:
+        from ray.util import metrics
+
         self.pipeline = ScorerPipeline.from_config(scorers or [{"name": "queue_length"}])
+        self._tags = {"deployment": self._deployment_id.name}
+        self._decision = metrics.Histogram(
+            "omniray_router_decision_seconds",
+            description="Time to rank a stage's replicas for one request (the scorer pipeline).",
+            boundaries=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
+            tag_keys=("deployment",),
+        )
+        self._first_choice = metrics.Counter(
+            "omniray_router_first_choice_total",
+            description="Requests routed to the replica the pipeline ranked first (vs a fallback).",
+            tag_keys=("deployment", "outcome"),
+        )
+        self._ranked_first: dict[str, str] = {}
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         replicas = self.select_available_replicas(candidate_replicas) or list(candidate_replicas)
@@ -44,10 +60,19 @@ class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRoute
             for rid, r in by_id.items()
         ]
         request = routed_request(pending_request) if pending_request is not None else RoutedRequest("")
-        return [[by_id[rid]] for rid in self.pipeline.rank(request, candidates)]
+        start = time.perf_counter()
+        ranked = self.pipeline.rank(request, candidates)
+        self._decision.observe(time.perf_counter() - start, tags=self._tags)
+        if request.request_id:
+            self._ranked_first[request.request_id] = ranked[0]
+        return [[by_id[rid]] for rid in ranked]
 
     def on_request_routed(self, pending_request, replica_id, result) -> None:
-        self.pipeline.on_routed(routed_request(pending_request), replica_id.unique_id)
+        request = routed_request(pending_request)
+        self.pipeline.on_routed(request, replica_id.unique_id)
+        if (first := self._ranked_first.pop(request.request_id, None)) is not None:
+            outcome = "first" if first == replica_id.unique_id else "fallback"
+            self._first_choice.inc(tags={**self._tags, "outcome": outcome})
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         self.pipeline.on_completed(internal_request_id, replica_id.unique_id)
