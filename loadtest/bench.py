@@ -14,25 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
-import shutil
 import statistics
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 from omni.v1 import omni_pb2
 
-from loadtest import baseline_vllm
+from loadtest import baseline_vllm, results
 from loadtest.client import Result, run_closed_loop
 from loadtest.workload import chat_prompts
 from services import runtime
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import REPO_ROOT, load_profile
-
-RESULTS = REPO_ROOT / "loadtest" / "results"
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -166,17 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     print("[bench] 1/4 bare vLLM engine", flush=True)
     report["bare"] = asyncio.run(_bare(profile, token_prompts, args.max_tokens, levels, args.per_level))
 
-    run_dir = Path(tempfile.mkdtemp(prefix="omniray-bench-"))
-    cluster = runtime.start(
-        args.profile,
-        http_port=runtime.free_port(),
-        grpc_port=runtime.free_port(),
-        run_dir=run_dir,
-        app_args={"async_chunk": True},
-        timeout_s=600,
-    )
-    url = f"{cluster.http_url}/v1/chat/completions"
-    try:
+    with runtime.temporary(args.profile, prefix="omniray-bench-", app_args={"async_chunk": True}) as cluster:
+        url = f"{cluster.http_url}/v1/chat/completions"
         print("[bench] 2/4 service, text out", flush=True)
         report["service_text"] = asyncio.run(
             _service(url, _bodies(model, prompts, False, voice), levels, args.per_level, "service")
@@ -190,9 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         report["audio_sync"] = asyncio.run(
             _service(url, _bodies(model, audio_prompts, True, voice), levels, args.per_level, "no async")
         )
-    finally:
-        runtime.stop(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
     print("\n[bench] summary (same run, same machine)")
     print(
@@ -221,10 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{'-' if speedup is None else f'{speedup:.1f}x':>10} | "
             f"{_ratio(a['rtf_p50']):>6}"
         )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"bench-{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps(report, indent=1))
-    print(f"\n[bench] wrote {out}")
+    print(f"\n[bench] wrote {results.write('bench', args.profile, report)}")
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import json
 import math
 import platform
 import statistics
@@ -22,12 +21,11 @@ import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 
+from loadtest import results
 from services.common import tensors
-from services.models.profile import REPO_ROOT, load_profile
+from services.models.profile import load_profile
 from services.router.tiles import TILE_POLICY_VERSION, tile_grid
 from services.stages.tile_scheduler import TileScheduler
-
-RESULTS = REPO_ROOT / "loadtest" / "results"
 
 
 def _image(seed: int, size: tuple[int, int]) -> bytes:
@@ -138,10 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chat-interval-ms", type=float, default=20.0)
     args = ap.parse_args(argv)
     out = asyncio.run(main_async(args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"encoder-hol-{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(out, indent=1))
-    print(f"[encoder-hol] wrote {path}")
+    print(f"[encoder-hol] wrote {results.write('encoder-hol', args.profile, out)}")
     return 0
 
 

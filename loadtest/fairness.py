@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import platform
-import shutil
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import httpx
 import redis.asyncio as aioredis
 
+from loadtest import results
 from loadtest.client import stream_chat
 from loadtest.workload import chat_prompts
 from services import runtime
-from services.models.profile import REPO_ROOT, load_profile
+from services.models.profile import load_profile
 from services.quota.tenants import Limits, TenantSpec, put_tenant
-
-RESULTS = REPO_ROOT / "loadtest" / "results"
 
 
 def _p(xs: list[float], q: float) -> float:
@@ -135,19 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
     args = ap.parse_args(argv)
-    run_dir = Path(tempfile.mkdtemp(prefix="omniray-fairness-"))
-    cluster = runtime.start(
-        args.profile,
-        http_port=runtime.free_port(),
-        grpc_port=runtime.free_port(),
-        run_dir=run_dir,
-        timeout_s=600,
-    )
-    try:
+    with runtime.temporary(args.profile, prefix="omniray-fairness-") as cluster:
         out = asyncio.run(run(f"{cluster.http_url}/v1/chat/completions", cluster.redis_url, args))
-    finally:
-        runtime.stop(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
     out.update(
         profile=args.profile, machine=f"{platform.node()} {platform.processor() or platform.machine()}"
     )
@@ -165,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         f"[fairness] B p99 with A / alone = {out['b_p99_ratio']:.2f} (target <= 1.20); per round "
         f"alone {[round(x * 1000) for x in b['p99_per_round_s']]} ms, with A {[round(x * 1000) for x in w['p99_per_round_s']]} ms"
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"fairness-{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(out, indent=1))
-    print(f"[fairness] wrote {path}")
+    print(f"[fairness] wrote {results.write('fairness', args.profile, out)}")
     return 0
 
 

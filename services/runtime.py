@@ -14,9 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +140,23 @@ def start(
         stop(run_dir, log=log)
         raise
     return cluster
+
+
+@contextlib.contextmanager
+def temporary(
+    profile: str, *, prefix: str = "omniray-", timeout_s: float = 600.0, **kwargs
+) -> Iterator[LocalCluster]:
+    """A whole local run on free ports in a temporary directory, stopped and removed afterwards
+    (tests and benchmarks)."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{profile}-"))
+    cluster = start(
+        profile, http_port=free_port(), grpc_port=free_port(), run_dir=run_dir, timeout_s=timeout_s, **kwargs
+    )
+    try:
+        yield cluster
+    finally:
+        stop(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def deploy(

@@ -7,11 +7,8 @@ import base64
 import contextlib
 import io
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -42,20 +39,8 @@ ENCODER_AUTOSCALING = {
 def local_cluster(profile: str, **kwargs):
     from services import runtime
 
-    run_dir = Path(tempfile.mkdtemp(prefix=f"omniray-test-{profile}-"))
-    cluster = runtime.start(
-        profile,
-        http_port=runtime.free_port(),
-        grpc_port=runtime.free_port(),
-        run_dir=run_dir,
-        timeout_s=420,
-        **kwargs,
-    )
-    try:
+    with runtime.temporary(profile, prefix="omniray-test-", timeout_s=420, **kwargs) as cluster:
         yield cluster
-    finally:
-        runtime.stop(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
