@@ -150,3 +150,16 @@ def grpc_channel(target: str, key: str | None = LOCAL_API_KEY) -> grpc.Channel:
     channel = grpc.insecure_channel(target)
     grpc.channel_ready_future(channel).result(timeout=30)
     return channel if key is None else grpc.intercept_channel(channel, _BearerAuth(key))
+
+
+def load_adapter(profile_name: str, role: str):
+    """A prepared model of a profile, loaded the way its stage loads it (skips when not built)."""
+    from services.models.profile import load_profile
+    from services.models.registry import adapter_module
+
+    profile = load_profile(profile_name)
+    spec = getattr(profile.models, role)
+    path = profile.model_path(spec)
+    if not path.exists():
+        pytest.skip(f"run `make models PROFILE={profile_name}` first")
+    return adapter_module(spec.adapter).load(path, spec.options)

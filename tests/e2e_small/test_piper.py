@@ -12,25 +12,17 @@ from hypothesis import strategies as st
 
 from services.common.vocoder_window import VocoderWindow
 from services.models.profile import load_profile
-from services.models.registry import adapter_module
+from tests.conftest import load_adapter
 
 PROFILE = load_profile("small")
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="the talker needs espeak-ng")
 
 
-def _load(role):
-    spec = getattr(PROFILE.models, role)
-    path = PROFILE.model_path(spec)
-    if not path.exists():
-        pytest.skip("run `make models PROFILE=small` first")
-    return adapter_module(spec.adapter).load(path, spec.options)
-
-
 @pytest.fixture(scope="module")
 def utterance():
-    talker = _load("talker")
+    talker = load_adapter("small", "talker")
     chunks = list(talker.stream_units("The capital of France is Paris, a city on the Seine.", "joe"))
-    vocoder = _load("vocoder")
+    vocoder = load_adapter("small", "vocoder")
     units = np.concatenate(chunks)
     return chunks, units, vocoder, vocoder.decode(units, None, None, "joe")
 

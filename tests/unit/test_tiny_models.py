@@ -1,22 +1,13 @@
 """The tiny models: shapes, determinism, and chunked vocoding equal to whole-utterance decoding."""
 
 import numpy as np
-import pytest
 from PIL import Image
 
 from services.common.vocoder_window import VocoderWindow
 from services.models.profile import load_profile
-from services.models.registry import adapter_module
+from tests.conftest import load_adapter
 
 PROFILE = load_profile("tiny")
-
-
-def _load(role):
-    spec = getattr(PROFILE.models, role)
-    path = PROFILE.model_path(spec)
-    if not path.exists():
-        pytest.skip("run `make models` first")
-    return adapter_module(spec.adapter).load(path, spec.options)
 
 
 def test_vision_encoder_gives_64_embeddings_per_tile():
@@ -24,7 +15,7 @@ def test_vision_encoder_gives_64_embeddings_per_tile():
 
     from services.stages.encoder import cut_tiles
 
-    enc = _load("vision")
+    enc = load_adapter("tiny", "vision")
     grid = stages_pb2.TileGrid(cols=3, rows=2, tile_px=128)
     tiles = cut_tiles(Image.new("RGB", (300, 200)), grid)
     assert len(tiles) == 6 and all(t.size == (128, 128) for t in tiles)
@@ -37,14 +28,14 @@ def test_vision_encoder_gives_64_embeddings_per_tile():
 
 
 def test_audio_encoder_rate():
-    enc = _load("audio")
+    enc = load_adapter("tiny", "audio")
     (out,) = enc.encode([np.zeros(32000, np.float32)])
     assert out.embeddings.shape[1] == 128 and 48 <= out.embeddings.shape[0] <= 51
     assert out.audio_seconds == 2.0
 
 
 def test_talker_is_deterministic_and_chunked():
-    talker = _load("talker")
+    talker = load_adapter("tiny", "talker")
     a = list(talker.stream_units("Hello world.", "default"))
     b = list(talker.stream_units("Hello world.", "default"))
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
@@ -53,7 +44,7 @@ def test_talker_is_deterministic_and_chunked():
 
 
 def test_chunked_vocoding_equals_whole_utterance():
-    voc = _load("vocoder")
+    voc = load_adapter("tiny", "vocoder")
     units = np.random.default_rng(0).integers(0, 256, 97).astype(np.int32)
     whole = voc.decode(units, None, None, "default")
     spec = load_profile("tiny").models.vocoder
