@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -74,6 +74,10 @@ bench-encoder: models
 bench-fairness: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m loadtest.fairness --profile tiny
+
+# KV eviction decision time with 10k pages, per policy (pure CPU, seconds).
+bench-eviction: setup
+	$(PY) -m loadtest.eviction_bench
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

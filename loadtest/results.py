@@ -12,8 +12,9 @@ from services.models.profile import REPO_ROOT
 RESULTS = REPO_ROOT / "loadtest" / "results"
 
 
-def write(kind: str, profile: str, data: dict) -> Path:
+def write(kind: str, profile: str | None, data: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{kind}-{profile}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    name = "-".join(x for x in (kind, profile, time.strftime("%Y%m%d-%H%M%S")) if x)
+    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     return path

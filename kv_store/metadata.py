@@ -1,0 +1,192 @@
+"""KV page metadata in Redis: who provides each page (process and tier), which requests are using it,
+session page chains, and prefix matching over chained page hashes. Every write is a Lua script, so a
+check and the change it guards happen atomically: an eviction checks, in the same script as the
+delete, that no running request has the page pinned, that no other holder has it locked, and that it
+is not the last complete copy (unless the caller says it may drop it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+P = "omniray:kv"
+
+# KEYS: none. ARGV: prefix, provider, tier, size, hash1, hash2, ...
+PUBLISH = """
+local p, provider, tier, size = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+for i = 5, #ARGV do
+  local h = ARGV[i]
+  redis.call('HSET', p .. ':prov:' .. h, provider, tier)
+  redis.call('HSETNX', p .. ':page:' .. h, 'size', size)
+  redis.call('SADD', p .. ':held:' .. provider, h)
+end
+return #ARGV - 4
+"""
+
+# ARGV: prefix, hash1, hash2, ... -> number of leading hashes that some provider holds
+MATCH = """
+local p = ARGV[1]
+for i = 2, #ARGV do
+  if redis.call('HLEN', p .. ':prov:' .. ARGV[i]) == 0 then return i - 2 end
+end
+return #ARGV - 1
+"""
+
+# Redis's own clock unless a caller (a test) passes now_ms.
+_CLOCK = """
+local function clock(arg)
+  local now = tonumber(arg)
+  if now then return now end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# ARGV: prefix, request_id, ttl_ms, now_ms|"", hash1, ... -> 1 if all pinned, else 0 (none pinned)
+PIN = (
+    _CLOCK
+    + """
+local p, rid, now = ARGV[1], ARGV[2], clock(ARGV[4])
+local expiry = now + tonumber(ARGV[3])
+for i = 5, #ARGV do
+  if redis.call('HLEN', p .. ':prov:' .. ARGV[i]) == 0 then return 0 end
+end
+for i = 5, #ARGV do
+  local key = p .. ':pin:' .. ARGV[i]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, expiry, rid)
+  redis.call('PEXPIRE', key, expiry - now + 60000)  -- the set outlives its longest pin
+end
+return 1
+"""
+)
+
+# ARGV: prefix, request_id, hash1, ...
+UNPIN = """
+local p, rid = ARGV[1], ARGV[2]
+for i = 3, #ARGV do redis.call('ZREM', p .. ':pin:' .. ARGV[i], rid) end
+return 1
+"""
+
+# ARGV: prefix, hash, holder, ttl_ms -> 1 if taken (or already ours)
+LOCK = """
+local key = ARGV[1] .. ':lock:' .. ARGV[2]
+local cur = redis.call('GET', key)
+if cur and cur ~= ARGV[3] then return 0 end
+redis.call('SET', key, ARGV[3], 'PX', tonumber(ARGV[4]))
+return 1
+"""
+
+UNLOCK = """
+local key = ARGV[1] .. ':lock:' .. ARGV[2]
+if redis.call('GET', key) == ARGV[3] then redis.call('DEL', key) end
+return 1
+"""
+
+# ARGV: prefix, hash, provider, now_ms|"", allow_last (0/1)
+# -> 'ok' | 'in_use' | 'locked' | 'last_copy' | 'absent'
+EVICT = (
+    _CLOCK
+    + """
+local p, h, provider, now, allow_last = ARGV[1], ARGV[2], ARGV[3], clock(ARGV[4]), ARGV[5] == '1'
+local prov = p .. ':prov:' .. h
+if redis.call('HEXISTS', prov, provider) == 0 then return 'absent' end
+redis.call('ZREMRANGEBYSCORE', p .. ':pin:' .. h, '-inf', now)
+if redis.call('ZCARD', p .. ':pin:' .. h) > 0 then return 'in_use' end
+local holder = redis.call('GET', p .. ':lock:' .. h)
+if holder and holder ~= provider then return 'locked' end
+if redis.call('HLEN', prov) == 1 and not allow_last then return 'last_copy' end
+redis.call('HDEL', prov, provider)
+redis.call('SREM', p .. ':held:' .. provider, h)
+if redis.call('HLEN', prov) == 0 then redis.call('DEL', p .. ':page:' .. h) end
+return 'ok'
+"""
+)
+
+# ARGV: prefix, provider -> pages it held (a dead process: its copies are gone)
+DROP_PROVIDER = """
+local p, provider = ARGV[1], ARGV[2]
+local held = redis.call('SMEMBERS', p .. ':held:' .. provider)
+for _, h in ipairs(held) do
+  redis.call('HDEL', p .. ':prov:' .. h, provider)
+  if redis.call('HLEN', p .. ':prov:' .. h) == 0 then redis.call('DEL', p .. ':page:' .. h) end
+end
+redis.call('DEL', p .. ':held:' .. provider)
+return #held
+"""
+
+
+@dataclass(frozen=True)
+class Providers:
+    page: str
+    holders: dict[str, str]  # provider id -> tier
+
+
+class KvMetadata:
+    def __init__(self, redis, prefix: str = P):
+        self.redis, self.prefix = redis, prefix
+        self._scripts = {
+            name: redis.register_script(src)
+            for name, src in {
+                "publish": PUBLISH,
+                "match": MATCH,
+                "pin": PIN,
+                "unpin": UNPIN,
+                "lock": LOCK,
+                "unlock": UNLOCK,
+                "evict": EVICT,
+                "drop": DROP_PROVIDER,
+            }.items()
+        }
+
+    async def _run(self, name: str, *args) -> object:
+        result = await self._scripts[name](keys=[], args=[self.prefix, *args])
+        return result.decode() if isinstance(result, bytes) else result
+
+    async def publish(self, provider: str, tier: str, size: int, pages: list[str]) -> None:
+        """`provider` now holds complete copies of `pages` in `tier`."""
+        if pages:
+            await self._run("publish", provider, tier, size, *pages)
+
+    async def match(self, pages: list[str]) -> int:
+        """How many leading pages of this chain some provider holds (the reusable prefix)."""
+        return int(await self._run("match", *pages)) if pages else 0
+
+    async def providers(self, page: str) -> Providers:
+        raw = await self.redis.hgetall(f"{self.prefix}:prov:{page}")
+        return Providers(page, {k.decode(): v.decode() for k, v in raw.items()})
+
+    async def pin(
+        self, request_id: str, pages: list[str], now_ms: int | None = None, ttl_ms: int = 600_000
+    ) -> bool:
+        """Mark pages in use by a running request (until unpinned or ttl_ms passes, for requests whose
+        process died); False (nothing pinned) if any page is gone."""
+        now = "" if now_ms is None else now_ms
+        return bool(await self._run("pin", request_id, ttl_ms, now, *pages)) if pages else True
+
+    async def unpin(self, request_id: str, pages: list[str]) -> None:
+        if pages:
+            await self._run("unpin", request_id, *pages)
+
+    async def lock(self, page: str, holder: str, ttl_ms: int = 30_000) -> bool:
+        return bool(await self._run("lock", page, holder, ttl_ms))
+
+    async def unlock(self, page: str, holder: str) -> None:
+        await self._run("unlock", page, holder)
+
+    async def evict(
+        self, page: str, provider: str, now_ms: int | None = None, allow_last: bool = False
+    ) -> str:
+        """Drop `provider`'s copy if nothing forbids it; returns 'ok' or why not."""
+        now = "" if now_ms is None else now_ms
+        return str(await self._run("evict", page, provider, now, "1" if allow_last else "0"))
+
+    async def drop_provider(self, provider: str) -> int:
+        return int(await self._run("drop", provider))
+
+    async def append_chain(self, session: str, pages: list[str]) -> None:
+        if pages:
+            await self.redis.rpush(f"{self.prefix}:chain:{session}", *pages)
+
+    async def chain(self, session: str) -> list[str]:
+        return [h.decode() for h in await self.redis.lrange(f"{self.prefix}:chain:{session}", 0, -1)]
