@@ -6,9 +6,8 @@ from kv_store.eviction import PageInfo, create
 
 @given(st.lists(st.tuples(st.sampled_from(["insert", "touch", "remove"]), st.integers(0, 20)), max_size=100))
 def test_victim_is_least_recently_used(ops):
-    lru, ref, clock = create("lru"), {}, 0
-    for op, page in ops:
-        clock += 1
+    lru, ref = create("lru"), {}
+    for clock, (op, page) in enumerate(ops):
         if op == "insert":
             lru.insert(page, PageInfo())
             ref[page] = clock
