@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -78,6 +78,10 @@ bench-fairness: setup
 # KV eviction decision time with 10k pages, per policy (pure CPU, seconds).
 bench-eviction: setup
 	$(PY) -m loadtest.eviction_bench
+
+# 64 MiB of KV pages pulled from another process over NIXL vs an in-process copy.
+bench-kv-transfer: setup
+	$(PY) -m loadtest.kv_transfer_bench
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

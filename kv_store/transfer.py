@@ -1,0 +1,205 @@
+"""L2 page pool and page transfers over NIXL.
+
+Each process that provides pages owns a `PagePool`: host DRAM cut into page-sized slots and
+registered with NIXL once. It advertises itself (NIXL agent metadata, buffer base address, page
+size) in Redis; a peer that misses a page READs it straight out of the owner's slot — the owner's CPU
+does no copy. Transfers are progressed by polling `check_xfer_state` from the caller (an asyncio task
+here), never by NIXL's background progress thread, which spins a core on CPU hosts.
+
+Concurrent misses on one page are deduplicated: the first caller transfers, later callers await it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kv_store.layout import PageLayout
+
+# NIXL's UCX backend needs a TCP transport between processes on hosts without RDMA.
+os.environ.setdefault("UCX_TLS", "tcp,sm,self")
+
+
+def _nixl():
+    try:
+        from nixl._api import nixl_agent, nixl_agent_config
+    except ImportError:  # the CUDA-12 wheel installs under its own name
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    return nixl_agent, nixl_agent_config
+
+
+@dataclass(frozen=True)
+class PoolAddress:
+    """What a peer needs to read from a pool."""
+
+    name: str
+    metadata: bytes  # NIXL agent metadata
+    base: int  # address of slot 0
+    page_bytes: int
+
+    def to_redis(self) -> dict[str, bytes]:
+        return {
+            "name": self.name.encode(),
+            "metadata": self.metadata,
+            "base": str(self.base).encode(),
+            "page_bytes": str(self.page_bytes).encode(),
+        }
+
+    @classmethod
+    def from_redis(cls, raw: dict) -> PoolAddress:
+        raw = {k.decode() if isinstance(k, bytes) else k: v for k, v in raw.items()}
+        return cls(raw["name"].decode(), raw["metadata"], int(raw["base"]), int(raw["page_bytes"]))
+
+
+class TransferError(RuntimeError):
+    pass
+
+
+class PagePool:
+    def __init__(
+        self, name: str, layout: PageLayout, capacity_pages: int, backends: tuple[str, ...] = ("UCX",)
+    ):
+        nixl_agent, nixl_agent_config = _nixl()
+        self.name, self.layout, self.capacity = name, layout, capacity_pages
+        self.buffer = np.zeros(capacity_pages * layout.page_bytes, np.uint8)
+        self.agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=list(backends)))
+        self._base = self.buffer.ctypes.data
+        self._reg = self.agent.register_memory([(self._base, self.buffer.nbytes, 0, "")], "DRAM")
+        self._free = list(range(capacity_pages - 1, -1, -1))
+        self._slot: dict[Hashable, int] = {}
+        self._peers: dict[str, str] = {}  # pool name -> NIXL remote agent name
+        self._inflight: dict[Hashable, asyncio.Future] = {}
+        self.stats = {"pulled_pages": 0, "pulled_bytes": 0, "dedup_waits": 0}
+
+    # ---- local slots ---------------------------------------------------------------------------
+
+    def address(self) -> PoolAddress:
+        return PoolAddress(self.name, self.agent.get_agent_metadata(), self._base, self.layout.page_bytes)
+
+    def slot_of(self, page: Hashable) -> int | None:
+        return self._slot.get(page)
+
+    def _allocate(self, page: Hashable) -> int:
+        if page in self._slot:
+            return self._slot[page]
+        if not self._free:
+            raise MemoryError(f"pool {self.name} is full ({self.capacity} pages)")
+        slot = self._slot[page] = self._free.pop()
+        return slot
+
+    def put(self, page: Hashable, data: np.ndarray) -> int:
+        """Store a page's bytes; returns its slot."""
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if raw.nbytes != self.layout.page_bytes:
+            raise ValueError(f"page has {raw.nbytes} bytes, the layout needs {self.layout.page_bytes}")
+        slot = self._allocate(page)
+        self.page(slot)[:] = raw
+        return slot
+
+    def page(self, slot: int) -> np.ndarray:
+        size = self.layout.page_bytes
+        return self.buffer[slot * size : (slot + 1) * size]
+
+    def get(self, page: Hashable) -> np.ndarray | None:
+        slot = self._slot.get(page)
+        return None if slot is None else self.page(slot)
+
+    def free(self, page: Hashable) -> None:
+        slot = self._slot.pop(page, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    # ---- transfers -----------------------------------------------------------------------------
+
+    def progress(self) -> None:
+        """Let peers' reads of this pool proceed (UCX accepts connections and serves requests in
+        the owner's worker progress). Owners call this on a timer, not in a spin."""
+        self.agent.get_new_notifs()
+
+    async def serve(self, interval_s: float = 0.001) -> None:
+        """Progress this pool for peers until cancelled."""
+        while True:
+            self.progress()
+            await asyncio.sleep(interval_s)
+
+    def connect(self, peer: PoolAddress) -> None:
+        if peer.name not in self._peers:
+            self._peers[peer.name] = self.agent.add_remote_agent(peer.metadata)
+
+    async def pull(
+        self, peer: PoolAddress, pages: list[tuple[Hashable, int]], poll_s: float = 0.0
+    ) -> list[int]:
+        """Read `pages` ((page id, slot in the peer's pool)) into local slots; returns the local
+        slots. Pages already here or already being pulled by another caller are not read twice."""
+        self.connect(peer)
+        mine, waits = [], []
+        for page, _ in pages:
+            if page in self._slot and page not in self._inflight:
+                continue
+            if page in self._inflight:
+                waits.append(self._inflight[page])
+                self.stats["dedup_waits"] += 1
+            else:
+                mine.append(page)
+        todo = [(p, s) for p, s in pages if p in set(mine)]
+        if todo:
+            done = asyncio.get_running_loop().create_future()
+            for page, _ in todo:
+                self._inflight[page] = done
+            try:
+                await self._read(peer, todo, poll_s)
+                done.set_result(None)
+            except BaseException as e:
+                for page, _ in todo:
+                    self.free(page)
+                done.set_exception(e)
+                raise
+            finally:
+                for page, _ in todo:
+                    self._inflight.pop(page, None)
+        for w in waits:
+            await asyncio.shield(w)
+        return [self._slot[p] for p, _ in pages]
+
+    def _start(self, peer: PoolAddress, todo: list[tuple[Hashable, int]]):
+        """Post a READ of `todo` into freshly allocated local slots; returns (handle, state)."""
+        self.connect(peer)
+        size = self.layout.page_bytes
+        local_slots = [self._allocate(page) for page, _ in todo]
+        local = self.agent.get_xfer_descs([(self._base + s * size, size, 0) for s in local_slots], "DRAM")
+        remote = self.agent.get_xfer_descs([(peer.base + s * size, size, 0) for _, s in todo], "DRAM")
+        handle = self.agent.initialize_xfer("READ", local, remote, self._peers[peer.name])
+        return handle, self.agent.transfer(handle)
+
+    def _finish(self, handle, state: str, peer: PoolAddress, n_pages: int) -> None:
+        self.agent.release_xfer_handle(handle)
+        if state == "ERR":
+            raise TransferError(f"NIXL read of {n_pages} pages from {peer.name} failed")
+        if state == "DONE":
+            self.stats["pulled_pages"] += n_pages
+            self.stats["pulled_bytes"] += n_pages * self.layout.page_bytes
+
+    async def _read(self, peer: PoolAddress, todo: list[tuple[Hashable, int]], poll_s: float) -> None:
+        handle, state = self._start(peer, todo)
+        try:
+            while state not in ("DONE", "ERR"):
+                await asyncio.sleep(poll_s)  # yields to the loop; the polling is the progress
+                state = self.agent.check_xfer_state(handle)
+        finally:
+            self._finish(handle, state, peer, len(todo))
+
+    def read_blocking(self, peer: PoolAddress, pages: list[tuple[Hashable, int]]) -> list[int]:
+        """The synchronous fallback (no event loop): the same transfer, polled in place."""
+        handle, state = self._start(peer, pages)
+        try:
+            while state not in ("DONE", "ERR"):
+                time.sleep(0)
+                state = self.agent.check_xfer_state(handle)
+        finally:
+            self._finish(handle, state, peer, len(pages))
+        return [self._slot[p] for p, _ in pages]
