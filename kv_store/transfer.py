@@ -72,6 +72,7 @@ class PagePool:
         self._reg = self.agent.register_memory([(self._base, self.buffer.nbytes, 0, "")], "DRAM")
         self._free = list(range(capacity_pages - 1, -1, -1))
         self._slot: dict[Hashable, int] = {}
+        self._refs: dict[Hashable, int] = {}  # sessions sharing a page (copy-on-write)
         self._peers: dict[str, str] = {}  # pool name -> NIXL remote agent name
         self._inflight: dict[Hashable, asyncio.Future] = {}
         self.stats = {"pulled_pages": 0, "pulled_bytes": 0, "dedup_waits": 0}
@@ -83,6 +84,10 @@ class PagePool:
 
     def slot_of(self, page: Hashable) -> int | None:
         return self._slot.get(page)
+
+    def reserve(self, page: Hashable) -> int:
+        """A slot for a page whose bytes another tier or peer is about to write."""
+        return self._allocate(page)
 
     def _allocate(self, page: Hashable) -> int:
         if page in self._slot:
@@ -111,8 +116,34 @@ class PagePool:
 
     def free(self, page: Hashable) -> None:
         slot = self._slot.pop(page, None)
+        self._refs.pop(page, None)
         if slot is not None:
             self._free.append(slot)
+
+    # ---- sharing -------------------------------------------------------------------------------
+
+    def share(self, page: Hashable) -> None:
+        """One more session uses this page (a shared prefix)."""
+        if page not in self._slot:
+            raise KeyError(page)
+        self._refs[page] = self._refs.get(page, 1) + 1
+
+    def release(self, page: Hashable) -> None:
+        """A session stopped using the page; the last one frees it."""
+        refs = self._refs.get(page, 1) - 1
+        if refs <= 0:
+            self.free(page)
+        else:
+            self._refs[page] = refs
+
+    def writable(self, page: Hashable, private: Hashable) -> Hashable:
+        """Before a session appends to `page`: the page itself when only this session uses it,
+        else a private copy under the id `private` (copy-on-write; the others keep the original)."""
+        if self._refs.get(page, 1) <= 1:
+            return page
+        self.page(self._allocate(private))[:] = self.page(self._slot[page])
+        self.release(page)
+        return private
 
     # ---- transfers -----------------------------------------------------------------------------
 
