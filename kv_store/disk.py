@@ -30,6 +30,10 @@ class DiskTier:
         self._slot: dict[Hashable, int] = {}
         self.name = name
 
+    @property
+    def used(self) -> int:
+        return len(self._slot)
+
     def __contains__(self, page: Hashable) -> bool:
         return page in self._slot
 

@@ -83,18 +83,24 @@ if redis.call('GET', key) == ARGV[3] then redis.call('DEL', key) end
 return 1
 """
 
-# ARGV: prefix, hash, provider, now_ms|"", allow_last (0/1)
-# -> 'ok' | 'in_use' | 'locked' | 'last_copy' | 'absent'
+# ARGV: prefix, hash, provider, now_ms|"", allow_last (0/1), to_tier|""
+# -> 'ok' | 'in_use' | 'locked' | 'last_copy' | 'absent'. With to_tier the copy is kept, moved to that
+# tier (e.g. L2 -> L3 on the same node), so it is never the last copy lost.
 EVICT = (
     _CLOCK
     + """
 local p, h, provider, now, allow_last = ARGV[1], ARGV[2], ARGV[3], clock(ARGV[4]), ARGV[5] == '1'
+local to_tier = ARGV[6]
 local prov = p .. ':prov:' .. h
 if redis.call('HEXISTS', prov, provider) == 0 then return 'absent' end
 redis.call('ZREMRANGEBYSCORE', p .. ':pin:' .. h, '-inf', now)
 if redis.call('ZCARD', p .. ':pin:' .. h) > 0 then return 'in_use' end
 local holder = redis.call('GET', p .. ':lock:' .. h)
 if holder and holder ~= provider then return 'locked' end
+if to_tier ~= '' then
+  redis.call('HSET', prov, provider, to_tier)
+  return 'ok'
+end
 if redis.call('HLEN', prov) == 1 and not allow_last then return 'last_copy' end
 redis.call('HDEL', prov, provider)
 redis.call('SREM', p .. ':held:' .. provider, h)
@@ -175,11 +181,17 @@ class KvMetadata:
         await self._run("unlock", page, holder)
 
     async def evict(
-        self, page: str, provider: str, now_ms: int | None = None, allow_last: bool = False
+        self,
+        page: str,
+        provider: str,
+        now_ms: int | None = None,
+        allow_last: bool = False,
+        to_tier: str = "",
     ) -> str:
-        """Drop `provider`'s copy if nothing forbids it; returns 'ok' or why not."""
+        """Drop `provider`'s copy (or, with `to_tier`, move it to that tier) if nothing forbids it;
+        returns 'ok' or why not."""
         now = "" if now_ms is None else now_ms
-        return str(await self._run("evict", page, provider, now, "1" if allow_last else "0"))
+        return str(await self._run("evict", page, provider, now, "1" if allow_last else "0", to_tier))
 
     async def drop_provider(self, provider: str) -> int:
         return int(await self._run("drop", provider))

@@ -85,6 +85,14 @@ class PagePool:
     def slot_of(self, page: Hashable) -> int | None:
         return self._slot.get(page)
 
+    @property
+    def used(self) -> int:
+        return len(self._slot)
+
+    @property
+    def full(self) -> bool:
+        return not self._free
+
     def reserve(self, page: Hashable) -> int:
         """A slot for a page whose bytes another tier or peer is about to write."""
         return self._allocate(page)
