@@ -125,7 +125,14 @@ return #held
 @dataclass(frozen=True)
 class Providers:
     page: str
-    holders: dict[str, str]  # provider id -> tier
+    holders: dict[str, str]  # provider id -> "tier" or "tier@slot" (slot in the provider's L2 pool)
+
+    def tier(self, provider: str) -> str:
+        return self.holders[provider].partition("@")[0]
+
+    def slot(self, provider: str) -> int | None:
+        _, at, slot = self.holders[provider].partition("@")
+        return int(slot) if at else None
 
 
 class KvMetadata:
@@ -149,8 +156,19 @@ class KvMetadata:
         result = await self._scripts[name](keys=[], args=[self.prefix, *args])
         return result.decode() if isinstance(result, bytes) else result
 
+    async def advertise(self, provider: str, address) -> None:
+        """Where peers read `provider`'s pool (a transfer.PoolAddress)."""
+        await self.redis.hset(f"{self.prefix}:addr:{provider}", mapping=address.to_redis())
+
+    async def address(self, provider: str):
+        from kv_store.transfer import PoolAddress
+
+        raw = await self.redis.hgetall(f"{self.prefix}:addr:{provider}")
+        return PoolAddress.from_redis(raw) if raw else None
+
     async def publish(self, provider: str, tier: str, size: int, pages: list[str]) -> None:
-        """`provider` now holds complete copies of `pages` in `tier`."""
+        """`provider` now holds complete copies of `pages` in `tier` ("L2@<slot>" for one page in
+        its pool, so peers can read it)."""
         if pages:
             await self._run("publish", provider, tier, size, *pages)
 

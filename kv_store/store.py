@@ -11,6 +11,7 @@ policy. Correctness never depends on the store: a page that is gone is recompute
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Hashable
 
 import numpy as np
@@ -44,6 +45,11 @@ class StoreMetrics:
             description="Pages leaving L2, by policy and outcome.",
             tag_keys=("policy", "to"),
         )
+        self._prefetch = metrics.Counter(
+            "omniray_kv_prefetch_total",
+            description="Prefetched pages by outcome (hit, done, late, skipped, cancelled).",
+            tag_keys=("outcome",),
+        )
         self._bytes = metrics.Counter(
             "omniray_kv_bytes_moved_total", description="Page bytes moved, by path.", tag_keys=("path",)
         )
@@ -56,6 +62,9 @@ class StoreMetrics:
 
     def eviction(self, policy: str, to: str) -> None:
         self._evictions.inc(tags={"policy": policy, "to": to})
+
+    def prefetch(self, outcome: str) -> None:
+        self._prefetch.inc(tags={"outcome": outcome})
 
     def moved(self, path: str, n_bytes: int) -> None:
         self._bytes.inc(n_bytes, tags={"path": path})
@@ -111,6 +120,10 @@ class KvStore:
                 self.policy.insert(page, self._info[page])
             self._observe()
 
+    async def _publish_l2(self, page: Hashable) -> None:
+        tier = f"L2@{self.pool.slot_of(page)}"
+        await self.meta.publish(self.provider, tier, self.pool.layout.page_bytes, [page])
+
     def _moved(self, path: str) -> None:
         if self.metrics:
             self.metrics.moved(path, self.pool.layout.page_bytes)
@@ -121,7 +134,7 @@ class KvStore:
             self.pool.put(page, data)
             self._info[page] = info
             self.policy.insert(page, info)
-        await self.meta.publish(self.provider, "L2", self.pool.layout.page_bytes, [page])
+        await self._publish_l2(page)
         self._observe()
 
     async def get(self, page: Hashable) -> np.ndarray | None:
@@ -133,7 +146,7 @@ class KvStore:
             await self._make_room()
             await self.disk.promote(page)
             self.policy.insert(page, self._info.get(page, DEFAULT_INFO))
-            await self.meta.publish(self.provider, "L2", self.pool.layout.page_bytes, [page])
+            await self._publish_l2(page)
             self._moved("L3->L2")
             self._lookup("L3")
             self._observe()
@@ -151,9 +164,32 @@ class KvStore:
             self._info[page] = info
             self.policy.insert(page, info)
             self._moved("peer->L2")
-        await self.meta.publish(self.provider, "L2", self.pool.layout.page_bytes, [page])
+        await self._publish_l2(page)
         self._observe()
         return self.pool.get(page)
+
+    async def advertise(self) -> None:
+        await self.meta.advertise(self.provider, self.pool.address())
+
+    def prefetch(self, pages: list[Hashable]) -> Prefetch:
+        """Start bringing `pages` into L2 (from L3 here, or from a peer's L2) in the background."""
+        return Prefetch(self, pages)
+
+    async def _fetch_one(self, page: Hashable) -> str:
+        if self.pool.slot_of(page) is not None:
+            return "hit"
+        if self.disk is not None and page in self.disk:
+            await self.get(page)
+            return "done"
+        providers = await self.meta.providers(page)
+        for provider in providers.holders:
+            slot = providers.slot(provider)
+            if provider == self.provider or providers.tier(provider) != "L2" or slot is None:
+                continue
+            if (address := await self.meta.address(provider)) is not None:
+                await self.pull(address, page, slot)
+                return "done"
+        return "skipped"
 
     async def pin(self, request_id: str, pages: list[Hashable]) -> bool:
         """A running request uses these pages: they may not be evicted anywhere until unpinned."""
@@ -176,3 +212,42 @@ class KvStore:
     def _lookup(self, result: str) -> None:
         if self.metrics:
             self.metrics.lookup(result)
+
+
+class Prefetch:
+    """A background fetch of pages into L2. Outcomes per page: `hit` (already here), `done`,
+    `skipped` (no provider holds it in L2: the caller recomputes), `cancelled`; a consumer that has to
+    wait for it marks it `late`. Cancelling is safe at any point: a page is either fully here or not."""
+
+    def __init__(self, store: KvStore, pages: list[Hashable]):
+        self.store, self.pages = store, list(pages)
+        self.outcomes: dict[Hashable, str] = {}
+        self.late = False
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        for page in self.pages:
+            self.outcomes[page] = "cancelled"  # until it finishes
+            self.outcomes[page] = await self.store._fetch_one(page)
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    @property
+    def done(self) -> bool:
+        return self._task.done()
+
+    async def wait(self) -> dict[Hashable, str]:
+        """The consumer needs the pages now (the synchronous path when the prefetch is not done)."""
+        self.late = not self._task.done()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise
+        for page in self.pages:
+            self.outcomes.setdefault(page, "cancelled")
+        if self.store.metrics:
+            for outcome in self.outcomes.values():
+                self.store.metrics.prefetch("late" if self.late and outcome == "done" else outcome)
+        return dict(self.outcomes)

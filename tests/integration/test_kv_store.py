@@ -3,6 +3,7 @@ pins keep pages in place, and Redis always says who provides what."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import numpy as np
@@ -40,10 +41,11 @@ async def test_lru_overflow_to_disk_and_back(meta, tmp_path):
         # L2 holds the 3 most recent pages; the 2 oldest went to L3, still provided by this node.
         assert pool.used == 3 and disk.used == 2
         assert (await meta.providers("h0")).holders == {"node-a": "L3"}
+        assert (await meta.providers("h4")).tier("node-a") == "L2"
         assert await meta.match([f"h{i}" for i in range(5)]) == 5
         data = await store.get("h0")  # promoted back, evicting the least recently used L2 page
         assert np.array_equal(data, _bytes(0))
-        assert (await meta.providers("h0")).holders == {"node-a": "L2"}
+        assert (await meta.providers("h0")).tier("node-a") == "L2"
         assert (await meta.providers("h2")).holders == {"node-a": "L3"}
         assert await store.get("missing") is None
     finally:
@@ -72,3 +74,35 @@ async def test_a_page_pinned_elsewhere_is_not_evicted_here(meta):
     assert await meta.pin("request-on-another-node", ["x"])  # not through this store
     await store.put("z", _bytes(3))  # LRU victim x is in use elsewhere: y goes instead
     assert pool.get("x") is not None and pool.get("y") is None
+
+
+async def test_prefetch_from_a_peer_hits_skips_and_cancels(meta):
+    owner = KvStore(
+        "node-owner", PagePool(f"pf-owner-{uuid.uuid4().hex[:6]}", LAYOUT, 8), meta, create("lru")
+    )
+    reader = KvStore(
+        "node-reader", PagePool(f"pf-reader-{uuid.uuid4().hex[:6]}", LAYOUT, 8), meta, create("lru")
+    )
+    await owner.advertise()
+    serving = asyncio.create_task(owner.pool.serve())  # the owner's progress tick for peers' reads
+    try:
+        for i in range(4):
+            await owner.put(f"s{i}", _bytes(10 + i))
+        handle = reader.prefetch([f"s{i}" for i in range(4)] + ["nobody-has-it"])
+        outcomes = await asyncio.wait_for(handle.wait(), 30)
+        assert outcomes == {
+            "s0": "done",
+            "s1": "done",
+            "s2": "done",
+            "s3": "done",
+            "nobody-has-it": "skipped",
+        }
+        for i in range(4):
+            assert np.array_equal(reader.pool.get(f"s{i}"), _bytes(10 + i))
+        assert (await meta.providers("s1")).tier("node-reader") == "L2"  # now provided by both
+        assert (await reader.prefetch(["s0"]).wait()) == {"s0": "hit"}
+        cancelled = reader.prefetch(["s0", "s1"])
+        cancelled.cancel()
+        assert set((await cancelled.wait()).values()) <= {"cancelled", "hit"}
+    finally:
+        serving.cancel()
