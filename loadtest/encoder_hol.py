@@ -50,7 +50,7 @@ def _item(data: bytes, size: tuple[int, int], profile) -> stages_pb2.MediaItem:
 async def _run_policy(encoder, policy: str, doc: list, chats: list, interval_s: float) -> dict:
     pool = encoder.profile.encoder_pool
     encoder.scheduler = TileScheduler(pool.batch_size, policy, pool.aging_tiles_per_s)
-    encoder.cache.__init__(encoder.cache.max_bytes)  # empty: every request does encoder work
+    encoder.cache.clear()  # every request does encoder work
 
     async def call(rid: str, items: list) -> float:
         t0 = time.perf_counter()

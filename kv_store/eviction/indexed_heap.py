@@ -69,3 +69,36 @@ class IndexedHeap:
                 return
             self._swap(i, smallest)
             i = smallest
+
+
+class HeapPolicy:
+    """An eviction policy whose order is a key per page (smallest evicted first): subclasses give
+    `_key(page)`; inserts, touches and removals are O(log n)."""
+
+    def __init__(self):
+        self._heap = IndexedHeap()
+        self._info: dict = {}
+
+    def _key(self, page):
+        raise NotImplementedError
+
+    def insert(self, page, info) -> None:
+        self._info[page] = info
+        self._heap.push(page, self._key(page))
+
+    def touch(self, page) -> None:
+        if page in self._heap:
+            self._heap.push(page, self._key(page))
+
+    def remove(self, page, evicted: bool = False) -> None:
+        self._heap.remove(page)
+        self._info.pop(page, None)
+
+    def victim(self):
+        return self._heap.peek()
+
+    def admit(self, candidate, victim) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._heap)

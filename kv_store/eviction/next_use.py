@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel, ConfigDict
 
-from kv_store.eviction.base import PageId, PageInfo
-from kv_store.eviction.indexed_heap import IndexedHeap
+from kv_store.eviction.base import PageId
+from kv_store.eviction.indexed_heap import HeapPolicy
 
 # page -> predicted seconds until its next use (math.inf: not expected again)
 Predictor = Callable[[PageId], float]
@@ -25,42 +25,22 @@ class NextUseParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class NextUse:
+class NextUse(HeapPolicy):
     def __init__(self, params: NextUseParams, predict: Predictor | None = None):
+        super().__init__()
         self.predict: Predictor = predict or (lambda page: math.inf)
-        self._heap = IndexedHeap()  # min-heap on (-next_use, -position): furthest, then suffix, first
-        self._info: dict[PageId, PageInfo] = {}
 
     def _key(self, page: PageId) -> tuple[float, int]:
+        # Min-heap on (-next_use, -position): furthest next use first, then suffix pages.
         return (-self.predict(page), -self._info[page].position)
-
-    def insert(self, page: PageId, info: PageInfo) -> None:
-        self._info[page] = info
-        self._heap.push(page, self._key(page))
 
     def update(self, page: PageId) -> None:
         """Its prediction changed."""
-        if page in self._heap:
-            self._heap.push(page, self._key(page))
+        self.touch(page)
 
     def update_many(self, pages: Iterable[PageId]) -> None:
         for page in pages:
-            self.update(page)
-
-    touch = update
-
-    def remove(self, page: PageId, evicted: bool = False) -> None:
-        self._heap.remove(page)
-        self._info.pop(page, None)
-
-    def victim(self) -> PageId | None:
-        return self._heap.peek()
-
-    def admit(self, candidate: PageId, victim: PageId) -> bool:
-        return True
-
-    def __len__(self) -> int:
-        return len(self._heap)
+            self.touch(page)
 
 
 def create(params: dict, predict: Predictor | None = None) -> NextUse:

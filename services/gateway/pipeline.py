@@ -292,9 +292,9 @@ class Pipeline:
             span.set_attribute("omniray.request_class", stage_plan.request_class)
             span.set_attribute("omniray.slo_class", slo)
             with telemetry.tracer("quota").start_as_current_span("quota.admit") as qspan:
-                lease = await self.quota.admit(
-                    tenant, ctx.request_id, self._cost(req, stage_plan, sampling.max_tokens), slo
-                )
+                # Counting text tokens runs the tokenizer: off the event loop.
+                cost = await asyncio.to_thread(self._cost, req, stage_plan, sampling.max_tokens)
+                lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
                 qspan.set_attribute("omniray.queued_s", lease.queued_s)
             p = Prepared(req, ctx, stage_plan, items, sampling, voice, audio_format, lease)
             if stage_plan.request_class != "document":

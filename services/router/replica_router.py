@@ -64,6 +64,8 @@ class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRoute
         ranked = self.pipeline.rank(request, candidates)
         self._decision.observe(time.perf_counter() - start, tags=self._tags)
         if request.request_id:
+            if len(self._ranked_first) > 10_000:  # requests cancelled before routing leave entries
+                self._ranked_first.clear()
             self._ranked_first[request.request_id] = ranked[0]
         return [[by_id[rid]] for rid in ranked]
 

@@ -46,5 +46,9 @@ class FeatureCache:
             _, evicted = self._items.popitem(last=False)
             self.bytes -= _size(evicted)
 
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
     def __len__(self) -> int:
         return len(self._items)

@@ -43,3 +43,10 @@ def test_feature_versions_round_trip():
     v = FeatureVersions("tiny_vit@abc", "tiny_vit@abc", "tiny_llama@def")
     assert FeatureVersions.parse(v.encode()) == v
     assert FeatureVersions.parse("garbage").llm == ""
+
+
+def test_clear_empties_and_resets_the_byte_count():
+    cache = FeatureCache(1024)
+    cache.put("a", _out(4))
+    cache.clear()
+    assert len(cache) == 0 and cache.bytes == 0 and cache.get("a") is None
