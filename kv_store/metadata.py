@@ -23,13 +23,23 @@ end
 return #ARGV - 4
 """
 
-# ARGV: prefix, hash1, hash2, ... -> number of leading hashes that some provider holds
+# ARGV: prefix, live_only (0/1), hash1, hash2, ... -> number of leading hashes that some provider
+# holds (with live_only: some provider whose heartbeat has not lapsed)
 MATCH = """
-local p = ARGV[1]
-for i = 2, #ARGV do
-  if redis.call('HLEN', p .. ':prov:' .. ARGV[i]) == 0 then return i - 2 end
+local p, live_only = ARGV[1], ARGV[2] == '1'
+for i = 3, #ARGV do
+  local prov = p .. ':prov:' .. ARGV[i]
+  local held = false
+  if live_only then
+    for _, provider in ipairs(redis.call('HKEYS', prov)) do
+      if redis.call('EXISTS', p .. ':alive:' .. provider) == 1 then held = true break end
+    end
+  else
+    held = redis.call('HLEN', prov) > 0
+  end
+  if not held then return i - 3 end
 end
-return #ARGV - 1
+return #ARGV - 2
 """
 
 # Redis's own clock unless a caller (a test) passes now_ms.
@@ -172,9 +182,22 @@ class KvMetadata:
         if pages:
             await self._run("publish", provider, tier, size, *pages)
 
-    async def match(self, pages: list[str]) -> int:
-        """How many leading pages of this chain some provider holds (the reusable prefix)."""
-        return int(await self._run("match", *pages)) if pages else 0
+    async def match(self, pages: list[str], live_only: bool = False) -> int:
+        """How many leading pages of this chain some provider holds (the reusable prefix); with
+        `live_only`, only providers whose heartbeat is current count."""
+        return int(await self._run("match", "1" if live_only else "0", *pages)) if pages else 0
+
+    async def heartbeat(self, provider: str, ttl_ms: int) -> None:
+        """`provider` is alive for the next ttl_ms (a process that dies stops renewing it)."""
+        await self.redis.set(f"{self.prefix}:alive:{provider}", b"1", px=ttl_ms)
+
+    async def alive(self, provider: str) -> bool:
+        return bool(await self.redis.exists(f"{self.prefix}:alive:{provider}"))
+
+    async def declare_dead(self, provider: str) -> int:
+        """A provider could not be reached: forget its liveness and every copy it held."""
+        await self.redis.delete(f"{self.prefix}:alive:{provider}")
+        return await self.drop_provider(provider)
 
     async def providers(self, page: str) -> Providers:
         raw = await self.redis.hgetall(f"{self.prefix}:prov:{page}")

@@ -12,6 +12,8 @@ policy. Correctness never depends on the store: a page that is gone is recompute
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Hashable
 
 import numpy as np
@@ -19,55 +21,11 @@ import numpy as np
 from kv_store.disk import DiskTier
 from kv_store.eviction import EvictionPolicy, PageInfo
 from kv_store.metadata import KvMetadata
-from kv_store.transfer import PagePool, PoolAddress
+from kv_store.metrics import Metrics
+from kv_store.transfer import PagePool, PoolAddress, TransferError
 
 DEFAULT_INFO = PageInfo()
-
-
-class StoreMetrics:
-    """Prometheus metrics of a store (Ray's metrics agent exports them as ray_omniray_kv_*)."""
-
-    def __init__(self):
-        from ray.util import metrics
-
-        self._occupancy = metrics.Gauge(
-            "omniray_kv_pool_occupancy_ratio",
-            description="Used share of a tier's page slots.",
-            tag_keys=("tier",),
-        )
-        self._lookups = metrics.Counter(
-            "omniray_kv_lookups_total",
-            description="Page lookups by where they were found.",
-            tag_keys=("result",),
-        )
-        self._evictions = metrics.Counter(
-            "omniray_kv_evictions_total",
-            description="Pages leaving L2, by policy and outcome.",
-            tag_keys=("policy", "to"),
-        )
-        self._prefetch = metrics.Counter(
-            "omniray_kv_prefetch_total",
-            description="Prefetched pages by outcome (hit, done, late, skipped, cancelled).",
-            tag_keys=("outcome",),
-        )
-        self._bytes = metrics.Counter(
-            "omniray_kv_bytes_moved_total", description="Page bytes moved, by path.", tag_keys=("path",)
-        )
-
-    def occupancy(self, tier: str, ratio: float) -> None:
-        self._occupancy.set(ratio, tags={"tier": tier})
-
-    def lookup(self, result: str) -> None:
-        self._lookups.inc(tags={"result": result})
-
-    def eviction(self, policy: str, to: str) -> None:
-        self._evictions.inc(tags={"policy": policy, "to": to})
-
-    def prefetch(self, outcome: str) -> None:
-        self._prefetch.inc(tags={"outcome": outcome})
-
-    def moved(self, path: str, n_bytes: int) -> None:
-        self._bytes.inc(n_bytes, tags={"path": path})
+log = logging.getLogger(__name__)
 
 
 class KvStore:
@@ -78,7 +36,7 @@ class KvStore:
         meta: KvMetadata,
         policy: EvictionPolicy,
         disk: DiskTier | None = None,
-        metrics: StoreMetrics | None = None,
+        metrics: Metrics | None = None,
     ):
         self.provider, self.pool, self.meta, self.policy, self.disk = provider, pool, meta, policy, disk
         self.metrics = metrics
@@ -92,23 +50,25 @@ class KvStore:
             if self.disk:
                 self.metrics.occupancy("L3", self.disk.used / self.disk.capacity)
 
-    async def _make_room(self) -> None:
-        """Evict from L2 until a slot is free; MemoryError when nothing may leave."""
+    async def _make_room(self, n: int = 1) -> None:
+        """Evict from L2 until `n` slots are free; MemoryError when nothing more may leave."""
         refused: list[Hashable] = []
         try:
-            while self.pool.full:
+            while self.pool.free_slots < n:
                 victim = self.policy.victim()
                 if victim is None:
                     raise MemoryError(f"L2 pool {self.pool.name} is full of pages that may not leave")
                 to = "L3" if self.disk is not None else ""
                 # Without a lower tier the last copy may go: the caller recomputes what is missing.
                 outcome = await self.meta.evict(victim, self.provider, allow_last=not to, to_tier=to)
-                if outcome != "ok":  # in use elsewhere or locked: try the next candidate
+                if outcome == "absent":  # Redis forgot this copy (we were declared dead): just free it
+                    to = ""
+                elif outcome != "ok":  # in use elsewhere or locked: try the next candidate
                     self.policy.remove(victim)
                     refused.append(victim)
                     continue
                 self.policy.remove(victim, evicted=True)
-                if self.disk is not None:
+                if to:
                     await self.disk.demote(victim)
                     self._moved("L2->L3")
                 else:
@@ -154,54 +114,133 @@ class KvStore:
         self._lookup("miss")
         return None
 
-    async def pull(
-        self, peer: PoolAddress, page: Hashable, peer_slot: int, info: PageInfo = DEFAULT_INFO
-    ) -> np.ndarray:
-        """Copy a page another process provides into this pool (and provide it from here too)."""
-        if self.pool.slot_of(page) is None:
-            await self._make_room()
-            await self.pool.pull(peer, [(page, peer_slot)])
-            self._info[page] = info
-            self.policy.insert(page, info)
-            self._moved("peer->L2")
-        await self._publish_l2(page)
-        self._observe()
-        return self.pool.get(page)
+    async def _pull(self, peer: PoolAddress, pages: list[tuple[Hashable, int]]) -> None:
+        """Copy pages ((page, slot in the peer's pool)) from another process into this pool in one
+        transfer, and provide them from here too."""
+        await self._make_room(len(pages))
+        started = time.perf_counter()
+        await self.pool.pull(peer, pages)
+        if self.metrics:
+            self.metrics.transfer("peer->L2", time.perf_counter() - started)
+            self.metrics.moved("peer->L2", len(pages) * self.pool.layout.page_bytes)
+        await self.commit([p for p, _ in pages])
 
     async def advertise(self) -> None:
         await self.meta.advertise(self.provider, self.pool.address())
 
-    def prefetch(self, pages: list[Hashable]) -> Prefetch:
-        """Start bringing `pages` into L2 (from L3 here, or from a peer's L2) in the background."""
+    async def prefetch(self, target: str | list[Hashable]) -> Prefetch:
+        """Start bringing a session's pages (`target` a session id: its chain in Redis) or a prefix
+        (a list of page hashes) into L2, from L3 here or a peer's L2, in the background."""
+        pages = await self.meta.chain(target) if isinstance(target, str) else target
         return Prefetch(self, pages)
 
-    async def _fetch_one(self, page: Hashable) -> str:
-        if self.pool.slot_of(page) is not None:
-            return "hit"
-        if self.disk is not None and page in self.disk:
-            await self.get(page)
-            return "done"
-        providers = await self.meta.providers(page)
-        for provider in providers.holders:
-            slot = providers.slot(provider)
-            if provider == self.provider or providers.tier(provider) != "L2" or slot is None:
+    async def _bring(self, pages: list[Hashable], hold: bool = False) -> dict[Hashable, str]:
+        """Bring pages into L2: per page 'hit' (here), 'L3' (promoted), 'peer' (pulled; one transfer
+        per providing process), 'skipped' (no copy anywhere) or 'failed' (copies are listed but none
+        could be read). With `hold`, each page is kept out of the eviction order as soon as it is
+        here (until `release`), so bringing later pages cannot evict earlier ones."""
+        outcomes: dict[Hashable, str] = {}
+        remote: list[Hashable] = []
+        for page in pages:
+            if self.pool.slot_of(page) is not None:
+                outcomes[page] = "hit"
+                if page not in self._pins:
+                    self.policy.touch(page)
+            elif self.disk is not None and page in self.disk:
+                await self.get(page)
+                outcomes[page] = "L3"
+            else:
+                remote.append(page)
                 continue
-            if (address := await self.meta.address(provider)) is not None:
-                await self.pull(address, page, slot)
-                return "done"
-        return "skipped"
+            if hold:
+                self._hold(page)
+        listed = dict(
+            zip(remote, await asyncio.gather(*(self.meta.providers(p) for p in remote)), strict=True)
+        )
+        dead: set[str] = set()
+        while remote:
+            groups: dict[str, list[tuple[Hashable, int]]] = {}
+            for page in remote:
+                providers = listed[page]
+                for provider in providers.holders:
+                    slot = providers.slot(provider)
+                    if provider not in dead and provider != self.provider and slot is not None:
+                        groups.setdefault(provider, []).append((page, slot))
+                        break
+                else:
+                    outcomes[page] = "failed" if any(p in dead for p in providers.holders) else "skipped"
+            if not groups:
+                break
+            for provider, group in groups.items():
+                address = await self.meta.address(provider)
+                try:
+                    if address is None:
+                        raise TransferError(f"{provider} has no address")
+                    await self._pull(address, group)
+                except TransferError as e:
+                    # Unreachable: declared dead, so no one matches its pages again (if it was only
+                    # slow, its heartbeat revives it and its new pages are found; the old ones are
+                    # recomputed — a miss, never a wrong answer).
+                    log.warning("%d pages from %s: %s; dropping its pages", len(group), provider, e)
+                    dead.add(provider)
+                    await self.meta.declare_dead(provider)
+                    continue
+                for page, _ in group:
+                    outcomes[page] = "peer"
+                    if hold:
+                        self._hold(page)
+            remote = [p for p in remote if p not in outcomes]
+        return outcomes
+
+    async def fetch(self, pages: list[Hashable]) -> dict[Hashable, np.ndarray | None]:
+        """Bring `pages` into L2 and hold them there (out of the eviction order) until `release`;
+        a page that cannot be had maps to None (the caller recomputes it)."""
+        outcomes = await self._bring(pages, hold=True)
+        for outcome in outcomes.values():
+            if outcome != "L3":  # get() counted that one
+                self._lookup({"hit": "L2", "skipped": "miss"}.get(outcome, outcome))
+        return {p: self.pool.get(p) if outcomes[p] in ("hit", "L3", "peer") else None for p in pages}
+
+    async def reserve(self, pages: list[Hashable]) -> dict[Hashable, np.ndarray]:
+        """Slots for new pages the caller is about to write (pages already here are left out);
+        `commit` publishes them. Reserved pages are out of the eviction order until committed."""
+        out = {}
+        for page in pages:
+            if self.pool.slot_of(page) is None:
+                await self._make_room()
+                out[page] = self.pool.page(self.pool.reserve(page))
+        return out
+
+    async def commit(self, pages: list[Hashable], info: PageInfo = DEFAULT_INFO) -> None:
+        for page in pages:
+            self._info[page] = info
+            self.policy.insert(page, info)
+        by_tier: dict[str, list[Hashable]] = {}
+        for page in pages:
+            by_tier.setdefault(f"L2@{self.pool.slot_of(page)}", []).append(page)
+        for tier, group in by_tier.items():
+            await self.meta.publish(self.provider, tier, self.pool.layout.page_bytes, group)
+        self._observe()
 
     async def pin(self, request_id: str, pages: list[Hashable]) -> bool:
         """A running request uses these pages: they may not be evicted anywhere until unpinned."""
         if not await self.meta.pin(request_id, pages):
             return False
         for page in pages:
-            self._pins[page] = self._pins.get(page, 0) + 1
-            self.policy.remove(page)
+            self._hold(page)
         return True
 
     async def unpin(self, request_id: str, pages: list[Hashable]) -> None:
         await self.meta.unpin(request_id, pages)
+        self.release(pages)
+
+    def _hold(self, page: Hashable) -> None:
+        self._pins[page] = self._pins.get(page, 0) + 1
+        if self._pins[page] == 1:
+            self.policy.remove(page)
+
+    def release(self, pages: list[Hashable]) -> None:
+        """Pages held by `fetch` (or pinned) may be evicted again."""
         for page in pages:
             self._pins[page] -= 1
             if not self._pins[page]:
@@ -216,7 +255,8 @@ class KvStore:
 
 class Prefetch:
     """A background fetch of pages into L2. Outcomes per page: `hit` (already here), `done`,
-    `skipped` (no provider holds it in L2: the caller recomputes), `cancelled`; a consumer that has to
+    `skipped` (no provider holds it in L2: the caller recomputes), `failed` (listed copies could not be
+    read), `cancelled`; a consumer that has to
     wait for it marks it `late`. Cancelling is safe at any point: a page is either fully here or not."""
 
     def __init__(self, store: KvStore, pages: list[Hashable]):
@@ -226,9 +266,9 @@ class Prefetch:
         self._task = asyncio.create_task(self._run())
 
     async def _run(self) -> None:
-        for page in self.pages:
-            self.outcomes[page] = "cancelled"  # until it finishes
-            self.outcomes[page] = await self.store._fetch_one(page)
+        self.outcomes = dict.fromkeys(self.pages, "cancelled")  # until it finishes
+        for page, outcome in (await self.store._bring(self.pages)).items():
+            self.outcomes[page] = "done" if outcome in ("L3", "peer") else outcome
 
     def cancel(self) -> None:
         self._task.cancel()

@@ -12,6 +12,7 @@ Concurrent misses on one page are deduplicated: the first caller transfers, late
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Hashable
@@ -62,10 +63,16 @@ class TransferError(RuntimeError):
 
 class PagePool:
     def __init__(
-        self, name: str, layout: PageLayout, capacity_pages: int, backends: tuple[str, ...] = ("UCX",)
+        self,
+        name: str,
+        layout: PageLayout,
+        capacity_pages: int,
+        backends: tuple[str, ...] = ("UCX",),
+        timeout_s: float = 5.0,
     ):
         nixl_agent, nixl_agent_config = _nixl()
         self.name, self.layout, self.capacity = name, layout, capacity_pages
+        self.timeout_s = timeout_s
         self.buffer = np.zeros(capacity_pages * layout.page_bytes, np.uint8)
         self.agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, backends=list(backends)))
         self._base = self.buffer.ctypes.data
@@ -92,6 +99,10 @@ class PagePool:
     @property
     def full(self) -> bool:
         return not self._free
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
 
     def reserve(self, page: Hashable) -> int:
         """A slot for a page whose bytes another tier or peer is about to write."""
@@ -197,6 +208,7 @@ class PagePool:
                 for page, _ in todo:
                     self.free(page)
                 done.set_exception(e)
+                done.exception()  # retrieved here: waiters re-raise it, none may be left
                 raise
             finally:
                 for page, _ in todo:
@@ -206,39 +218,66 @@ class PagePool:
         return [self._slot[p] for p, _ in pages]
 
     def _start(self, peer: PoolAddress, todo: list[tuple[Hashable, int]]):
-        """Post a READ of `todo` into freshly allocated local slots; returns (handle, state)."""
-        self.connect(peer)
+        """Post a READ of `todo` into freshly allocated local slots; returns (handle, state).
+        A peer that cannot be reached (its process died) raises TransferError at once."""
         size = self.layout.page_bytes
         local_slots = [self._allocate(page) for page, _ in todo]
-        local = self.agent.get_xfer_descs([(self._base + s * size, size, 0) for s in local_slots], "DRAM")
-        remote = self.agent.get_xfer_descs([(peer.base + s * size, size, 0) for _, s in todo], "DRAM")
-        handle = self.agent.initialize_xfer("READ", local, remote, self._peers[peer.name])
-        return handle, self.agent.transfer(handle)
+        try:
+            self.connect(peer)
+            local = self.agent.get_xfer_descs([(self._base + s * size, size, 0) for s in local_slots], "DRAM")
+            remote = self.agent.get_xfer_descs([(peer.base + s * size, size, 0) for _, s in todo], "DRAM")
+            handle = self.agent.initialize_xfer("READ", local, remote, self._peers[peer.name])
+            return handle, self.agent.transfer(handle)
+        except Exception as e:  # NIXL raises its own error types (backend, remote disconnect)
+            for page, _ in todo:
+                self.free(page)
+            self._forget(peer)
+            raise TransferError(f"NIXL read of {len(todo)} pages from {peer.name} failed: {e}") from e
 
-    def _finish(self, handle, state: str, peer: PoolAddress, n_pages: int) -> None:
-        self.agent.release_xfer_handle(handle)
-        if state == "ERR":
-            raise TransferError(f"NIXL read of {n_pages} pages from {peer.name} failed")
-        if state == "DONE":
-            self.stats["pulled_pages"] += n_pages
-            self.stats["pulled_bytes"] += n_pages * self.layout.page_bytes
+    def _forget(self, peer: PoolAddress) -> None:
+        """Drop a peer's connection so a restarted process under the same name is met afresh."""
+        remote = self._peers.pop(peer.name, None)
+        if remote is not None:
+            with contextlib.suppress(Exception):  # already gone on NIXL's side
+                self.agent.remove_remote_agent(remote)
+
+    def _release(self, handle, todo: list[tuple[Hashable, int]], ok: bool) -> None:
+        with contextlib.suppress(Exception):  # a transfer abandoned mid-flight may refuse release
+            self.agent.release_xfer_handle(handle)
+        if not ok:
+            for page, _ in todo:
+                self.free(page)
+
+    def _finish(self, handle, state: str, peer: PoolAddress, todo: list[tuple[Hashable, int]]) -> None:
+        self._release(handle, todo, ok=state == "DONE")
+        if state != "DONE":
+            self._forget(peer)
+            raise TransferError(f"NIXL read of {len(todo)} pages from {peer.name} ended in {state}")
+        self.stats["pulled_pages"] += len(todo)
+        self.stats["pulled_bytes"] += len(todo) * self.layout.page_bytes
+
+    def _deadline(self, n_pages: int) -> float:
+        # Generous: a live peer moves pages at GB/s; a dead one fails or never answers.
+        return time.monotonic() + self.timeout_s + n_pages * self.layout.page_bytes / 100e6
 
     async def _read(self, peer: PoolAddress, todo: list[tuple[Hashable, int]], poll_s: float) -> None:
         handle, state = self._start(peer, todo)
+        deadline = self._deadline(len(todo))
         try:
-            while state not in ("DONE", "ERR"):
+            while state not in ("DONE", "ERR") and time.monotonic() < deadline:
                 await asyncio.sleep(poll_s)  # yields to the loop; the polling is the progress
                 state = self.agent.check_xfer_state(handle)
-        finally:
-            self._finish(handle, state, peer, len(todo))
+        except BaseException:  # cancelled: the slots hold no complete page
+            self._release(handle, todo, ok=False)
+            raise
+        self._finish(handle, state, peer, todo)
 
     def read_blocking(self, peer: PoolAddress, pages: list[tuple[Hashable, int]]) -> list[int]:
         """The synchronous fallback (no event loop): the same transfer, polled in place."""
         handle, state = self._start(peer, pages)
-        try:
-            while state not in ("DONE", "ERR"):
-                time.sleep(0)
-                state = self.agent.check_xfer_state(handle)
-        finally:
-            self._finish(handle, state, peer, len(pages))
+        deadline = self._deadline(len(pages))
+        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+            time.sleep(0)
+            state = self.agent.check_xfer_state(handle)
+        self._finish(handle, state, peer, pages)
         return [self._slot[p] for p, _ in pages]

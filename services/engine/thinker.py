@@ -1,7 +1,8 @@
 """The thinker engine: vLLM AsyncLLM behind the prefill and decode stages.
 
-Prefill computes the prompt's KV and hands it to decode through a KV connector (NIXL on CPU and
-GPU alike); decode continues from that KV without recomputing the prompt and streams tokens.
+Both engines run the KV store's connector (kv_store/connector/): prefill computes the prompt's KV
+and saves it as pages; decode loads them (pulled over NIXL) instead of recomputing the prompt, and
+streams tokens; a session's next turn, or any prompt sharing a prefix, loads what the store holds.
 Prompts arrive as token spans and embedding spans (encoder output); any embedding span turns the
 whole prompt into vLLM prompt embeddings built with the thinker's own embedding table.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,16 +21,11 @@ import torch
 from omni.v1 import common_pb2, stages_pb2
 
 from services.common import tensors
-from services.models.profile import Profile
+from services.models.profile import Profile, data_dir
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
 Role = Literal["prefill", "decode"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+_NO_CONTEXT = common_pb2.RequestContext()
 
 
 def _engine_env(profile: Profile, role: Role) -> dict[str, str]:
@@ -40,7 +35,7 @@ def _engine_env(profile: Profile, role: Role) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
-        # UCX over loopback needs tcp; shared memory for same-node pulls.
+        # UCX over loopback needs tcp; shared memory for same-node pulls (the KV store's NIXL).
         "UCX_TLS": os.environ.get("UCX_TLS", "tcp,sm,self"),
     }
 
@@ -76,23 +71,28 @@ class ThinkerEngine:
         os.environ.update(_engine_env(profile, role))
         self.role = role
         self.model_path = profile.model_path(profile.models.thinker)
+        self.llm_version = model_version(profile, profile.models.thinker)
         kv_config = None
-        if profile.engine.kv_transfer == "nixl":
-            # Each engine listens on its own side channel; decode learns prefill's from the
-            # kv_transfer_params that prefill returns.
-            import ray
-
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = ray.util.get_node_ip_address()
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(_free_port())
-            from vllm.platforms import current_platform
-
-            # On CPU, the same connector with transfers driven by polling (see nixl_cpu.py).
-            cpu = current_platform.is_cpu()
+        self.kv_enabled = profile.engine.kv_transfer == "store"
+        if self.kv_enabled:
+            kv = profile.kv_store
+            l3_dir = Path(kv.l3_dir) if Path(kv.l3_dir).is_absolute() else data_dir() / kv.l3_dir
             kv_config = KVTransferConfig(
-                kv_connector="CpuNixlConnector" if cpu else "NixlConnector",
-                kv_connector_module_path="services.engine.nixl_cpu" if cpu else None,
-                kv_role="kv_producer" if role == "prefill" else "kv_consumer",
-                kv_buffer_device="cpu",
+                kv_connector="OmniKvConnector",
+                kv_connector_module_path="kv_store.connector.connector",
+                kv_role="kv_both",
+                # A page that cannot be loaded is recomputed, never an error.
+                kv_load_failure_policy="recompute",
+                kv_connector_extra_config={
+                    "redis_url": os.environ.get("OMNIRAY_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                    "llm_version": self.llm_version,
+                    "l2_bytes": kv.l2_mib << 20,
+                    "l3_path": str(l3_dir) if kv.l3_mib else "",
+                    "l3_bytes": kv.l3_mib << 20,
+                    "policy": kv.policy,
+                    "policy_params": kv.policy_params,
+                    "transfer_timeout_s": kv.transfer_timeout_s,
+                },
             )
         args = AsyncEngineArgs(
             model=str(self.model_path),
@@ -103,14 +103,12 @@ class ThinkerEngine:
             max_num_seqs=profile.engine.max_num_seqs,
             stream_interval=profile.engine.stream_interval,
             enable_prompt_embeds=True,
+            block_size=profile.engine.block_size,
             kv_transfer_config=kv_config,
             **profile.engine.extra,
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self._embed_table: torch.Tensor | None = None
-        # Feature tensors projected for another LLM are rejected (which encoder version made them is
-        # the gateway's check: it knows the deployment's encoders).
-        self.llm_version = model_version(profile, profile.models.thinker)
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -127,27 +125,47 @@ class ThinkerEngine:
                 raise RuntimeError(f"no embedding table in {self.model_path}")
         return self._embed_table
 
-    def engine_prompt(self, prompt: stages_pb2.Prompt) -> tuple[dict, int]:
-        """The vLLM prompt and its length in tokens."""
+    def engine_prompt(self, prompt: stages_pb2.Prompt) -> tuple[dict, int, list | None]:
+        """The vLLM prompt, its length in tokens, and its segments as the KV store names them (None
+        for a plain token prompt, which the store hashes itself, or for media without a content hash)."""
         spans: list[tuple[str, np.ndarray]] = []
+        segments: list | None = []
         for seg in prompt.segments:
             if seg.WhichOneof("segment") == "tokens":
                 spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
+                if segments is not None:
+                    segments.append(list(seg.tokens.ids))
             else:
                 found = seg.embeddings.producer_version
                 if FeatureVersions.parse(found).llm != self.llm_version:
                     raise FeatureVersionMismatch(found, f"llm={self.llm_version}")
                 spans.append(("emb", tensors.materialize(seg.embeddings)))
+                if segments is not None and seg.embeddings.content_hash:
+                    n = int(seg.embeddings.shape[0])
+                    segments.append({"media": seg.embeddings.content_hash, "encoder": found, "tokens": n})
+                else:
+                    segments = None
         n_tokens = sum(len(x) for _, x in spans)
         if all(kind == "ids" for kind, _ in spans):
-            return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids]}, n_tokens
+            return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids]}, n_tokens, None
         table = self._embeddings()
         parts = [
             table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32))
             for kind, x in spans
         ]
         # Same dtype every time: vLLM's prefix cache hashes the raw embedding bytes.
-        return {"prompt_embeds": torch.cat(parts).to(torch.float32).contiguous()}, n_tokens
+        return {"prompt_embeds": torch.cat(parts).to(torch.float32).contiguous()}, n_tokens, segments
+
+    @staticmethod
+    def kv_params(segments: list | None, ctx: common_pb2.RequestContext, kind: str, **extra) -> dict:
+        """kv_transfer_params for the store's connector (see kv_store/connector/connector.py). Pages
+        are salted with the tenant: one tenant's cache hits reveal nothing about another's prompts."""
+        omniray: dict = {"kind": kind, "salt": ctx.tenant}
+        if segments is not None:
+            omniray["segments"] = segments
+        if ctx.session_id:
+            omniray["session"] = ctx.session_id
+        return {"omniray": omniray, **extra}
 
     @staticmethod
     def sampling_params(
@@ -170,15 +188,21 @@ class ThinkerEngine:
     # -- stage operations -----------------------------------------------------------------
 
     async def prefill(
-        self, request_id: str, prompt: stages_pb2.Prompt, sampling: common_pb2.SamplingParams
+        self,
+        request_id: str,
+        prompt: stages_pb2.Prompt,
+        sampling: common_pb2.SamplingParams,
+        ctx: common_pb2.RequestContext = _NO_CONTEXT,
     ) -> tuple[int, str]:
-        """Compute the prompt KV; returns (prompt tokens, kv_transfer_params JSON for decode)."""
-        params = self.sampling_params(sampling, kv_transfer_params={"do_remote_decode": True}, max_tokens=1)
-        engine_prompt, n_tokens = self.engine_prompt(prompt)
-        final = None
-        async for out in self.engine.generate(engine_prompt, params, request_id=request_id):
-            final = out
-        return n_tokens, json.dumps(final.kv_transfer_params or {})
+        """Compute the prompt KV and save it in the store; returns (prompt tokens, kv_transfer_params
+        JSON for decode)."""
+        engine_prompt, n_tokens, segments = self.engine_prompt(prompt)
+        kind = "session" if ctx.session_id else "prefix"
+        kv = self.kv_params(segments, ctx, kind, do_remote_decode=True)
+        params = self.sampling_params(sampling, kv_transfer_params=kv, max_tokens=1)
+        async for _ in self.engine.generate(engine_prompt, params, request_id=request_id):
+            pass
+        return n_tokens, json.dumps({"omniray": {"kind": "pd"}})
 
     async def decode(
         self,
@@ -186,10 +210,13 @@ class ThinkerEngine:
         prompt: stages_pb2.Prompt,
         sampling: common_pb2.SamplingParams,
         kv_transfer_params: str,
+        ctx: common_pb2.RequestContext = _NO_CONTEXT,
     ) -> AsyncIterator[DecodeDelta]:
-        kv = json.loads(kv_transfer_params) if kv_transfer_params else None
+        engine_prompt, n_tokens, segments = self.engine_prompt(prompt)
+        handed = json.loads(kv_transfer_params) if kv_transfer_params else {}
+        kind = handed.get("omniray", {}).get("kind") or ("session" if ctx.session_id else "prefix")
+        kv = self.kv_params(segments, ctx, kind) if self.kv_enabled else None
         params = self.sampling_params(sampling, kv_transfer_params=kv)
-        engine_prompt, n_tokens = self.engine_prompt(prompt)
         completion = 0
         async for out in self.engine.generate(engine_prompt, params, request_id=request_id):
             c = out.outputs[0]
@@ -214,6 +241,13 @@ class ThinkerEngine:
                     if s.name.endswith("_total"):
                         sources[s.labels["source"]] = sources.get(s.labels["source"], 0.0) + s.value
         return sources
+
+    @staticmethod
+    def kv_store_totals() -> dict[str, float]:
+        """The store's metrics replayed in this process (see kv_store/metrics.py)."""
+        from kv_store.connector.connector import TOTALS
+
+        return dict(TOTALS.values)
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -284,7 +284,11 @@ class Pipeline:
         (documents: later, in generate(), with progress events)."""
         sampling, voice, audio_format = self._validate(req)
         slo = slo_class(tenant, req.slo_class, req.service_tier)
-        ctx = common_pb2.RequestContext(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant=tenant.id)
+        ctx = common_pb2.RequestContext(
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            tenant=tenant.id,
+            session_id=f"{tenant.id}/{req.session_id}" if req.session_id else "",
+        )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
             items = await asyncio.to_thread(self._media_items, req)
@@ -339,7 +343,7 @@ class Pipeline:
         async def generate_text() -> None:
             kv_params = ""
             # Turns of one session go to the replicas that served it before (session_affinity).
-            session = {"session_id": f"{p.ctx.tenant}/{p.request.session_id}"} if p.request.session_id else {}
+            session = {"session_id": p.ctx.session_id} if p.ctx.session_id else {}
             prefill, decode = self.h.prefill.options(**session), self.h.decode.options(**session)
             if (
                 self.profile.engine.kv_transfer != "none"

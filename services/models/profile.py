@@ -53,8 +53,12 @@ class EngineSpec(_Strict):
     # vLLM's stream interval: after the first token, outputs go out every N tokens. Per-item costs
     # of the Serve hops dominate a small model's per-token time; N > 1 trades smoothness for them.
     stream_interval: int = 1
-    # "nixl": prefill hands its KV to decode over NIXL (P/D); "none": decode recomputes the prompt.
-    kv_transfer: Literal["nixl", "none"] = "nixl"
+    # "store": engines save and load KV pages through the tiered KV store (kv_store/): prefill hands
+    # its KV to decode (P/D), later turns and shared prefixes load instead of recomputing.
+    # "none": no connector; decode computes every prompt itself.
+    kv_transfer: Literal["store", "none"] = "store"
+    # Tokens per KV block = per store page (vLLM's CPU attention wants a multiple of 32).
+    block_size: int = Field(default=32, ge=16)
     # Conditional disaggregation: prompts shorter than this prefill on the decode engine (a
     # remote prefill costs a hop and a transfer that a short prompt does not pay back).
     disagg_min_prompt_tokens: int = 0
@@ -64,6 +68,17 @@ class EngineSpec(_Strict):
         default_factory=lambda: {"prefill": "auto", "decode": "auto"}
     )
     extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class KvStoreSpec(_Strict):
+    """The tiered KV store each engine process runs (docs/kv-store.md)."""
+
+    l2_mib: int = Field(default=256, ge=1)  # host DRAM pool, NIXL-registered
+    l3_mib: int = Field(default=0, ge=0)  # disk tier; 0 = none
+    l3_dir: str = "kv"  # relative paths are under the data directory (.data)
+    policy: str = "lru"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    transfer_timeout_s: float = Field(default=5.0, gt=0)
 
 
 class ModelsSpec(_Strict):
@@ -146,6 +161,7 @@ class Profile(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     tiling: TilingSpec = Field(default_factory=TilingSpec)
     encoder_pool: EncoderPoolSpec = Field(default_factory=EncoderPoolSpec)
+    kv_store: KvStoreSpec = Field(default_factory=KvStoreSpec)
     stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
     def model_path(self, spec: ModelSpec) -> Path:

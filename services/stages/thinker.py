@@ -12,32 +12,40 @@ from services.engine.thinker import DecodeDelta, ThinkerEngine
 from services.stages._stage import Stage
 
 
-@serve.deployment
-class Prefill(Stage):
-    name = "prefill"
+class _Thinker(Stage):
+    """What both halves share: an engine of this stage's role, and its counters for tests and ops."""
 
     def __init__(self, profile: str):
         super().__init__(profile)
-        self.engine = ThinkerEngine(self.profile, "prefill")
+        self.engine = ThinkerEngine(self.profile, self.name)
 
-    async def Prefill(self, request: stages_pb2.PrefillRequest) -> stages_pb2.PrefillResponse:
-        with self.operation("prefill", request.ctx):
-            n_tokens, kv_params = await self.engine.prefill(
-                f"{request.ctx.request_id}-prefill", request.prompt, request.sampling
-            )
-            return stages_pb2.PrefillResponse(prompt_tokens=n_tokens, kv_transfer_params=kv_params)
+    async def prompt_token_sources(self) -> dict[str, float]:
+        """vLLM's count of prompt tokens by source; `external_kv_transfer` is KV loaded from the store."""
+        return self.engine.prompt_token_sources()
+
+    async def kv_store_totals(self) -> dict[str, float]:
+        """The KV store's metrics as this replica has replayed them (also exported through Ray)."""
+        return self.engine.kv_store_totals()
 
     def __del__(self):
         self.engine.shutdown()
 
 
 @serve.deployment
-class Decode(Stage):
-    name = "decode"
+class Prefill(_Thinker):
+    name = "prefill"
 
-    def __init__(self, profile: str):
-        super().__init__(profile)
-        self.engine = ThinkerEngine(self.profile, "decode")
+    async def Prefill(self, request: stages_pb2.PrefillRequest) -> stages_pb2.PrefillResponse:
+        with self.operation("prefill", request.ctx):
+            n_tokens, kv_params = await self.engine.prefill(
+                f"{request.ctx.request_id}-prefill", request.prompt, request.sampling, request.ctx
+            )
+            return stages_pb2.PrefillResponse(prompt_tokens=n_tokens, kv_transfer_params=kv_params)
+
+
+@serve.deployment
+class Decode(_Thinker):
+    name = "decode"
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):
@@ -46,6 +54,7 @@ class Decode(Stage):
                 request.prompt,
                 request.sampling,
                 request.kv_transfer_params,
+                request.ctx,
             )
             # Tokens that piled up while the previous chunk was in flight go out as one chunk.
             async for delta in coalesce(deltas, DecodeDelta.merge):
@@ -60,10 +69,3 @@ class Decode(Stage):
                         cached_prompt_tokens=delta.cached_tokens,
                     ),
                 )
-
-    async def prompt_token_sources(self) -> dict[str, float]:
-        """vLLM's count of prompt tokens by source; `external_kv_transfer` is KV that prefill sent."""
-        return self.engine.prompt_token_sources()
-
-    def __del__(self):
-        self.engine.shutdown()

@@ -88,7 +88,7 @@ async def test_prefetch_from_a_peer_hits_skips_and_cancels(meta):
     try:
         for i in range(4):
             await owner.put(f"s{i}", _bytes(10 + i))
-        handle = reader.prefetch([f"s{i}" for i in range(4)] + ["nobody-has-it"])
+        handle = await reader.prefetch([f"s{i}" for i in range(4)] + ["nobody-has-it"])
         outcomes = await asyncio.wait_for(handle.wait(), 30)
         assert outcomes == {
             "s0": "done",
@@ -100,8 +100,8 @@ async def test_prefetch_from_a_peer_hits_skips_and_cancels(meta):
         for i in range(4):
             assert np.array_equal(reader.pool.get(f"s{i}"), _bytes(10 + i))
         assert (await meta.providers("s1")).tier("node-reader") == "L2"  # now provided by both
-        assert (await reader.prefetch(["s0"]).wait()) == {"s0": "hit"}
-        cancelled = reader.prefetch(["s0", "s1"])
+        assert (await (await reader.prefetch(["s0"])).wait()) == {"s0": "hit"}
+        cancelled = await reader.prefetch(["s0", "s1"])
         cancelled.cancel()
         assert set((await cancelled.wait()).values()) <= {"cancelled", "hit"}
     finally:

@@ -1,0 +1,125 @@
+"""The store inside an engine process: one asyncio loop on a background thread owns the process's
+`KvStore` (L2 pool, optional L3 disk tier, Redis metadata, eviction policy), renews its liveness in
+Redis, and progresses NIXL for peers that read its pool. vLLM's connector calls it from the engine's
+own thread with `run` (wait for the result) or `submit` (a future).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kv_store import eviction
+from kv_store.disk import DiskTier
+from kv_store.layout import PageLayout
+from kv_store.metadata import KvMetadata
+from kv_store.metrics import Recorder
+from kv_store.store import KvStore
+from kv_store.transfer import PagePool
+
+
+@dataclass
+class AgentConfig:
+    """`kv_connector_extra_config` of the engine's KVTransferConfig."""
+
+    redis_url: str
+    llm_version: str  # root of every page hash: KV of another model never matches
+    l2_bytes: int = 256 << 20
+    l3_path: str = ""  # empty: no disk tier
+    l3_bytes: int = 0
+    policy: str = "lru"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    transfer_timeout_s: float = 5.0
+    heartbeat_ttl_ms: int = 10_000
+    serve_interval_s: float = 0.001
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> AgentConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(extra) - known
+        if unknown:
+            raise ValueError(f"unknown kv_connector_extra_config keys: {sorted(unknown)}")
+        return cls(**extra)
+
+
+class StoreAgent:
+    _instances: dict[str, StoreAgent] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls, config: AgentConfig) -> StoreAgent:
+        """The process's agent for this config (the scheduler and worker sides share it)."""
+        key = json.dumps(dataclasses.asdict(config), sort_keys=True)
+        with cls._lock:
+            if key not in cls._instances:
+                cls._instances[key] = cls(config)
+            return cls._instances[key]
+
+    def __init__(self, config: AgentConfig):
+        import redis.asyncio as aioredis
+
+        self.config = config
+        self.provider = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.recorder = Recorder()
+        self.store: KvStore | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omniray-kv-agent", daemon=True)
+        self._thread.start()
+        self._tasks: list[asyncio.Task] = []
+
+        async def connect() -> KvMetadata:
+            return KvMetadata(aioredis.Redis.from_url(config.redis_url))
+
+        self.meta = self.run(connect())
+
+    def run(self, coro: Coroutine, timeout: float | None = 60.0) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def attach(self, layout: PageLayout) -> KvStore:
+        """Create this process's pool for the engine's layout (the worker side, once)."""
+        if self.store is not None:
+            if self.store.pool.layout != layout:
+                raise ValueError(f"agent already serves layout {self.store.pool.layout}, not {layout}")
+            return self.store
+        c = self.config
+        pool = PagePool(
+            f"kv-{self.provider}",
+            layout,
+            max(1, c.l2_bytes // layout.page_bytes),
+            timeout_s=c.transfer_timeout_s,
+        )
+        disk = None
+        if c.l3_path and c.l3_bytes:
+            path = Path(c.l3_path) / f"{self.provider}.pages"
+            disk = DiskTier(f"disk-{self.provider}", pool, path, max(1, c.l3_bytes // layout.page_bytes))
+        policy = eviction.create(c.policy, c.policy_params)
+        self.store = KvStore(self.provider, pool, self.meta, policy, disk=disk, metrics=self.recorder)
+
+        async def start() -> None:
+            await self.store.advertise()
+            await self.meta.heartbeat(self.provider, c.heartbeat_ttl_ms)
+            self._tasks = [
+                asyncio.create_task(pool.serve(c.serve_interval_s)),
+                asyncio.create_task(self._heartbeat()),
+            ]
+
+        self.run(start())
+        return self.store
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_ttl_ms / 3000)
+            await self.meta.heartbeat(self.provider, self.config.heartbeat_ttl_ms)

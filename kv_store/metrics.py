@@ -1,0 +1,193 @@
+"""The store's metrics, and how they leave an engine process.
+
+A store inside vLLM's engine-core process cannot talk to Ray's metrics agent (that process is not a
+Ray worker). There a `Recorder` accumulates the same calls; the connector ships the accumulated
+values with vLLM's KV-connector stats to the engine's front end (a Serve replica), which replays them
+into `StoreMetrics` (Ray metrics, exported as ray_omniray_kv_*). Every method is (labels..., value).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Protocol
+
+# metric method -> (kind, Prometheus name, help, label names)
+SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "occupancy": (
+        "gauge",
+        "omniray_kv_pool_occupancy_ratio",
+        "Used share of a tier's page slots.",
+        ("tier",),
+    ),
+    "lookup": ("counter", "omniray_kv_lookups_total", "Page lookups by where they were found.", ("result",)),
+    "eviction": (
+        "counter",
+        "omniray_kv_evictions_total",
+        "Pages leaving L2, by policy and where they went.",
+        ("policy", "to"),
+    ),
+    "prefetch": (
+        "counter",
+        "omniray_kv_prefetch_total",
+        "Prefetched pages by outcome (hit, done, late, skipped, cancelled).",
+        ("outcome",),
+    ),
+    "moved": ("counter", "omniray_kv_bytes_moved_total", "Page bytes moved, by path.", ("path",)),
+    "transfer": (
+        "histogram",
+        "omniray_kv_transfer_seconds",
+        "Time to move one batch of pages, by path.",
+        ("path",),
+    ),
+    "request": (
+        "counter",
+        "omniray_kv_request_tokens_total",
+        "Prompt tokens looked up in the store per request, by kind (pd, session, prefix) and result "
+        "(hit: loaded from the store; miss: computed).",
+        ("kind", "result"),
+    ),
+    "fallback": (
+        "counter",
+        "omniray_kv_fallback_recompute_total",
+        "Requests whose pages could not be loaded (provider dead, transfer failed) and were recomputed.",
+        ("reason",),
+    ),
+}
+TRANSFER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+
+
+class Metrics(Protocol):
+    def occupancy(self, tier: str, ratio: float) -> None: ...
+    def lookup(self, result: str, n: float = 1) -> None: ...
+    def eviction(self, policy: str, to: str, n: float = 1) -> None: ...
+    def prefetch(self, outcome: str, n: float = 1) -> None: ...
+    def moved(self, path: str, n_bytes: float) -> None: ...
+    def transfer(self, path: str, seconds: float) -> None: ...
+    def request(self, kind: str, result: str, tokens: float) -> None: ...
+    def fallback(self, reason: str, n: float = 1) -> None: ...
+
+
+class _Calls:
+    """Implements every method of `Metrics` by calling `self._record(method, labels, value)`."""
+
+    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        raise NotImplementedError
+
+    def occupancy(self, tier: str, ratio: float) -> None:
+        self._record("occupancy", (tier,), ratio)
+
+    def lookup(self, result: str, n: float = 1) -> None:
+        self._record("lookup", (result,), n)
+
+    def eviction(self, policy: str, to: str, n: float = 1) -> None:
+        self._record("eviction", (policy, to), n)
+
+    def prefetch(self, outcome: str, n: float = 1) -> None:
+        self._record("prefetch", (outcome,), n)
+
+    def moved(self, path: str, n_bytes: float) -> None:
+        self._record("moved", (path,), n_bytes)
+
+    def transfer(self, path: str, seconds: float) -> None:
+        self._record("transfer", (path,), seconds)
+
+    def request(self, kind: str, result: str, tokens: float) -> None:
+        self._record("request", (kind, result), tokens)
+
+    def fallback(self, reason: str, n: float = 1) -> None:
+        self._record("fallback", (reason,), n)
+
+
+class StoreMetrics(_Calls):
+    """Ray metrics (the serving process's sink)."""
+
+    def __init__(self):
+        from ray.util import metrics
+
+        self._metrics = {}
+        for method, (kind, name, help_, labels) in SPEC.items():
+            if kind == "gauge":
+                m = metrics.Gauge(name, description=help_, tag_keys=labels)
+            elif kind == "counter":
+                m = metrics.Counter(name, description=help_, tag_keys=labels)
+            else:
+                m = metrics.Histogram(name, description=help_, boundaries=TRANSFER_BUCKETS, tag_keys=labels)
+            self._metrics[method] = (kind, m, labels)
+
+    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        kind, m, names = self._metrics[method]
+        tags = dict(zip(names, labels, strict=True))
+        if kind == "gauge":
+            m.set(value, tags=tags)
+        elif kind == "counter":
+            if value:
+                m.inc(value, tags=tags)
+        else:
+            m.observe(value, tags=tags)
+
+
+class Recorder(_Calls):
+    """Accumulates calls (counter sums, last gauge values, histogram observations) until drained."""
+
+    def __init__(self):
+        self._values: dict[str, dict[tuple[str, ...], list[float]]] = defaultdict(lambda: defaultdict(list))
+
+    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        kind = SPEC[method][0]
+        slot = self._values[method][labels]
+        if kind == "counter" and slot:
+            slot[0] += value
+        elif kind == "gauge":
+            slot[:] = [value]
+        else:
+            slot.append(value)
+
+    def drain(self) -> dict[str, list[tuple[list[str], list[float]]]]:
+        """What was recorded since the last drain, as plain (serialisable) data."""
+        out = {
+            m: [(list(labels), list(vals)) for labels, vals in per.items()] for m, per in self._values.items()
+        }
+        self._values.clear()
+        return out
+
+
+def merge(a: dict, b: dict) -> dict:
+    """Two drained recordings as one (counters add, gauges keep the later value)."""
+    out = {m: {tuple(labels): list(vals) for labels, vals in per} for m, per in a.items()}
+    for m, per in b.items():
+        kind = SPEC[m][0]
+        slots = out.setdefault(m, {})
+        for labels, vals in per:
+            key = tuple(labels)
+            if kind == "counter" and key in slots:
+                slots[key] = [slots[key][0] + vals[0]]
+            elif kind == "histogram" and key in slots:
+                slots[key] = slots[key] + list(vals)
+            else:
+                slots[key] = list(vals)
+    return {m: [(list(k), v) for k, v in per.items()] for m, per in out.items()}
+
+
+def replay(drained: dict, into: Metrics) -> None:
+    for method, per in drained.items():
+        for labels, values in per:
+            for value in values:
+                getattr(into, method)(*labels, value)
+
+
+class Totals(_Calls):
+    """Running totals in the serving process, readable by the stage (tests, health): counters summed,
+    gauges last, histograms as (count, sum)."""
+
+    def __init__(self):
+        self.values: dict[str, float] = defaultdict(float)
+
+    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        key = SPEC[method][1] + "{" + ",".join(labels) + "}"
+        if SPEC[method][0] == "gauge":
+            self.values[key] = value
+        elif SPEC[method][0] == "counter":
+            self.values[key] += value
+        else:
+            self.values[key + "_count"] += 1
+            self.values[key + "_sum"] += value
