@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -82,6 +82,9 @@ bench-eviction: setup
 # 64 MiB of KV pages pulled from another process over NIXL vs an in-process copy.
 bench-kv-transfer: setup
 	$(PY) -m loadtest.kv_transfer_bench
+
+bench-kv-turn2: setup models
+	$(PY) -m loadtest.kv_turn2_bench --profile small
 
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests

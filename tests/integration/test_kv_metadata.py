@@ -31,6 +31,20 @@ async def test_prefix_match_and_session_chain(meta):
     assert (await meta.providers("h1")).holders == {"proc-a": "L2"}
 
 
+async def test_live_matching_counts_only_providers_with_a_heartbeat(meta):
+    await meta.publish("alive", "L2", 4096, ["a0", "a1"])
+    await meta.publish("silent", "L2", 4096, ["a1", "a2"])
+    await meta.heartbeat("alive", 5_000)
+    assert await meta.match(["a0", "a1", "a2"]) == 3
+    assert await meta.match(["a0", "a1", "a2"], live_only=True) == 2  # a2 only on a silent provider
+    await meta.heartbeat("silent", 5_000)
+    assert await meta.match(["a0", "a1", "a2"], live_only=True) == 3
+    await meta.declare_dead("silent")  # a peer that could not be reached
+    assert await meta.match(["a0", "a1", "a2"], live_only=True) == 2
+    assert await meta.match(["a2"]) == 0  # and its copies are forgotten
+    assert not await meta.alive("silent")
+
+
 async def test_eviction_checks_pins_locks_and_last_copy(meta):
     await meta.publish("a", "L1", 1, ["p"])
     await meta.publish("b", "L2", 1, ["p"])

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kv_store.hashing import MediaSpan, page_hashes
+from kv_store.hashing import ChainHasher, MediaSpan, page_hashes, token_elements
 from kv_store.layout import PageLayout
 
 
@@ -51,3 +51,32 @@ def test_media_pages_depend_on_content_encoder_and_position():
     assert base != page_hashes([[1, 2, 3], MediaSpan("sha-other", "vit@1", 20), [4] * 9], 8, "llm")
     assert base != page_hashes([[1, 2, 3], MediaSpan("sha-img", "vit@2", 20), [4] * 9], 8, "llm")
     assert base[0] != page_hashes([[1, 2], img, [4] * 10], 8, "llm")[0]
+
+
+@given(st.lists(st.integers(0, 50_000), max_size=120), st.lists(st.integers(1, 30), max_size=10))
+def test_incremental_hashing_equals_hashing_the_whole_sequence(tokens, cuts):
+    """The connector feeds a request's tokens as they are computed; any feeding order of the same
+    sequence names the same pages."""
+    hasher = ChainHasher(16, "llm", salt="tenant")
+    at = 0
+    for n in cuts:
+        hasher.feed(token_elements(tokens[at : at + n]))
+        at += n
+    hasher.feed(token_elements(tokens[at:]))
+    assert hasher.pages == page_hashes([tokens], 16, "llm", salt="tenant")
+    assert hasher.tokens == len(tokens)
+    assert (hasher.tail() is None) == (len(tokens) % 16 == 0)
+
+
+def test_partial_tail_and_salt_never_collide_with_full_pages():
+    full = ChainHasher(16, "llm")
+    full.feed(token_elements(range(16)))
+    part = ChainHasher(16, "llm")
+    part.feed(token_elements(range(15)))
+    assert part.tail() not in full.pages and part.tail() != full.tail()
+    other = ChainHasher(16, "llm")
+    other.feed(token_elements(range(14)))
+    assert other.tail() != part.tail()
+    assert page_hashes([list(range(16))], 16, "llm", salt="a") != page_hashes(
+        [list(range(16))], 16, "llm", salt="b"
+    )
