@@ -18,7 +18,8 @@ completed blocks straight into reserved L2 slots and publish them before the ste
 decode engine asked right after prefill finds them.
 
 Request parameters (`kv_transfer_params["omniray"]`): `segments` (the prompt as token-id lists and
-media spans), `salt` (the tenant: pages are never shared across salts), `session` (appends saved pages to the session's chain), `bypass` (neither load nor
+media spans), `salt` (the tenant: pages are never shared across salts), `trace` (W3C trace context:
+the `kv_store.load` span joins the request's trace), `session` (appends saved pages to the session's chain), `bypass` (neither load nor
 save: a recompute baseline), `kind` (pd / session / prefix, for metrics).
 """
 
@@ -29,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -52,12 +55,19 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
+# Spans are exported when the engine process has an OpenTelemetry SDK provider (vLLM sets one up
+# with --otlp-traces-endpoint); otherwise they cost nothing.
+_TRACER = trace.get_tracer("omniray.kv_store")
+
+
 @dataclass
 class LoadJob:
     req_id: str
     pages: list[str]
     block_ids: list[int]
     tokens: int  # tokens these pages stand for (the last page may be partial)
+    kind: str = "prefix"
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,6 +103,7 @@ class _Tracked:
     prompt_tail: str | None
     kind: str
     session: str | None
+    trace: dict[str, str]
     hand_off: bool  # prefill for a remote decode: save the prompt's partial last page too
     block_ids: list[int] = field(default_factory=list)
     saved: int | None = None  # pages saved (or already held) so far; None until first scheduled
@@ -186,6 +197,7 @@ class OmniKvConnector(KVConnectorBase_V1):
             prompt_tail=hasher.tail(),
             kind=params.get("kind", "session" if params.get("session") else "prefix"),
             session=params.get("session"),
+            trace=params.get("trace", {}),
             hand_off=bool((request.kv_transfer_params or {}).get("do_remote_decode")),
         )
 
@@ -310,18 +322,25 @@ class OmniKvConnector(KVConnectorBase_V1):
         """Fetch the job's pages and scatter the leading ones that arrived; the block ids from the
         first missing page on are returned as failed (vLLM recomputes them)."""
         store = self.agent.store
-        fetched = await store.fetch(job.pages)
-        try:
-            ok = 0
-            while ok < len(job.pages) and fetched[job.pages[ok]] is not None:
-                ok += 1
-            if ok:
-                pages = torch.stack([self._slot(fetched[p]) for p in job.pages[:ok]])
-                kv_pages.scatter(self._layers, torch.tensor(job.block_ids[:ok]), pages)
-        finally:
-            store.release([p for p, v in fetched.items() if v is not None])
-        if ok < len(job.pages):
-            self.agent.recorder.fallback("load_failed")
+        parent = TraceContextTextMapPropagator().extract(job.trace)
+        with _TRACER.start_as_current_span("kv_store.load", context=parent) as span:
+            span.set_attribute("omniray.request_id", job.req_id)
+            span.set_attribute("omniray.kv.kind", job.kind)
+            span.set_attribute("omniray.kv.pages", len(job.pages))
+            fetched = await store.fetch(job.pages)
+            try:
+                ok = 0
+                while ok < len(job.pages) and fetched[job.pages[ok]] is not None:
+                    ok += 1
+                if ok:
+                    pages = torch.stack([self._slot(fetched[p]) for p in job.pages[:ok]])
+                    kv_pages.scatter(self._layers, torch.tensor(job.block_ids[:ok]), pages)
+            finally:
+                store.release([p for p, v in fetched.items() if v is not None])
+            span.set_attribute("omniray.kv.loaded_pages", ok)
+            if ok < len(job.pages):
+                self.agent.recorder.fallback("load_failed")
+                span.set_attribute("omniray.kv.fallback", True)
         return set(job.block_ids[ok:])
 
     def wait_for_layer_load(self, layer_name: str) -> None:

@@ -165,6 +165,8 @@ class ThinkerEngine:
             omniray["segments"] = segments
         if ctx.session_id:
             omniray["session"] = ctx.session_id
+        if ctx.trace_context:
+            omniray["trace"] = dict(ctx.trace_context)
         return {"omniray": omniray, **extra}
 
     @staticmethod

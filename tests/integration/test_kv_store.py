@@ -86,8 +86,13 @@ async def test_prefetch_from_a_peer_hits_skips_and_cancels(meta):
     await owner.advertise()
     serving = asyncio.create_task(owner.pool.serve())  # the owner's progress tick for peers' reads
     try:
-        for i in range(4):
+        for i in range(6):
             await owner.put(f"s{i}", _bytes(10 + i))
+        # By session: the session's chain in Redis names its pages.
+        await meta.append_chain("tenant/talk", ["s4", "s5"])
+        by_session = await (await reader.prefetch("tenant/talk")).wait()
+        assert by_session == {"s4": "done", "s5": "done"}
+        assert np.array_equal(reader.pool.get("s5"), _bytes(15))
         handle = await reader.prefetch([f"s{i}" for i in range(4)] + ["nobody-has-it"])
         outcomes = await asyncio.wait_for(handle.wait(), 30)
         assert outcomes == {

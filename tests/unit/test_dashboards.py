@@ -12,8 +12,9 @@ DASHBOARDS = sorted((ROOT / "helm" / "dashboards").glob("*.json"))
 
 def _defined_metrics() -> set[str]:
     names = set()
-    for py in (ROOT / "services").rglob("*.py"):
-        names |= set(re.findall(r'"(omniray_[a-z0-9_]+)"', py.read_text()))
+    for package in ("services", "kv_store"):
+        for py in (ROOT / package).rglob("*.py"):
+            names |= set(re.findall(r'"(omniray_[a-z0-9_]+)"', py.read_text()))
     return names
 
 
