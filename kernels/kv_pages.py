@@ -3,8 +3,9 @@
 A store page is layer x K/V x [page_tokens, kv_heads, head_dim] (`kv_store.layout.PageLayout`); an
 engine keeps one tensor per layer in its attention backend's own block layout. `block_view` presents
 any supported backend's tensor as [num_blocks, kv_parts, block_tokens, kv_heads, head_dim] without a
-copy, so `gather`/`scatter` are backend-independent. This is the torch path (the CPU path, and the
-oracle for the Triton kernels).
+copy, so `gather`/`scatter` are backend-independent. `gather`/`scatter` use the Triton kernels
+(`kernels/triton_kv_pages.py`) for CUDA tensors and the torch reference otherwise; the references
+are the CPU path and the oracle for the kernels.
 """
 
 from __future__ import annotations
@@ -27,13 +28,30 @@ def block_view(t: torch.Tensor, block_tokens: int, num_kv_heads: int, head_dim: 
     )
 
 
+def gather_reference(layers: list[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:
+    return torch.stack([layer[block_ids] for layer in layers], dim=1)
+
+
+def scatter_reference(layers: list[torch.Tensor], block_ids: torch.Tensor, pages: torch.Tensor) -> None:
+    for i, layer in enumerate(layers):
+        layer[block_ids] = pages[:, i].to(layer.dtype)
+
+
 def gather(layers: list[torch.Tensor], block_ids: torch.Tensor) -> torch.Tensor:
     """Blocks `block_ids` of every layer (views from `block_view`) as pages
     [n, layers, 2, block_tokens, kv_heads, head_dim]."""
-    return torch.stack([layer[block_ids] for layer in layers], dim=1)
+    if layers[0].is_cuda:
+        from kernels import triton_kv_pages
+
+        return triton_kv_pages.gather(layers, block_ids)
+    return gather_reference(layers, block_ids)
 
 
 def scatter(layers: list[torch.Tensor], block_ids: torch.Tensor, pages: torch.Tensor) -> None:
     """Write pages [n, layers, 2, block_tokens, kv_heads, head_dim] into blocks `block_ids`."""
-    for i, layer in enumerate(layers):
-        layer[block_ids] = pages[:, i].to(layer.dtype)
+    if layers[0].is_cuda:
+        from kernels import triton_kv_pages
+
+        triton_kv_pages.scatter(layers, block_ids, pages.to(layers[0].device))
+        return
+    scatter_reference(layers, block_ids, pages)

@@ -52,3 +52,24 @@ def test_unknown_layout_is_refused():
 
     with pytest.raises(NotImplementedError, match="not a known block layout"):
         kv_pages.block_view(torch.zeros(3, 3, 3), 16, 2, 64)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["cpu", "flash"]), st.sampled_from([torch.float32, torch.float16]), st.data())
+def test_triton_gather_scatter_equal_the_reference(layout, dtype, data):
+    from kernels import triton_kv_pages
+
+    tokens, heads, dim, blocks = 16, 2, 32, 6
+    ids = torch.tensor(data.draw(st.lists(st.integers(0, blocks - 1), min_size=1, max_size=4, unique=True)))
+
+    def views(caches):
+        return [kv_pages.block_view(c, tokens, heads, dim) for c in caches]
+
+    src = views([_cache(layout, blocks, tokens, heads, dim, dtype) for _ in range(2)])
+    pages = triton_kv_pages.gather(src, ids)
+    assert torch.equal(pages, kv_pages.gather_reference(src, ids))
+    got = [torch.zeros_like(_cache(layout, blocks, tokens, heads, dim, dtype)) for _ in range(2)]
+    want = [torch.zeros_like(c) for c in got]
+    triton_kv_pages.scatter(views(got), ids, pages)
+    kv_pages.scatter_reference(views(want), ids, pages)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
