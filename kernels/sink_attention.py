@@ -15,31 +15,54 @@ the Triton kernels (`kernels/triton_sink_attention.py`) for CUDA tensors.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
-def _sequence_kv(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-    block = cache.shape[1]
-    blocks = table[: -(-length // block)]
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]  # [length, kv_heads, dim]
+def _visited_blocks(length: int, block: int, sinks: int, window: int, t_first: int) -> list[int]:
+    """Blocks holding any key visible to queries at positions t_first..length-1: the sink blocks,
+    then the window blocks (the kernels visit the same ones)."""
+    n_sink = -(-min(sinks, length) // block)
+    first_window = max(n_sink, max(t_first - window, 0) // block)
+    return list(range(n_sink)) + list(range(first_window, (length - 1) // block + 1))
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor, blocks: list[int]) -> torch.Tensor:
+    return cache[table[blocks]].reshape(-1, *cache.shape[2:])  # [len(blocks) * block, kv_heads, dim]
 
 
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """q [n, heads, dim], k/v [length, kv_heads, dim], allowed [n, length] -> [n, heads, dim]."""
-    group = q.shape[1] // k.shape[1]
+    """q [n, heads, dim], k/v [keys, kv_heads, dim] (gathered copies), allowed [n, keys] -> [n, heads, dim]."""
     # Keys no query may see are never used, whatever they hold (NaN included).
-    seen = allowed.any(0)
-    k = torch.where(seen[:, None, None], k, 0).float().repeat_interleave(group, dim=1)
-    v = torch.where(seen[:, None, None], v, 0).float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("nhd,lhd->hnl", q.float(), k) * scale
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    return torch.einsum("hnl,lhd->nhd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    unseen = ~allowed.any(0)
+    k[unseen] = 0
+    v[unseen] = 0
+    n, heads, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    # The query heads of one kv head as rows of one attention: no copy of K/V per query head.
+    qg = q.transpose(0, 1).reshape(kv_heads, group * n, dim)
+    out = F.scaled_dot_product_attention(
+        qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=allowed.repeat(group, 1), scale=scale
+    )
+    return out.reshape(heads, n, dim).transpose(0, 1)
 
 
-def allowed_keys(positions: torch.Tensor, length: int, sinks: int, window: int) -> torch.Tensor:
-    """[n, length] mask: key j is visible to the query at position t iff j ≤ t and (j < S or j ≥ t−W)."""
-    j = torch.arange(length, device=positions.device)[None, :]
+def _sequence(q, k_cache, v_cache, table, length: int, sinks: int, window: int, scale: float) -> torch.Tensor:
+    """Attention for one sequence's last len(q) queries, reading only the visited blocks."""
+    block = k_cache.shape[1]
+    positions = torch.arange(length - q.shape[0], length)
+    blocks = _visited_blocks(length, block, sinks, window, int(positions[0]))
+    key_pos = (torch.tensor(blocks)[:, None] * block + torch.arange(block)[None, :]).reshape(-1)
+    allowed = allowed_keys(positions, key_pos, sinks, window)
+    return _attend(q, _gather(k_cache, table, blocks), _gather(v_cache, table, blocks), allowed, scale)
+
+
+def allowed_keys(positions: torch.Tensor, keys: int | torch.Tensor, sinks: int, window: int) -> torch.Tensor:
+    """[n, keys] mask: key j is visible to the query at position t iff j ≤ t and (j < S or j ≥ t−W).
+    `keys`: the key positions, or a count (positions 0..keys-1)."""
+    j = (torch.arange(keys, device=positions.device) if isinstance(keys, int) else keys)[None, :]
     t = positions[:, None]
     return (j <= t) & ((j < sinks) | (j >= t - window))
 
@@ -57,10 +80,7 @@ def decode_reference(
     """One new query per sequence (at position len−1). q [batch, heads, dim] -> [batch, heads, dim]."""
     out = torch.empty_like(q)
     for b, length in enumerate(seq_lens.tolist()):
-        k = _sequence_kv(k_cache, block_table[b], length)
-        v = _sequence_kv(v_cache, block_table[b], length)
-        allowed = allowed_keys(torch.tensor([length - 1]), length, sinks, window)
-        out[b] = _attend(q[b : b + 1], k, v, allowed, scale)[0]
+        out[b] = _sequence(q[b : b + 1], k_cache, v_cache, block_table[b], length, sinks, window, scale)[0]
     return out
 
 
@@ -81,12 +101,8 @@ def prefill_reference(
     out = torch.empty_like(q)
     for b, length in enumerate(seq_lens.tolist()):
         lo, hi = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
-        if hi == lo:
-            continue
-        k = _sequence_kv(k_cache, block_table[b], length)
-        v = _sequence_kv(v_cache, block_table[b], length)
-        positions = torch.arange(length - (hi - lo), length)
-        out[lo:hi] = _attend(q[lo:hi], k, v, allowed_keys(positions, length, sinks, window), scale)
+        if hi > lo:
+            out[lo:hi] = _sequence(q[lo:hi], k_cache, v_cache, block_table[b], length, sinks, window, scale)
     return out
 
 

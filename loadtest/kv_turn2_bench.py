@@ -79,9 +79,13 @@ async def run(profile_name: str, history: int, new: int, pairs: int, reply: int)
                     kv = {"omniray": {"kind": "session", "salt": "bench", "session": f"bench/s{i}"}}
                     row["store_s"] = await _ttft(second, f"s{i}-2", stored, kv)
                 else:
-                    row["recompute_s"] = await _ttft(second, f"r{i}-2", recomputed, {"omniray": {"bypass": True}})
+                    row["recompute_s"] = await _ttft(
+                        second, f"r{i}-2", recomputed, {"omniray": {"bypass": True}}
+                    )
             after = second.prompt_token_sources()
-            row["loaded_tokens"] = after.get("external_kv_transfer", 0) - before.get("external_kv_transfer", 0)
+            row["loaded_tokens"] = after.get("external_kv_transfer", 0) - before.get(
+                "external_kv_transfer", 0
+            )
             row["prompt_tokens"] = len(stored)
             rows.append(row)
             print(
