@@ -46,6 +46,12 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "(hit: loaded from the store; miss: computed).",
         ("kind", "result"),
     ),
+    "error": (
+        "counter",
+        "omniray_kv_errors_total",
+        "Store operations that failed and were skipped (lookup: the prompt is computed; save: a future miss).",
+        ("op",),
+    ),
     "fallback": (
         "counter",
         "omniray_kv_fallback_recompute_total",
@@ -64,6 +70,7 @@ class Metrics(Protocol):
     def moved(self, path: str, n_bytes: float) -> None: ...
     def transfer(self, path: str, seconds: float) -> None: ...
     def request(self, kind: str, result: str, tokens: float) -> None: ...
+    def error(self, op: str, n: float = 1) -> None: ...
     def fallback(self, reason: str, n: float = 1) -> None: ...
 
 
@@ -93,6 +100,9 @@ class _Calls:
 
     def request(self, kind: str, result: str, tokens: float) -> None:
         self._record("request", (kind, result), tokens)
+
+    def error(self, op: str, n: float = 1) -> None:
+        self._record("error", (op,), n)
 
     def fallback(self, reason: str, n: float = 1) -> None:
         self._record("fallback", (reason,), n)

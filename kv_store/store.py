@@ -43,6 +43,8 @@ class KvStore:
         self.policy_name = type(policy).__name__
         self._info: dict[Hashable, PageInfo] = {}
         self._pins: dict[Hashable, int] = {}
+        # Reserved pages whose bytes are still being written (reserve -> commit/abandon): readers wait.
+        self._writing: dict[Hashable, asyncio.Future] = {}
 
     def _observe(self) -> None:
         if self.metrics:
@@ -142,7 +144,10 @@ class KvStore:
         outcomes: dict[Hashable, str] = {}
         remote: list[Hashable] = []
         for page in pages:
-            if self.pool.slot_of(page) is not None:
+            if page in self._writing:  # a save is filling its slot right now
+                await asyncio.shield(self._writing[page])
+        for page in pages:
+            if self.pool.slot_of(page) is not None and not self.pool.arriving(page):
                 outcomes[page] = "hit"
                 if page not in self._pins:
                     self.policy.touch(page)
@@ -202,16 +207,33 @@ class KvStore:
         return {p: self.pool.get(p) if outcomes[p] in ("hit", "L3", "peer") else None for p in pages}
 
     async def reserve(self, pages: list[Hashable]) -> dict[Hashable, np.ndarray]:
-        """Slots for new pages the caller is about to write (pages already here are left out);
-        `commit` publishes them. Reserved pages are out of the eviction order until committed."""
+        """Slots for new pages the caller is about to write (pages already here, or listed twice, are
+        left out); `commit` publishes them, `abandon` gives them back. Until then they are out of the
+        eviction order and readers wait for them."""
         out = {}
-        for page in pages:
+        loop = asyncio.get_running_loop()
+        for page in dict.fromkeys(pages):
             if self.pool.slot_of(page) is None:
                 await self._make_room()
                 out[page] = self.pool.page(self.pool.reserve(page))
+                self._writing[page] = loop.create_future()
         return out
 
+    def _written(self, pages: list[Hashable]) -> None:
+        for page in pages:
+            if (done := self._writing.pop(page, None)) is not None:
+                done.set_result(None)
+
+    async def abandon(self, pages: list[Hashable]) -> None:
+        """Reserved pages that will not be written (the save failed): free their slots."""
+        for page in pages:
+            if page in self._writing:
+                self.pool.free(page)
+        self._written(pages)
+
     async def commit(self, pages: list[Hashable], info: PageInfo = DEFAULT_INFO) -> None:
+        pages = list(dict.fromkeys(pages))
+        self._written(pages)
         for page in pages:
             self._info[page] = info
             self.policy.insert(page, info)

@@ -92,6 +92,10 @@ class PagePool:
     def slot_of(self, page: Hashable) -> int | None:
         return self._slot.get(page)
 
+    def arriving(self, page: Hashable) -> bool:
+        """A pull into this page's slot is in flight: its bytes are not there yet."""
+        return page in self._inflight
+
     @property
     def used(self) -> int:
         return len(self._slot)

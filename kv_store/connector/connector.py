@@ -25,6 +25,7 @@ save: a recompute baseline), `kind` (pd / session / prefix, for metrics).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,8 @@ from kv_store import metrics as store_metrics
 from kv_store.connector.agent import AgentConfig, StoreAgent
 from kv_store.hashing import ChainHasher, MediaSpan, elements, token_elements
 from kv_store.layout import PageLayout
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -211,7 +214,14 @@ class OmniKvConnector(KVConnectorBase_V1):
         chain = tracked.prompt_pages[first:] + ([tracked.prompt_tail] if tracked.prompt_tail else [])
         if not chain:
             return 0, False
-        held = self.agent.run(self.agent.meta.match(chain, live_only=True))
+        try:
+            held = self.agent.run(
+                self.agent.meta.match(chain, live_only=True), timeout=self.config.transfer_timeout_s
+            )
+        except Exception as e:  # the store is down or slow: compute, never fail the request
+            log.warning("KV store lookup failed (%s); computing the prompt", e)
+            self.agent.recorder.error("lookup")
+            return 0, False
         pages = chain[:held]
         if held == len(chain):
             tokens = request.num_prompt_tokens - num_computed_tokens
@@ -359,21 +369,28 @@ class OmniKvConnector(KVConnectorBase_V1):
         store = self.agent.store
         pages = [p for job in meta.saves for p in job.pages]
         blocks = [b for job in meta.saves for b in job.block_ids]
-        slots = self.agent.run(store.reserve(pages))  # pages already held are left out
-        todo = [(p, b) for p, b in zip(pages, blocks, strict=True) if p in slots]
-        if todo:
-            gathered = kv_pages.gather(self._layers, torch.tensor([b for _, b in todo]))
-            for (page, _), data in zip(todo, gathered, strict=True):
-                self._slot(slots[page]).copy_(data)
-            self.agent.recorder.moved("L1->L2", len(todo) * self._layout.page_bytes)
+        slots: dict = {}
+        try:
+            slots = self.agent.run(store.reserve(pages))  # pages already held are left out
+            todo = {p: b for p, b in zip(pages, blocks, strict=True) if p in slots}
+            if todo:
+                gathered = kv_pages.gather(self._layers, torch.tensor(list(todo.values())))
+                for page, data in zip(todo, gathered, strict=True):
+                    self._slot(slots[page]).copy_(data)
+                self.agent.recorder.moved("L1->L2", len(todo) * self._layout.page_bytes)
 
-        async def publish() -> None:
-            await store.commit([p for p, _ in todo])
-            for job in meta.saves:
-                if job.session:
-                    await store.meta.append_chain(job.session, job.pages)
+            async def publish() -> None:
+                await store.commit(list(todo))
+                for job in meta.saves:
+                    if job.session:
+                        await store.meta.append_chain(job.session, job.pages)
 
-        self.agent.run(publish())
+            self.agent.run(publish())
+        except Exception as e:  # a save that fails is a future miss, never a failed request
+            log.warning("saving %d KV pages failed: %s", len(pages), e)
+            self.agent.recorder.error("save")
+            if slots:
+                self.agent.run(store.abandon(list(slots)))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         done = set()

@@ -111,3 +111,21 @@ async def test_prefetch_from_a_peer_hits_skips_and_cancels(meta):
         assert set((await cancelled.wait()).values()) <= {"cancelled", "hit"}
     finally:
         serving.cancel()
+
+
+async def test_a_page_being_written_is_not_read_before_it_is_committed(meta):
+    """The connector reserves slots, fills them from the engine's blocks on another thread, then
+    commits; a concurrent load of the same page waits for the commit instead of reading the slot."""
+    store = KvStore("node-w", PagePool(f"w-{uuid.uuid4().hex[:6]}", LAYOUT, 4), meta, create("lru"))
+    slots = await store.reserve(["w0", "w0", "w1"])  # listed twice: one slot
+    assert set(slots) == {"w0", "w1"}
+    reader = asyncio.create_task(store.fetch(["w0"]))
+    await asyncio.sleep(0.05)
+    assert not reader.done()  # waiting for the writer
+    slots["w0"][:] = _bytes(7)
+    await store.commit(["w0"])
+    got = await asyncio.wait_for(reader, 5)
+    assert np.array_equal(got["w0"], _bytes(7))
+    store.release(["w0"])
+    await store.abandon(["w1"])  # the write failed: the slot goes back, nothing is published
+    assert store.pool.slot_of("w1") is None and await meta.match(["w1"]) == 0
