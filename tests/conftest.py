@@ -17,6 +17,9 @@ import soundfile
 from PIL import Image
 
 from services.quota import LOCAL_API_KEY
+from tests.unit.kernels.interpreter import import_triton_for_interpreter
+
+import_triton_for_interpreter()  # before anything else imports triton (vLLM does)
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 AUTH = {"Authorization": f"Bearer {LOCAL_API_KEY}"}

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from omni.v1 import common_pb2, omni_pb2
 from ray import serve
@@ -24,6 +24,8 @@ from services.gateway.pipeline import Event, Pipeline, StageHandles
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
 from services.quota import quota_service
+from services.realtime import events as realtime_events
+from services.realtime.session import RealtimeSession
 
 logger = logging.getLogger("ray.serve")
 SLO_HEADER = "x-omniray-slo-class"
@@ -236,6 +238,47 @@ class Gateway:
                 }
             )
         yield "data: [DONE]\n\n"
+
+    # ---- Realtime (WebSocket) ------------------------------------------------------------
+
+    @api.websocket("/v1/realtime")
+    async def realtime(self, ws: WebSocket):
+        """OpenAI Realtime over a WebSocket: typed events in services/realtime/events.py, one
+        `RealtimeSession` per connection. Refusals (key, model) are an `error` event, then close."""
+        await ws.accept()
+
+        async def send(event: dict) -> None:
+            await ws.send_text(json.dumps(event))
+
+        try:
+            tenant = await self.quota.authenticate(bearer_token(ws.headers.get("authorization")))
+        except OmniError as e:
+            await send(
+                realtime_events.error_event(
+                    e.message, e.code or "invalid_api_key", kind="authentication_error"
+                )
+            )
+            await ws.close(code=1008, reason="unauthorized")
+            return
+        model = ws.query_params.get("model")
+        if model and model != self.profile.served_model_name:
+            await send(realtime_events.error_event(f"model {model!r} is not served here", "model_not_found"))
+            await ws.close(code=1008, reason="unknown model")
+            return
+        session_id = realtime_events.new_id("sess")
+        session = RealtimeSession(self.pipeline, self.profile, tenant, f"{tenant.id}/{session_id}", send)
+        self.metrics.requests.inc(tags={"api": "realtime", "code": "ok"})
+        await session.start()
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                await session.handle(message.get("text") or message.get("bytes") or b"")
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await session.close()
 
     @api.get("/v1/models")
     async def models(self):

@@ -1,0 +1,1 @@
+"""Realtime voice sessions: the OpenAI Realtime protocol (typed events) and the session that runs it."""

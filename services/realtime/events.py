@@ -1,0 +1,177 @@
+"""Typed events of the Realtime API (OpenAI Realtime's names and shapes).
+
+Client events are parsed into one class each (a discriminated union on `type`); anything else — bad
+JSON, an unknown type, a missing or mistyped field, an oversized audio chunk — becomes a
+`RealtimeEventError`, which the session answers with an `error` event before going on. Server events
+are built with `server_event`, which gives each its `event_id`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+# One append carries at most this much audio (15 s of 24 kHz pcm16, as base64).
+MAX_APPEND_BASE64 = 4 * -(-15 * 24_000 * 2 // 3)
+
+
+class RealtimeEventError(ValueError):
+    def __init__(self, message: str, code: str = "invalid_event", event_id: str | None = None):
+        super().__init__(message)
+        self.code, self.event_id = code, event_id
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    event_id: str | None = None
+
+
+class AudioFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: Literal[24000] = 24000
+
+
+class AudioInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: AudioFormat = Field(default_factory=AudioFormat)
+
+
+class AudioOutput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: AudioFormat = Field(default_factory=AudioFormat)
+    voice: str | None = None
+
+
+class AudioConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    input: AudioInput = Field(default_factory=AudioInput)
+    output: AudioOutput = Field(default_factory=AudioOutput)
+
+
+class SessionConfig(BaseModel):
+    """The parts of `session` this server honours; the rest is accepted and echoed."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["realtime"] = "realtime"
+    instructions: str | None = None
+    output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"])
+    audio: AudioConfig = Field(default_factory=AudioConfig)
+    max_output_tokens: int | Literal["inf"] | None = None
+
+
+class SessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: SessionConfig
+
+
+class InputAudioBufferAppend(_Event):
+    type: Literal["input_audio_buffer.append"]
+    audio: str = Field(max_length=MAX_APPEND_BASE64)
+
+    def pcm16(self) -> bytes:
+        try:
+            raw = base64.b64decode(self.audio, validate=True)
+        except binascii.Error as e:
+            raise RealtimeEventError(f"audio is not valid base64: {e}", event_id=self.event_id) from None
+        if len(raw) % 2:
+            raise RealtimeEventError("pcm16 audio must have an even number of bytes", event_id=self.event_id)
+        return raw
+
+
+class InputAudioBufferCommit(_Event):
+    type: Literal["input_audio_buffer.commit"]
+
+
+class InputAudioBufferClear(_Event):
+    type: Literal["input_audio_buffer.clear"]
+
+
+class ResponseConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    instructions: str | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = None
+    max_output_tokens: int | Literal["inf"] | None = None
+
+
+class ResponseCreate(_Event):
+    type: Literal["response.create"]
+    response: ResponseConfig = Field(default_factory=ResponseConfig)
+
+
+class ResponseCancel(_Event):
+    type: Literal["response.cancel"]
+    response_id: str | None = None
+
+
+class ConversationItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: int = Field(default=0, ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
+ClientEvent = Annotated[
+    SessionUpdate
+    | InputAudioBufferAppend
+    | InputAudioBufferCommit
+    | InputAudioBufferClear
+    | ResponseCreate
+    | ResponseCancel
+    | ConversationItemTruncate,
+    Field(discriminator="type"),
+]
+_CLIENT = TypeAdapter(ClientEvent)
+CLIENT_TYPES = {
+    m.model_fields["type"].annotation.__args__[0]
+    for m in (
+        SessionUpdate,
+        InputAudioBufferAppend,
+        InputAudioBufferCommit,
+        InputAudioBufferClear,
+        ResponseCreate,
+        ResponseCancel,
+        ConversationItemTruncate,
+    )
+}
+
+
+def parse_client_event(raw: str | bytes) -> Any:
+    """One client event, or RealtimeEventError saying what is wrong with it."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RealtimeEventError(f"event is not valid JSON: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise RealtimeEventError("event must be a JSON object")
+    event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    kind = data.get("type")
+    if kind not in CLIENT_TYPES:
+        raise RealtimeEventError(f"unknown event type {kind!r}", code="unknown_event", event_id=event_id)
+    try:
+        return _CLIENT.validate_python(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"][1:])
+        raise RealtimeEventError(f"{kind}: {where}: {first['msg']}", event_id=event_id) from None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def server_event(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "event_id": new_id("event"), **fields}
+
+
+def error_event(
+    message: str, code: str, event_id: str | None = None, kind: str = "invalid_request_error"
+) -> dict:
+    return server_event(
+        "error", error={"type": kind, "code": code, "message": message, "param": None, "event_id": event_id}
+    )
