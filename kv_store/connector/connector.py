@@ -90,7 +90,7 @@ class OmniKvMetadata(KVConnectorMetadata):
 
 def segments_from_params(raw: list) -> list:
     """The `segments` request parameter: lists of token ids, and media spans as
-    {"media": content hash, "encoder": version, "tokens": n}."""
+    {"media": hash of the span's features, "encoder": version, "tokens": n}."""
     return [
         MediaSpan(s["media"], s["encoder"], int(s["tokens"])) if isinstance(s, dict) else list(s) for s in raw
     ]

@@ -9,6 +9,7 @@ whole prompt into vLLM prompt embeddings built with the thinker's own embedding 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -127,24 +128,25 @@ class ThinkerEngine:
 
     def engine_prompt(self, prompt: stages_pb2.Prompt) -> tuple[dict, int, list | None]:
         """The vLLM prompt, its length in tokens, and its segments as the KV store names them (None
-        for a plain token prompt, which the store hashes itself, or for media without a content hash)."""
+        for a plain token prompt, which the store hashes itself)."""
         spans: list[tuple[str, np.ndarray]] = []
-        segments: list | None = []
+        segments: list = []
         for seg in prompt.segments:
             if seg.WhichOneof("segment") == "tokens":
                 spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
-                if segments is not None:
-                    segments.append(list(seg.tokens.ids))
+                segments.append(list(seg.tokens.ids))
             else:
+                # Feature tensors projected for another LLM are rejected (which encoder version made
+                # them is the gateway's check: it knows the deployment's encoders).
                 found = seg.embeddings.producer_version
                 if FeatureVersions.parse(found).llm != self.llm_version:
                     raise FeatureVersionMismatch(found, f"llm={self.llm_version}")
-                spans.append(("emb", tensors.materialize(seg.embeddings)))
-                if segments is not None and seg.embeddings.content_hash:
-                    n = int(seg.embeddings.shape[0])
-                    segments.append({"media": seg.embeddings.content_hash, "encoder": found, "tokens": n})
-                else:
-                    segments = None
+                features = tensors.materialize(seg.embeddings)
+                spans.append(("emb", features))
+                # KV depends on the feature values alone: name the span by them (the media's own
+                # hash would not tell two tile grids of one image apart).
+                digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+                segments.append({"media": digest, "encoder": found, "tokens": len(features)})
         n_tokens = sum(len(x) for _, x in spans)
         if all(kind == "ids" for kind, _ in spans):
             return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids]}, n_tokens, None
