@@ -26,6 +26,7 @@ from services.models.profile import load_profile
 from services.quota import quota_service
 from services.realtime import events as realtime_events
 from services.realtime.session import RealtimeSession
+from services.sessions.monitor import SessionMonitor
 
 logger = logging.getLogger("ray.serve")
 SLO_HEADER = "x-omniray-slo-class"
@@ -72,6 +73,10 @@ class _Metrics:
             description="Arrival to first audio chunk.",
             boundaries=LATENCY_BUCKETS_S,
         )
+        self.realtime_sessions = metrics.Gauge(
+            "omniray_realtime_sessions",
+            description="Open realtime (WebSocket) sessions on this gateway replica.",
+        )
         self.e2e = metrics.Histogram(
             "omniray_gateway_e2e_seconds",
             description="Arrival to last chunk.",
@@ -99,6 +104,7 @@ class Gateway:
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, self.handles, prompts, self.quota, async_chunk=async_chunk)
         self.metrics = _Metrics()
+        self.sessions = SessionMonitor()
 
     # ---- observation helpers ------------------------------------------------------------
 
@@ -266,9 +272,12 @@ class Gateway:
             await ws.close(code=1008, reason="unknown model")
             return
         session_id = realtime_events.new_id("sess")
-        session = RealtimeSession(self.pipeline, self.profile, tenant, f"{tenant.id}/{session_id}", send)
+        session = RealtimeSession(
+            self.pipeline, self.profile, tenant, f"{tenant.id}/{session_id}", send, self.sessions
+        )
         self.metrics.requests.inc(tags={"api": "realtime", "code": "ok"})
         await session.start()
+        self.metrics.realtime_sessions.set(len(self.sessions))
         try:
             while True:
                 message = await ws.receive()
@@ -279,6 +288,7 @@ class Gateway:
             pass
         finally:
             await session.close()
+            self.metrics.realtime_sessions.set(len(self.sessions))
 
     @api.get("/v1/models")
     async def models(self):

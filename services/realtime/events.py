@@ -116,6 +116,15 @@ class ConversationItemTruncate(_Event):
     audio_end_ms: int = Field(ge=0)
 
 
+class PlaybackProgress(_Event):
+    """omniray's extension: how much of an assistant item's audio the client has played (the session
+    monitor's playback position; OpenAI's protocol has no client event for it)."""
+
+    type: Literal["omniray.playback.progress"]
+    item_id: str
+    played_ms: float = Field(ge=0)
+
+
 ClientEvent = Annotated[
     SessionUpdate
     | InputAudioBufferAppend
@@ -123,7 +132,8 @@ ClientEvent = Annotated[
     | InputAudioBufferClear
     | ResponseCreate
     | ResponseCancel
-    | ConversationItemTruncate,
+    | ConversationItemTruncate
+    | PlaybackProgress,
     Field(discriminator="type"),
 ]
 _CLIENT = TypeAdapter(ClientEvent)
@@ -137,6 +147,7 @@ CLIENT_TYPES = {
         ResponseCreate,
         ResponseCancel,
         ConversationItemTruncate,
+        PlaybackProgress,
     )
 }
 

@@ -20,6 +20,7 @@ from services.common.errors import OmniError
 from services.gateway import openai_api
 from services.gateway.media import wav_bytes
 from services.realtime import events as ev
+from services.sessions.monitor import SessionMonitor
 
 PCM_RATE = 24_000  # realtime audio in: pcm16 mono at 24 kHz
 
@@ -59,8 +60,9 @@ class RealtimeSession:
         tenant,
         session_id: str,
         send: Callable[[dict], Awaitable[None]],
+        monitor: SessionMonitor,
     ):
-        self.pipeline, self.profile, self.tenant = pipeline, profile, tenant
+        self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
         self.id = session_id
         self.send = send
         self.config = ev.SessionConfig()
@@ -75,6 +77,7 @@ class RealtimeSession:
                 **self.config.model_dump(exclude_none=True)}  # fmt: skip
 
     async def start(self) -> None:
+        self.monitor.open(self.id)
         await self.send(ev.server_event("session.created", session=self.describe()))
 
     async def handle(self, raw: str | bytes) -> None:
@@ -109,6 +112,15 @@ class RealtimeSession:
             await self.cancel()
         elif isinstance(event, ev.ConversationItemTruncate):
             await self._truncate(event)
+        elif isinstance(event, ev.PlaybackProgress):
+            current = self.response.item.id if self.response else None
+            if event.item_id != current:
+                raise ev.RealtimeEventError(
+                    f"playback progress for {event.item_id!r}, not the current response's item",
+                    code="item_not_found",
+                    event_id=event.event_id,
+                )
+            self.monitor.played(self.id, event.played_ms)
 
     async def _commit(self, event: ev.InputAudioBufferCommit) -> None:
         if len(self.buffer) < PCM_RATE * 2 // 10:  # OpenAI's rule: at least 100 ms
@@ -193,6 +205,7 @@ class RealtimeSession:
     async def _run(self, r: Response, prepared) -> None:
         ids = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
         self.items.append(r.item)
+        self.monitor.response_started(self.id)
         try:
             async for out in self.pipeline.generate(prepared):
                 if out.text:
@@ -201,7 +214,9 @@ class RealtimeSession:
                         ev.server_event("response.output_audio_transcript.delta", delta=out.text, **ids)
                     )
                 if out.pcm16:
-                    r.item.audio_ms += len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
+                    ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
+                    r.item.audio_ms += ms
+                    self.monitor.audio_sent(self.id, ms)
                     delta = base64.b64encode(out.pcm16).decode()
                     await self.send(ev.server_event("response.output_audio.delta", delta=delta, **ids))
                 if out.finish_reason and out.usage is not None:
@@ -218,6 +233,7 @@ class RealtimeSession:
             r.status = "failed"
             await self.send(ev.error_event(f"response failed: {e}", "response_failed", kind="server_error"))
         finally:
+            self.monitor.response_finished(self.id)
             await self.send(ev.server_event("response.done", response=self._describe(r)))
 
     async def cancel(self) -> None:
@@ -246,6 +262,8 @@ class RealtimeSession:
             cut = item.text.rfind(" ", 0, keep + 1) if keep < len(item.text) else keep
             item.text = item.text[: max(cut, 0)]
             item.audio_ms = float(event.audio_end_ms)
+        if self.response is not None and self.response.item is item:
+            self.monitor.truncated(self.id, event.audio_end_ms)
         await self.send(
             ev.server_event(
                 "conversation.item.truncated",
@@ -257,3 +275,4 @@ class RealtimeSession:
 
     async def close(self) -> None:
         await self.cancel()
+        self.monitor.close(self.id)

@@ -71,9 +71,14 @@ def test_cancel_and_truncate(openai_client, model_name):
         conn.input_audio_buffer.commit()
         conn.response.create()
         first = _until(conn, "response.output_audio.delta", seen)
+        # The client reports what it played (omniray's extension event): the session monitor's input.
+        conn.send_raw(
+            json.dumps({"type": "omniray.playback.progress", "item_id": first.item_id, "played_ms": 1})
+        )
         conn.response.cancel()
         done = _until(conn, "response.done", seen)
         assert done.response.status == "cancelled"
+        assert not [e for e in seen if e.type == "error"]
         conn.conversation.item.truncate(item_id=first.item_id, content_index=0, audio_end_ms=0)
         truncated = _until(conn, "conversation.item.truncated", seen)
         assert truncated.item_id == first.item_id and truncated.audio_end_ms == 0

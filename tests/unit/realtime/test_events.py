@@ -26,6 +26,7 @@ def test_known_events_parse_into_their_classes():
             {"item_id": "i", "content_index": 0, "audio_end_ms": 5},
             ev.ConversationItemTruncate,
         ),
+        "omniray.playback.progress": ({"item_id": "i", "played_ms": 120.5}, ev.PlaybackProgress),
     }
     assert set(cases) == ev.CLIENT_TYPES
     for kind, (fields, cls) in cases.items():

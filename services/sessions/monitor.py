@@ -1,0 +1,128 @@
+"""The session monitor: what each live voice session is doing, from the signals the realtime endpoint
+sees — audio sent, audio the client reports played, speech starting and stopping, responses starting
+and ending. The interaction-aware scheduler and the KV store's next-use policy read `snapshot()`.
+
+Pure bookkeeping (no I/O, injectable clock), so the policies that read it can be tested exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    sent_ms: float = 0.0  # audio of the current response sent to the client
+    played_ms: float = 0.0  # of that, what the client reports played
+    speaking: bool = False  # the user is speaking now
+    responding: bool = False  # a response is being generated
+    barge_ins: int = 0  # speech that started while a response was playing or being generated
+    reply_gap_ms: float | None = None  # moving average: end of user speech -> first audio out
+    first_audio: bool = False  # the current response has sent audio
+    speech_stopped_at: float | None = None
+    updated_at: float = field(default=0.0)
+
+    @property
+    def buffered_ms(self) -> float:
+        """Audio the client holds and has not played: how long playback lasts without new audio."""
+        return max(0.0, self.sent_ms - self.played_ms)
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What the policies read: immutable, so a scheduling round sees one consistent picture."""
+
+    session_id: str
+    buffered_ms: float
+    playing: bool
+    speaking: bool
+    responding: bool
+    first_audio: bool
+    barge_ins: int
+    reply_gap_ms: float | None
+    age_s: float  # since the last signal
+
+
+class SessionMonitor:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, gap_alpha: float = 0.3):
+        self.clock, self.gap_alpha = clock, gap_alpha
+        self._sessions: dict[str, SessionState] = {}
+
+    def _state(self, session_id: str) -> SessionState:
+        state = self._sessions.get(session_id)
+        if state is None:
+            state = self._sessions[session_id] = SessionState(session_id)
+        state.updated_at = self.clock()
+        return state
+
+    def open(self, session_id: str) -> None:
+        self._state(session_id)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def response_started(self, session_id: str) -> None:
+        s = self._state(session_id)
+        s.responding, s.first_audio, s.sent_ms, s.played_ms = True, False, 0.0, 0.0
+
+    def audio_sent(self, session_id: str, ms: float) -> None:
+        s = self._state(session_id)
+        if not s.first_audio and s.speech_stopped_at is not None:
+            gap = (s.updated_at - s.speech_stopped_at) * 1000
+            s.reply_gap_ms = (
+                gap
+                if s.reply_gap_ms is None
+                else (1 - self.gap_alpha) * s.reply_gap_ms + self.gap_alpha * gap
+            )
+        s.first_audio = True
+        s.sent_ms += ms
+
+    def played(self, session_id: str, played_ms: float) -> None:
+        """The client's playback position in the current response's audio (never moves back, never
+        past what was sent)."""
+        s = self._state(session_id)
+        s.played_ms = min(max(s.played_ms, played_ms), s.sent_ms)
+
+    def response_finished(self, session_id: str) -> None:
+        self._state(session_id).responding = False
+
+    def speech_started(self, session_id: str) -> bool:
+        """Returns True when this is a barge-in (the user talks over a response)."""
+        s = self._state(session_id)
+        barge = s.responding or s.buffered_ms > 0
+        s.speaking = True
+        if barge:
+            s.barge_ins += 1
+        return barge
+
+    def speech_stopped(self, session_id: str) -> None:
+        s = self._state(session_id)
+        s.speaking, s.speech_stopped_at = False, s.updated_at
+
+    def truncated(self, session_id: str, audio_end_ms: float) -> None:
+        """The client dropped what it had not played: nothing is buffered any more."""
+        s = self._state(session_id)
+        s.sent_ms = s.played_ms = min(audio_end_ms, s.sent_ms)
+
+    def close(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def snapshot(self) -> dict[str, SessionView]:
+        now = self.clock()
+        return {
+            sid: SessionView(
+                session_id=sid,
+                buffered_ms=s.buffered_ms,
+                playing=s.buffered_ms > 0,
+                speaking=s.speaking,
+                responding=s.responding,
+                first_audio=s.first_audio,
+                barge_ins=s.barge_ins,
+                reply_gap_ms=s.reply_gap_ms,
+                age_s=now - s.updated_at,
+            )
+            for sid, s in self._sessions.items()
+        }
