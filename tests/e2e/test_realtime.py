@@ -97,6 +97,10 @@ def test_cancel_and_truncate(openai_client, model_name):
             json.dumps({"type": "conversation.item.truncate", "item_id": "x", "audio_end_ms": -1}),
             "invalid_event",
         ),
+        (
+            json.dumps({"type": "omniray.playback.progress", "item_id": "nope", "played_ms": 5}),
+            "item_not_found",
+        ),
     ],
 )
 def test_bad_events_get_an_error_and_the_session_goes_on(openai_client, model_name, event, code):
