@@ -49,7 +49,7 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "error": (
         "counter",
         "omniray_kv_errors_total",
-        "Store operations that failed and were skipped (lookup: the prompt is computed; save: a future miss).",
+        "Store operations that failed and were skipped (lookup, naming: the prompt is computed; save: a future miss).",
         ("op",),
     ),
     "fallback": (

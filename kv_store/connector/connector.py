@@ -189,10 +189,15 @@ class OmniKvConnector(KVConnectorBase_V1):
             return  # prompt embeddings without segments: nothing to name the pages by
         hasher = ChainHasher(self.block_size, self.config.llm_version, params.get("salt", ""))
         hasher.feed(items)
-        if hasher.tokens != request.num_prompt_tokens:
-            raise ValueError(
-                f"segments cover {hasher.tokens} tokens, the prompt has {request.num_prompt_tokens}"
+        if hasher.tokens != request.num_prompt_tokens:  # a caller's bug: skip the store, never fail
+            log.warning(
+                "request %s: segments cover %d tokens, the prompt has %d; not using the KV store",
+                request.request_id,
+                hasher.tokens,
+                request.num_prompt_tokens,
             )
+            self.agent.recorder.error("naming")
+            return
         self._tracked[request.request_id] = _Tracked(
             request=request,
             hasher=hasher,
@@ -243,9 +248,10 @@ class OmniKvConnector(KVConnectorBase_V1):
             return
         block_ids = blocks.get_block_ids()[0]
         tracked.loaded = True
+        blocks_for_pages = list(block_ids[first : first + len(pages)])
         self._loads.append(
             LoadJob(
-                request.request_id, pages, list(block_ids[first : first + len(pages)]), num_external_tokens
+                request.request_id, pages, blocks_for_pages, num_external_tokens, tracked.kind, tracked.trace
             )
         )
 

@@ -161,3 +161,17 @@ async def test_dead_holder_means_recompute_not_a_wrong_answer(engines, redis_url
     assert sources["external_kv_transfer"] == 0, sources  # nothing could be loaded
     assert sources["local_compute"] == len(turn2), sources
     assert await _wait_totals("omniray_kv_fallback_recompute_total", fallbacks) == fallbacks + 1
+
+
+async def test_segments_that_do_not_match_the_prompt_skip_the_store_not_the_request(engines):
+    _, decode = engines
+    ids = [(i * 19) % 1500 + 3 for i in range(70)]
+    expected = await _reference(decode, "naming-ref", ids, 4)
+    params = decode.sampling_params(
+        _sampling(4), kv_transfer_params={"omniray": {"segments": [ids[:10]], "salt": "t1"}}, max_tokens=4
+    )
+    got = []
+    async for o in decode.engine.generate({"prompt_token_ids": ids}, params, request_id="naming-bad"):
+        got.extend(o.outputs[0].token_ids)
+    assert got == expected
+    assert await _wait_totals("omniray_kv_errors_total{naming}", 0) == 1
