@@ -26,6 +26,7 @@ from services.models.profile import load_profile
 from services.quota import quota_service
 from services.realtime import events as realtime_events
 from services.realtime.session import RealtimeSession
+from services.sessions.admission import AimdAdmission
 from services.sessions.monitor import SessionMonitor
 
 logger = logging.getLogger("ray.serve")
@@ -73,6 +74,14 @@ class _Metrics:
             description="Arrival to first audio chunk.",
             boundaries=LATENCY_BUCKETS_S,
         )
+        self.admission_limit = metrics.Gauge(
+            "omniray_realtime_admission_limit",
+            description="Realtime sessions the AIMD controller admits now (N*).",
+        )
+        self.realtime_rejected = metrics.Counter(
+            "omniray_realtime_rejected_total",
+            description="Realtime sessions refused at the admission limit.",
+        )
         self.realtime_sessions = metrics.Gauge(
             "omniray_realtime_sessions",
             description="Open realtime (WebSocket) sessions on this gateway replica.",
@@ -105,6 +114,7 @@ class Gateway:
         self.pipeline = Pipeline(self.profile, self.handles, prompts, self.quota, async_chunk=async_chunk)
         self.metrics = _Metrics()
         self.sessions = SessionMonitor()
+        self.admission = AimdAdmission(self.profile.realtime.admission)
 
     # ---- observation helpers ------------------------------------------------------------
 
@@ -271,9 +281,28 @@ class Gateway:
             await send(realtime_events.error_event(f"model {model!r} is not served here", "model_not_found"))
             await ws.close(code=1008, reason="unknown model")
             return
+        if not self.admission.try_admit():
+            self.metrics.realtime_rejected.inc()
+            limit = int(self.admission.limit)
+            await send(
+                realtime_events.error_event(
+                    f"this server is at its realtime session limit ({limit}); try again later",
+                    "session_limit_reached",
+                    kind="server_error",
+                )
+            )
+            await ws.close(code=1013, reason="try again later")
+            return
+        self.metrics.admission_limit.set(self.admission.limit)
         session_id = realtime_events.new_id("sess")
         session = RealtimeSession(
-            self.pipeline, self.profile, tenant, f"{tenant.id}/{session_id}", send, self.sessions
+            self.pipeline,
+            self.profile,
+            tenant,
+            f"{tenant.id}/{session_id}",
+            send,
+            self.sessions,
+            self.admission,
         )
         self.metrics.requests.inc(tags={"api": "realtime", "code": "ok"})
         await session.start()
@@ -288,7 +317,9 @@ class Gateway:
             pass
         finally:
             await session.close()
+            self.admission.release()
             self.metrics.realtime_sessions.set(len(self.sessions))
+            self.metrics.admission_limit.set(self.admission.limit)
 
     @api.get("/v1/models")
     async def models(self):

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from services.sessions.admission import AdmissionParams
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 STAGES = ("gateway", "encoder", "prefill", "decode", "talker", "vocoder")
@@ -79,6 +81,12 @@ class KvStoreSpec(_Strict):
     policy: str = "lru"
     policy_params: dict[str, Any] = Field(default_factory=dict)
     transfer_timeout_s: float = Field(default=5.0, gt=0)
+
+
+class RealtimeSpec(_Strict):
+    """Realtime voice sessions (docs/realtime.md)."""
+
+    admission: AdmissionParams = Field(default_factory=AdmissionParams)
 
 
 class ModelsSpec(_Strict):
@@ -162,6 +170,7 @@ class Profile(_Strict):
     tiling: TilingSpec = Field(default_factory=TilingSpec)
     encoder_pool: EncoderPoolSpec = Field(default_factory=EncoderPoolSpec)
     kv_store: KvStoreSpec = Field(default_factory=KvStoreSpec)
+    realtime: RealtimeSpec = Field(default_factory=RealtimeSpec)
     stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
     def model_path(self, spec: ModelSpec) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from services.common.errors import OmniError
 from services.gateway import openai_api
 from services.gateway.media import wav_bytes
 from services.realtime import events as ev
+from services.sessions.admission import AimdAdmission
 from services.sessions.monitor import SessionMonitor
 
 PCM_RATE = 24_000  # realtime audio in: pcm16 mono at 24 kHz
@@ -61,8 +63,10 @@ class RealtimeSession:
         session_id: str,
         send: Callable[[dict], Awaitable[None]],
         monitor: SessionMonitor,
+        admission: AimdAdmission,
     ):
         self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
+        self.admission = admission
         self.id = session_id
         self.send = send
         self.config = ev.SessionConfig()
@@ -206,6 +210,7 @@ class RealtimeSession:
         ids = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
         self.items.append(r.item)
         self.monitor.response_started(self.id)
+        last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
                 if out.text:
@@ -217,6 +222,10 @@ class RealtimeSession:
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     r.item.audio_ms += ms
                     self.monitor.audio_sent(self.id, ms)
+                    now = time.monotonic()
+                    if last is not None:  # frame lateness: delivery interval over the audio it follows
+                        self.admission.observe((now - last[0]) / max(last[1], 1e-3))
+                    last = (now, ms / 1000)
                     delta = base64.b64encode(out.pcm16).decode()
                     await self.send(ev.server_event("response.output_audio.delta", delta=delta, **ids))
                 if out.finish_reason and out.usage is not None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import numpy as np
 import pytest
+import websockets
 
 PCM_RATE = 24000
 
@@ -121,3 +123,48 @@ def test_unknown_key_and_model_are_refused(omniray, model_name):
     with bad.realtime.connect(model=model_name) as conn:
         event = next(iter(conn))
         assert event.type == "error" and event.error.type == "authentication_error"
+
+
+def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omniray):
+    """tiny admits 4 realtime sessions at once (configs/tiny.yaml); the next one gets an error event
+    and close code 1013, and a place frees when a session ends."""
+    import websockets.sync.client as ws_client
+
+    from services.quota import LOCAL_API_KEY
+
+    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
+    headers = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
+
+    def open_session():
+        conn = ws_client.connect(url, additional_headers=headers)
+        first = json.loads(conn.recv(timeout=30))
+        return conn, first
+
+    held, refused = [], None
+    try:
+        for _ in range(8):  # sessions of earlier tests may still be closing: count, do not assume
+            conn, first = open_session()
+            if first["type"] == "session.created":
+                held.append(conn)
+                continue
+            refused = (conn, first)
+            break
+        assert refused is not None and 1 <= len(held) <= 4
+        conn, first = refused
+        assert first["type"] == "error" and first["error"]["code"] == "session_limit_reached"
+        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+            conn.recv(timeout=30)
+        assert closed.value.rcvd.code == 1013
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while True:  # the gateway notices the close and frees the place
+            conn, first = open_session()
+            if first["type"] == "session.created" or time.monotonic() > deadline:
+                break
+            conn.close()
+            time.sleep(0.2)
+        assert first["type"] == "session.created"
+        held.append(conn)
+    finally:
+        for conn in held:
+            conn.close()
