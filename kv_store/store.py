@@ -82,10 +82,6 @@ class KvStore:
                 self.policy.insert(page, self._info[page])
             self._observe()
 
-    async def _publish_l2(self, page: Hashable) -> None:
-        tier = f"L2@{self.pool.slot_of(page)}"
-        await self.meta.publish(self.provider, tier, self.pool.layout.page_bytes, [page])
-
     def _moved(self, path: str) -> None:
         if self.metrics:
             self.metrics.moved(path, self.pool.layout.page_bytes)
@@ -94,10 +90,7 @@ class KvStore:
         if self.pool.slot_of(page) is None:
             await self._make_room()
             self.pool.put(page, data)
-            self._info[page] = info
-            self.policy.insert(page, info)
-        await self._publish_l2(page)
-        self._observe()
+        await self.commit([page], info)
 
     async def get(self, page: Hashable) -> np.ndarray | None:
         if (data := self.pool.get(page)) is not None:
@@ -107,11 +100,9 @@ class KvStore:
         if self.disk is not None and page in self.disk:
             await self._make_room()
             await self.disk.promote(page)
-            self.policy.insert(page, self._info.get(page, DEFAULT_INFO))
-            await self._publish_l2(page)
+            await self.commit([page], self._info.get(page, DEFAULT_INFO))
             self._moved("L3->L2")
             self._lookup("L3")
-            self._observe()
             return self.pool.get(page)
         self._lookup("miss")
         return None
@@ -232,11 +223,13 @@ class KvStore:
         self._written(pages)
 
     async def commit(self, pages: list[Hashable], info: PageInfo = DEFAULT_INFO) -> None:
+        """Pages now complete in L2: into the eviction order and published in Redis with their slots."""
         pages = list(dict.fromkeys(pages))
         self._written(pages)
         for page in pages:
             self._info[page] = info
-            self.policy.insert(page, info)
+            if page not in self._pins:  # held pages stay out of the eviction order
+                self.policy.insert(page, info)
         by_tier: dict[str, list[Hashable]] = {}
         for page in pages:
             by_tier.setdefault(f"L2@{self.pool.slot_of(page)}", []).append(page)

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from services.app import serve_config
+from services.common import redis_config
 from services.models.profile import REPO_ROOT, data_dir
 
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
@@ -177,7 +178,7 @@ def deploy(
         env_vars={
             "OMNIRAY_DATA": str(data_dir()),
             RUN_ID_ENV: cluster.run_id,
-            "OMNIRAY_REDIS_URL": cluster.redis_url,
+            redis_config.ENV: cluster.redis_url,
         },
     )
     cfg_file = cluster.run_dir / "serve_config.yaml"

@@ -22,6 +22,7 @@ import torch
 from omni.v1 import common_pb2, stages_pb2
 
 from services.common import tensors
+from services.common.redis_config import redis_url
 from services.models.profile import Profile, data_dir
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
@@ -85,7 +86,7 @@ class ThinkerEngine:
                 # A page that cannot be loaded is recomputed, never an error.
                 kv_load_failure_policy="recompute",
                 kv_connector_extra_config={
-                    "redis_url": os.environ.get("OMNIRAY_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                    "redis_url": redis_url(),
                     "llm_version": self.llm_version,
                     "l2_bytes": kv.l2_mib << 20,
                     "l3_path": str(l3_dir) if kv.l3_mib else "",

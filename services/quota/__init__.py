@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from services.common.redis_config import redis_url
 from services.models.profile import REPO_ROOT
 
 DEFAULT_TENANTS_FILE = REPO_ROOT / "configs" / "tenants" / "local.yaml"
@@ -22,6 +23,6 @@ def quota_service():
     from services.quota.service import QuotaService
     from services.quota.tenants import Tenants
 
-    redis = aioredis.Redis.from_url(os.environ.get("OMNIRAY_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    redis = aioredis.Redis.from_url(redis_url())
     tenants = Tenants(Path(os.environ.get("OMNIRAY_TENANTS_FILE", DEFAULT_TENANTS_FILE)), redis)
     return QuotaService(tenants, Buckets(redis), QuotaMetrics())
