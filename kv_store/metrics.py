@@ -29,7 +29,7 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "prefetch": (
         "counter",
         "omniray_kv_prefetch_total",
-        "Prefetched pages by outcome (hit, done, late, skipped, cancelled).",
+        "Prefetched pages by outcome (hit, done, late, skipped, cancelled; refused: a preload that would not arrive in time or over the in-flight bound).",
         ("outcome",),
     ),
     "moved": ("counter", "omniray_kv_bytes_moved_total", "Page bytes moved, by path.", ("path",)),
@@ -58,8 +58,23 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "Requests whose pages could not be loaded (provider dead, transfer failed) and were recomputed.",
         ("reason",),
     ),
+    # Engine-process metrics of the interaction-aware scheduler (services/engine/scheduler.py): the
+    # scheduler runs in the same engine-core process and its metrics ride the same channel.
+    "decision": (
+        "histogram",
+        "omniray_scheduler_decision_seconds",
+        "Time the scheduler's urgency policy takes per scheduling round (ranking running requests).",
+        ("policy",),
+    ),
+    "ranked": (
+        "counter",
+        "omniray_scheduler_ranked_total",
+        "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",
+        ("urgency",),
+    ),
 }
 TRANSFER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+DECISION_BUCKETS = [0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
 
 class Metrics(Protocol):
@@ -72,6 +87,8 @@ class Metrics(Protocol):
     def request(self, kind: str, result: str, tokens: float) -> None: ...
     def error(self, op: str, n: float = 1) -> None: ...
     def fallback(self, reason: str, n: float = 1) -> None: ...
+    def decision(self, policy: str, seconds: float) -> None: ...
+    def ranked(self, urgency: str, n: float = 1) -> None: ...
 
 
 class _Calls:
@@ -107,6 +124,12 @@ class _Calls:
     def fallback(self, reason: str, n: float = 1) -> None:
         self._record("fallback", (reason,), n)
 
+    def decision(self, policy: str, seconds: float) -> None:
+        self._record("decision", (policy,), seconds)
+
+    def ranked(self, urgency: str, n: float = 1) -> None:
+        self._record("ranked", (urgency,), n)
+
 
 class StoreMetrics(_Calls):
     """Ray metrics (the serving process's sink)."""
@@ -121,7 +144,8 @@ class StoreMetrics(_Calls):
             elif kind == "counter":
                 m = metrics.Counter(name, description=help_, tag_keys=labels)
             else:
-                m = metrics.Histogram(name, description=help_, boundaries=TRANSFER_BUCKETS, tag_keys=labels)
+                buckets = DECISION_BUCKETS if method == "decision" else TRANSFER_BUCKETS
+                m = metrics.Histogram(name, description=help_, boundaries=buckets, tag_keys=labels)
             self._metrics[method] = (kind, m, labels)
 
     def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:

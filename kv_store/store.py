@@ -43,6 +43,7 @@ class KvStore:
         self.policy_name = type(policy).__name__
         self._info: dict[Hashable, PageInfo] = {}
         self._pins: dict[Hashable, int] = {}
+        self._bandwidth: float | None = None  # bytes/s of peer pulls (moving average)
         # Reserved pages whose bytes are still being written (reserve -> commit/abandon): readers wait.
         self._writing: dict[Hashable, asyncio.Future] = {}
 
@@ -113,10 +114,29 @@ class KvStore:
         await self._make_room(len(pages))
         started = time.perf_counter()
         await self.pool.pull(peer, pages)
+        seconds = time.perf_counter() - started
+        rate = len(pages) * self.pool.layout.page_bytes / max(seconds, 1e-6)
+        self._bandwidth = rate if self._bandwidth is None else 0.8 * self._bandwidth + 0.2 * rate
         if self.metrics:
-            self.metrics.transfer("peer->L2", time.perf_counter() - started)
+            self.metrics.transfer("peer->L2", seconds)
             self.metrics.moved("peer->L2", len(pages) * self.pool.layout.page_bytes)
         await self.commit([p for p, _ in pages])
+
+    def here(self, page: Hashable) -> bool:
+        """In L2 and readable now (not still arriving)."""
+        return self.pool.slot_of(page) is not None and not self.pool.arriving(page)
+
+    def evictable(self, page: Hashable) -> bool:
+        """In L2 and in the eviction order (not pinned or held)."""
+        return self.pool.slot_of(page) is not None and page not in self._pins
+
+    def measured_bandwidth(self) -> float | None:
+        """Bytes per second of recent peer pulls (moving average), None before the first."""
+        return self._bandwidth
+
+    def record_prefetch(self, outcome: str, n: int = 1) -> None:
+        if self.metrics:
+            self.metrics.prefetch(outcome, n)
 
     async def advertise(self) -> None:
         await self.meta.advertise(self.provider, self.pool.address())

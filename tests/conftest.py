@@ -133,7 +133,9 @@ def redis_url(tmp_path_factory):
     proc.wait(10)
 
 
-class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _BearerAuth(
+    grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor, grpc.StreamStreamClientInterceptor
+):
     def __init__(self, key: str):
         self.key = key
 
@@ -146,6 +148,9 @@ class _BearerAuth(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
     def intercept_unary_stream(self, continuation, details, request):
         return continuation(self._with_key(details), request)
+
+    def intercept_stream_stream(self, continuation, details, request_iterator):
+        return continuation(self._with_key(details), request_iterator)
 
 
 def grpc_channel(target: str, key: str | None = LOCAL_API_KEY) -> grpc.Channel:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import importlib
 import json
+import logging
+import math
 import os
 import socket
 import threading
@@ -24,8 +27,11 @@ from kv_store.disk import DiskTier
 from kv_store.layout import PageLayout
 from kv_store.metadata import KvMetadata
 from kv_store.metrics import Recorder
+from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +48,11 @@ class AgentConfig:
     transfer_timeout_s: float = 5.0
     heartbeat_ttl_ms: int = 10_000
     serve_interval_s: float = 0.001
+    # Live session signals (kv_store/sessions.py): "module:Class" of a board reader built as
+    # Class(redis_url, interval_s) with `views()`; empty: none (no next-use feed, no preload).
+    session_board: str = ""
+    board_interval_s: float = 0.05
+    follower: dict[str, Any] = field(default_factory=dict)  # FollowerParams
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> AgentConfig:
@@ -72,6 +83,7 @@ class StoreAgent:
         self.provider = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.recorder = Recorder()
         self.store: KvStore | None = None
+        self.follower: SessionFollower | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omniray-kv-agent", daemon=True)
         self._thread.start()
@@ -105,8 +117,14 @@ class StoreAgent:
         if c.l3_path and c.l3_bytes:
             path = Path(c.l3_path) / f"{self.provider}.pages"
             disk = DiskTier(f"disk-{self.provider}", pool, path, max(1, c.l3_bytes // layout.page_bytes))
-        policy = eviction.create(c.policy, c.policy_params)
+        extra = {"predict": self._predict} if c.policy == "next_use" else {}
+        policy = eviction.create(c.policy, c.policy_params, **extra)
         self.store = KvStore(self.provider, pool, self.meta, policy, disk=disk, metrics=self.recorder)
+        board = None
+        if c.session_board:
+            module, name = c.session_board.split(":")
+            board = getattr(importlib.import_module(module), name)(c.redis_url, c.board_interval_s)
+            self.follower = SessionFollower(self.store, FollowerParams(**c.follower))
 
         async def start() -> None:
             await self.store.advertise()
@@ -115,9 +133,27 @@ class StoreAgent:
                 asyncio.create_task(pool.serve(c.serve_interval_s)),
                 asyncio.create_task(self._heartbeat()),
             ]
+            if board is not None:
+                self._tasks.append(asyncio.create_task(self._follow(board)))
 
         self.run(start())
         return self.store
+
+    def _predict(self, page) -> float:
+        return self.follower.predict(page) if self.follower else math.inf
+
+    def saw(self, session: str, pages) -> None:
+        """Pages of a session were saved or loaded here (runs on the agent's loop)."""
+        if self.follower is not None:
+            self.follower.saw(session, pages)
+
+    async def _follow(self, board) -> None:
+        while True:
+            try:
+                await self.follower.step(board.views())
+            except Exception as e:  # signals are advice: the store works without them
+                log.warning("session follower: %s", e)
+            await asyncio.sleep(self.config.board_interval_s)
 
     async def _heartbeat(self) -> None:
         while True:

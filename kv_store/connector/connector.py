@@ -344,6 +344,8 @@ class OmniKvConnector(KVConnectorBase_V1):
             span.set_attribute("omniray.kv.kind", job.kind)
             span.set_attribute("omniray.kv.pages", len(job.pages))
             fetched = await store.fetch(job.pages)
+            if job.session:
+                self.agent.saw(job.session, job.pages)
             try:
                 ok = 0
                 while ok < len(job.pages) and fetched[job.pages[ok]] is not None:
@@ -390,6 +392,7 @@ class OmniKvConnector(KVConnectorBase_V1):
                 for job in meta.saves:
                     if job.session:
                         await store.meta.append_chain(job.session, job.pages)
+                        self.agent.saw(job.session, job.pages)
 
             self.agent.run(publish())
         except Exception as e:  # a save that fails is a future miss, never a failed request

@@ -94,8 +94,27 @@ class ThinkerEngine:
                     "policy": kv.policy,
                     "policy_params": kv.policy_params,
                     "transfer_timeout_s": kv.transfer_timeout_s,
+                    "session_board": "services.sessions.board:BoardReader" if kv.session_signals else "",
+                    "board_interval_s": profile.realtime.scheduler.board_interval_s,
+                    "follower": kv.follower,
                 },
             )
+        from services.engine.scheduler import CONFIG_KEY
+
+        sched = {}
+        if role == "decode":  # realtime urgency applies where tokens stream to listeners
+            spec = profile.realtime.scheduler
+            sched = {
+                "scheduler_cls": "services.engine.scheduler.InteractionAwareScheduler",
+                "additional_config": {
+                    CONFIG_KEY: {
+                        "policy": spec.policy,
+                        "params": spec.params,
+                        "redis_url": redis_url(),
+                        "poll_s": spec.board_interval_s,
+                    }  # fmt: skip
+                },
+            }
         args = AsyncEngineArgs(
             model=str(self.model_path),
             served_model_name=profile.served_model_name,
@@ -107,6 +126,7 @@ class ThinkerEngine:
             enable_prompt_embeds=True,
             block_size=profile.engine.block_size,
             kv_transfer_config=kv_config,
+            **sched,
             **profile.engine.extra,
         )
         self.engine = AsyncLLM.from_engine_args(args)
@@ -174,12 +194,20 @@ class ThinkerEngine:
 
     @staticmethod
     def sampling_params(
-        sampling: common_pb2.SamplingParams, *, kv_transfer_params: dict | None, max_tokens: int | None = None
+        sampling: common_pb2.SamplingParams,
+        *,
+        kv_transfer_params: dict | None,
+        max_tokens: int | None = None,
+        session_id: str = "",
     ):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        from services.engine.scheduler import SESSION_ARG
+
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
+        if session_id:  # the scheduler's key into the session board
+            extra[SESSION_ARG] = session_id
         return SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else sampling.max_tokens,
             temperature=sampling.temperature,
@@ -187,7 +215,7 @@ class ThinkerEngine:
             seed=sampling.seed or None,
             stop=list(sampling.stop) or None,
             output_kind=RequestOutputKind.DELTA,
-            extra_args=extra,
+            extra_args=extra or None,
         )
 
     # -- stage operations -----------------------------------------------------------------
@@ -221,7 +249,7 @@ class ThinkerEngine:
         handed = json.loads(kv_transfer_params) if kv_transfer_params else {}
         kind = handed.get("omniray", {}).get("kind") or ("session" if ctx.session_id else "prefix")
         kv = self.kv_params(segments, ctx, kind) if self.kv_enabled else None
-        params = self.sampling_params(sampling, kv_transfer_params=kv)
+        params = self.sampling_params(sampling, kv_transfer_params=kv, session_id=ctx.session_id)
         completion = 0
         async for out in self.engine.generate(engine_prompt, params, request_id=request_id):
             c = out.outputs[0]

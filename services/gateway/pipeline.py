@@ -40,6 +40,7 @@ WHOLE_AUDIO_PIECE_S = 0.5
 @dataclass
 class Event:
     text: str = ""
+    tokens: int = 0  # generated tokens behind `text`
     pcm16: bytes = b""
     sample_rate: int = 0
     transcript: str | None = None
@@ -54,7 +55,7 @@ def _merge_text(batch: list[Event | None]) -> list[Event | None]:
     for ev in batch:
         prev = merged[-1] if merged else None
         if ev is not None and prev is not None and _text_only(ev) and _text_only(prev):
-            merged[-1] = Event(text=prev.text + ev.text)
+            merged[-1] = Event(text=prev.text + ev.text, tokens=prev.tokens + ev.tokens)
         else:
             merged.append(ev)
     return merged
@@ -365,7 +366,7 @@ class Pipeline:
             async for chunk in stream:
                 if chunk.text:
                     text.append(chunk.text)
-                    await out.put(Event(text=chunk.text))
+                    await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
                     if (
                         p.plan.speak
                         and self.async_chunk

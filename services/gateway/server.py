@@ -3,6 +3,7 @@ in front of the one Pipeline."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -10,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import grpc
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from omni.v1 import common_pb2, omni_pb2
@@ -24,10 +26,8 @@ from services.gateway.pipeline import Event, Pipeline, StageHandles
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
 from services.quota import quota_service
-from services.realtime import events as realtime_events
-from services.realtime.session import RealtimeSession
-from services.sessions.admission import AimdAdmission
-from services.sessions.monitor import SessionMonitor
+from services.realtime import grpc_events
+from services.realtime.hub import RealtimeHub, Refused
 
 logger = logging.getLogger("ray.serve")
 SLO_HEADER = "x-omniray-slo-class"
@@ -74,24 +74,20 @@ class _Metrics:
             description="Arrival to first audio chunk.",
             boundaries=LATENCY_BUCKETS_S,
         )
-        self.admission_limit = metrics.Gauge(
-            "omniray_realtime_admission_limit",
-            description="Realtime sessions the AIMD controller admits now (N*).",
-        )
-        self.realtime_rejected = metrics.Counter(
-            "omniray_realtime_rejected_total",
-            description="Realtime sessions refused at the admission limit.",
-        )
-        self.realtime_sessions = metrics.Gauge(
-            "omniray_realtime_sessions",
-            description="Open realtime (WebSocket) sessions on this gateway replica.",
-        )
         self.e2e = metrics.Histogram(
             "omniray_gateway_e2e_seconds",
             description="Arrival to last chunk.",
             boundaries=LATENCY_BUCKETS_S,
             tag_keys=("api",),
         )
+
+
+# Refused realtime sessions: gRPC status codes, and WebSocket close codes (1013: try again later).
+GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found": grpc.StatusCode.NOT_FOUND,
+                "limit": grpc.StatusCode.RESOURCE_EXHAUSTED}  # fmt: skip
+MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
+WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "unknown model"),
+            "limit": (1013, "try again later")}  # fmt: skip
 
 
 @serve.deployment
@@ -113,8 +109,7 @@ class Gateway:
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, self.handles, prompts, self.quota, async_chunk=async_chunk)
         self.metrics = _Metrics()
-        self.sessions = SessionMonitor()
-        self.admission = AimdAdmission(self.profile.realtime.admission)
+        self.realtime_hub = RealtimeHub(self.pipeline, self.profile, self.quota)
 
     # ---- observation helpers ------------------------------------------------------------
 
@@ -267,46 +262,15 @@ class Gateway:
             await ws.send_text(json.dumps(event))
 
         try:
-            tenant = await self.quota.authenticate(bearer_token(ws.headers.get("authorization")))
-        except OmniError as e:
-            await send(
-                realtime_events.error_event(
-                    e.message, e.code or "invalid_api_key", kind="authentication_error"
-                )
+            session = await self.realtime_hub.open(
+                bearer_token(ws.headers.get("authorization")), ws.query_params.get("model"), send
             )
-            await ws.close(code=1008, reason="unauthorized")
+        except Refused as refused:
+            await send(refused.event)
+            code, reason = WS_CLOSE[refused.reason]
+            await ws.close(code=code, reason=reason)
             return
-        model = ws.query_params.get("model")
-        if model and model != self.profile.served_model_name:
-            await send(realtime_events.error_event(f"model {model!r} is not served here", "model_not_found"))
-            await ws.close(code=1008, reason="unknown model")
-            return
-        if not self.admission.try_admit():
-            self.metrics.realtime_rejected.inc()
-            limit = int(self.admission.limit)
-            await send(
-                realtime_events.error_event(
-                    f"this server is at its realtime session limit ({limit}); try again later",
-                    "session_limit_reached",
-                    kind="server_error",
-                )
-            )
-            await ws.close(code=1013, reason="try again later")
-            return
-        self.metrics.admission_limit.set(self.admission.limit)
-        session_id = realtime_events.new_id("sess")
-        session = RealtimeSession(
-            self.pipeline,
-            self.profile,
-            tenant,
-            f"{tenant.id}/{session_id}",
-            send,
-            self.sessions,
-            self.admission,
-        )
         self.metrics.requests.inc(tags={"api": "realtime", "code": "ok"})
-        await session.start()
-        self.metrics.realtime_sessions.set(len(self.sessions))
         try:
             while True:
                 message = await ws.receive()
@@ -316,10 +280,7 @@ class Gateway:
         except WebSocketDisconnect:
             pass
         finally:
-            await session.close()
-            self.admission.release()
-            self.metrics.realtime_sessions.set(len(self.sessions))
-            self.metrics.admission_limit.set(self.admission.limit)
+            await self.realtime_hub.close(session)
 
     @api.get("/v1/models")
     async def models(self):
@@ -391,6 +352,39 @@ class Gateway:
                 grpc_context.set_code(e.grpc_code)
                 grpc_context.set_details(e.message)
             raise
+
+    async def Realtime(
+        self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None
+    ) -> AsyncIterator[omni_pb2.RealtimeServerEvent]:
+        """omni.v1.Omni/Realtime: the WebSocket's session over a bidirectional gRPC stream (Serve's
+        proxy carries it); events converted by services/realtime/grpc_events.py."""
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
+        outbox: asyncio.Queue = asyncio.Queue()
+        try:
+            session = await self.realtime_hub.open(
+                bearer_token(metadata.get("authorization")), metadata.get(MODEL_HEADER), outbox.put
+            )
+        except Refused as refused:
+            if grpc_context is not None:
+                grpc_context.set_code(GRPC_REFUSAL[refused.reason])
+                grpc_context.set_details(str(refused))
+            raise
+        self.metrics.requests.inc(tags={"api": "grpc_realtime", "code": "ok"})
+
+        async def read() -> None:
+            try:
+                async for message in request_stream:
+                    await session.handle(grpc_events.client_event_json(message))
+            finally:
+                await outbox.put(None)  # the client closed its side: the session ends
+
+        reader = asyncio.create_task(read())
+        try:
+            while (event := await outbox.get()) is not None:
+                yield grpc_events.server_event_proto(event)
+        finally:
+            reader.cancel()
+            await self.realtime_hub.close(session)
 
     async def ListModels(self, request: omni_pb2.ListModelsRequest) -> omni_pb2.ListModelsResponse:
         card = self._model_card()

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.sessions.admission import AdmissionParams
 
@@ -78,15 +78,35 @@ class KvStoreSpec(_Strict):
     l2_mib: int = Field(default=256, ge=1)  # host DRAM pool, NIXL-registered
     l3_mib: int = Field(default=0, ge=0)  # disk tier; 0 = none
     l3_dir: str = "kv"  # relative paths are under the data directory (.data)
-    policy: str = "lru"
+    policy: str = "lru"  # next_use: ranked by the live session signals below
     policy_params: dict[str, Any] = Field(default_factory=dict)
     transfer_timeout_s: float = Field(default=5.0, gt=0)
+    # Live session signals from the session board (kv_store/sessions.py): next-use predictions and
+    # speech-triggered preload; `follower` sets FollowerParams (idle_s, deadline_s, max_pages, ...).
+    session_signals: bool = True
+    follower: dict[str, Any] = Field(default_factory=dict)
+
+
+class SchedulerSpec(_Strict):
+    """The decode engine's urgency policy (services/engine/urgency/) and its session board."""
+
+    policy: Literal["fcfs", "liveserve"] = "liveserve"
+    params: dict[str, float] = Field(default_factory=dict)
+    board_interval_s: float = Field(default=0.05, gt=0, le=5)  # gateway publish and engine poll period
+
+    @model_validator(mode="after")
+    def _policy_params(self):
+        from services.engine import urgency
+
+        urgency.create(self.policy, self.params)  # unknown or out-of-range parameters fail here
+        return self
 
 
 class RealtimeSpec(_Strict):
     """Realtime voice sessions (docs/realtime.md)."""
 
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
+    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
 
 
 class ModelsSpec(_Strict):

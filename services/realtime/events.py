@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from services.realtime.vad import ServerVad
+
 # One append carries at most this much audio (15 s of 24 kHz pcm16, as base64).
 MAX_APPEND_BASE64 = 4 * -(-15 * 24_000 * 2 // 3)
 
@@ -40,6 +42,8 @@ class AudioFormat(BaseModel):
 class AudioInput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: AudioFormat = Field(default_factory=AudioFormat)
+    # Server VAD (on by default, as OpenAI's); null: the client commits and asks for responses.
+    turn_detection: ServerVad | None = Field(default_factory=ServerVad)
 
 
 class AudioOutput(BaseModel):
@@ -116,6 +120,11 @@ class ConversationItemTruncate(_Event):
     audio_end_ms: int = Field(ge=0)
 
 
+class ConversationItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
 class PlaybackProgress(_Event):
     """omniray's extension: how much of an assistant item's audio the client has played (the session
     monitor's playback position; OpenAI's protocol has no client event for it)."""
@@ -133,6 +142,7 @@ ClientEvent = Annotated[
     | ResponseCreate
     | ResponseCancel
     | ConversationItemTruncate
+    | ConversationItemRetrieve
     | PlaybackProgress,
     Field(discriminator="type"),
 ]
@@ -147,6 +157,7 @@ CLIENT_TYPES = {
         ResponseCreate,
         ResponseCancel,
         ConversationItemTruncate,
+        ConversationItemRetrieve,
         PlaybackProgress,
     )
 }

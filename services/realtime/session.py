@@ -21,6 +21,8 @@ from services.common.errors import OmniError
 from services.gateway import openai_api
 from services.gateway.media import wav_bytes
 from services.realtime import events as ev
+from services.realtime.stats import RealtimeStats
+from services.realtime.vad import SileroStream, TurnSegmenter
 from services.sessions.admission import AimdAdmission
 from services.sessions.monitor import SessionMonitor
 
@@ -32,8 +34,39 @@ class Item:
     id: str
     role: str  # "user" (audio) or "assistant" (its transcript)
     audio: bytes = b""
-    text: str = ""
-    audio_ms: float = 0.0  # assistant: audio produced so far
+    text: str = ""  # assistant: what the conversation keeps (all of it, or what was played)
+    tokens: int = 0  # assistant: tokens generated
+    generated: str = ""  # assistant: all text generated
+    spoken: list[list] = field(default_factory=list)  # assistant: [text piece, ms of its audio]
+
+    @property
+    def audio_ms(self) -> float:
+        return sum(ms for _, ms in self.spoken)
+
+    def cut(self, audio_end_ms: float) -> None:
+        """Keep the text spoken in the first `audio_end_ms` of audio: whole pieces played, and of
+        the piece playing then the part in proportion to its audio (cut at a word boundary). Text
+        generated but not yet spoken is dropped. Always from what was generated, so cuts repeat."""
+        kept, at = "", 0.0
+        for piece, ms in self.spoken:
+            if at + ms <= audio_end_ms:
+                kept += piece
+            else:
+                n = int(len(piece) * max(0.0, audio_end_ms - at) / ms) if ms else 0
+                cut = piece.rfind(" ", 0, n + 1)
+                kept += piece[: max(cut, 0)]
+                break
+            at += ms
+        self.text = kept
+
+    def describe(self, status: str = "completed") -> dict:
+        content = (
+            {"type": "input_audio", "transcript": None}
+            if self.role == "user"
+            else {"type": "output_audio", "transcript": self.text}
+        )
+        return {"id": self.id, "type": "message", "object": "realtime.item", "role": self.role,
+                "status": status, "content": [content]}  # fmt: skip
 
     def message(self) -> dict:
         if self.role == "user":
@@ -64,15 +97,41 @@ class RealtimeSession:
         send: Callable[[dict], Awaitable[None]],
         monitor: SessionMonitor,
         admission: AimdAdmission,
+        stats: RealtimeStats,
     ):
         self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
-        self.admission = admission
+        self.admission, self.stats = admission, stats
         self.id = session_id
         self.send = send
         self.config = ev.SessionConfig()
         self.buffer = bytearray()
+        self.buffer_start_ms = 0.0  # position of buffer[0] in the session's input audio
         self.items: list[Item] = []
         self.response: Response | None = None
+        self.next_item_id = ev.new_id("item")  # the user item speech will become
+        self.vad: SileroStream | None = None
+        self.turns: TurnSegmenter | None = None
+        self.speech_start_ms: float | None = None
+        self._start_vad()
+
+    def _start_vad(self) -> None:
+        """(Re)start server VAD at the current input position with the session's settings."""
+        td = self.config.audio.input.turn_detection
+        self.vad = SileroStream(PCM_RATE) if td else None
+        self.turns = TurnSegmenter(td, origin_ms=self.input_ms) if td else None
+        self.speech_start_ms = None
+
+    @property
+    def input_ms(self) -> float:
+        return self.buffer_start_ms + len(self.buffer) / 2 / PCM_RATE * 1000
+
+    def _drop_buffer(self, upto: int | None = None) -> bytes:
+        """Take the buffer's first `upto` bytes (all by default) out of it."""
+        upto = len(self.buffer) if upto is None else upto
+        taken = bytes(self.buffer[:upto])
+        del self.buffer[:upto]
+        self.buffer_start_ms += upto / 2 / PCM_RATE * 1000
+        return taken
 
     # ---- events ---------------------------------------------------------------------------------
 
@@ -93,7 +152,10 @@ class RealtimeSession:
 
     async def _dispatch(self, event: Any) -> None:
         if isinstance(event, ev.SessionUpdate):
-            self.config = event.session
+            # As OpenAI's: fields not given keep their values.
+            given = event.session.model_dump(exclude_unset=True)
+            self.config = ev.SessionConfig.model_validate(_merge(self.config.model_dump(), given))
+            self._start_vad()
             await self.send(ev.server_event("session.updated", session=self.describe()))
         elif isinstance(event, ev.InputAudioBufferAppend):
             limit = int(self.profile.limits.max_audio_seconds * PCM_RATE * 2)
@@ -105,10 +167,13 @@ class RealtimeSession:
                     event_id=event.event_id,
                 )
             self.buffer += chunk
+            if self.vad is not None:
+                await self._detect(chunk)
         elif isinstance(event, ev.InputAudioBufferCommit):
             await self._commit(event)
         elif isinstance(event, ev.InputAudioBufferClear):
-            self.buffer.clear()
+            self._drop_buffer()
+            self.speech_start_ms = None
             await self.send(ev.server_event("input_audio_buffer.cleared"))
         elif isinstance(event, ev.ResponseCreate):
             await self._create_response(event)
@@ -116,6 +181,13 @@ class RealtimeSession:
             await self.cancel()
         elif isinstance(event, ev.ConversationItemTruncate):
             await self._truncate(event)
+        elif isinstance(event, ev.ConversationItemRetrieve):
+            item = next((i for i in self.items if i.id == event.item_id), None)
+            if item is None:
+                raise ev.RealtimeEventError(
+                    f"no item {event.item_id!r}", code="item_not_found", event_id=event.event_id
+                )
+            await self.send(ev.server_event("conversation.item.retrieved", item=item.describe()))
         elif isinstance(event, ev.PlaybackProgress):
             current = self.response.item.id if self.response else None
             if event.item_id != current:
@@ -126,16 +198,85 @@ class RealtimeSession:
                 )
             self.monitor.played(self.id, event.played_ms)
 
-    async def _commit(self, event: ev.InputAudioBufferCommit) -> None:
+    # ---- server VAD and barge-in ---------------------------------------------------------------
+
+    async def _detect(self, chunk: bytes) -> None:
+        probs = await asyncio.to_thread(self.vad.feed, chunk)
+        for found in self.turns.push(probs):
+            if found.kind == "speech_started":
+                await self._speech_started(found.audio_ms)
+            else:
+                await self._speech_stopped(found.audio_ms)
+
+    async def _speech_started(self, audio_start_ms: int) -> None:
+        """The user talks. Over a response (barge-in) the response stops before anything else is
+        sent — no audio delta follows `speech_started` — and the assistant's item is cut to what
+        the client played."""
+        td = self.config.audio.input.turn_detection
+        self.speech_start_ms = audio_start_ms
+        barge = self.monitor.speech_started(self.id)
+        r = self.response
+        running = r is not None and r.task is not None and not r.task.done()
+        if running and td.interrupt_response:
+            r.task.cancel()
+        await self.send(
+            ev.server_event(
+                "input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self.next_item_id
+            )
+        )
+        if running and td.interrupt_response:
+            with contextlib.suppress(asyncio.CancelledError):
+                await r.task
+        if barge and r is not None and (td.interrupt_response or not running):
+            await self._cut_to_played(r)
+
+    async def _cut_to_played(self, r: Response) -> None:
+        view = self.monitor.snapshot().get(self.id)
+        played = min(view.played_ms if view else 0.0, r.item.audio_ms)
+        if played >= r.item.audio_ms and r.status == "completed":
+            return  # all of it was heard
+        r.item.cut(played)
+        generated = max(len(r.item.generated), 1)
+        wasted = r.item.tokens - round(r.item.tokens * len(r.item.text) / generated)
+        self.monitor.truncated(self.id, played)
+        self.stats.barge_in(wasted)
+        await self.send(
+            ev.server_event(
+                "conversation.item.truncated",
+                item_id=r.item.id,
+                content_index=0,
+                audio_end_ms=int(played),
+                omniray={"wasted_tokens": wasted, "generated_tokens": r.item.tokens},
+            )  # fmt: skip
+        )
+
+    async def _speech_stopped(self, audio_end_ms: int) -> None:
+        td = self.config.audio.input.turn_detection
+        self.monitor.speech_stopped(self.id)
+        item_id, start = self.next_item_id, self.speech_start_ms
+        self.speech_start_ms = None
+        await self.send(
+            ev.server_event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
+        )
+        if start is not None:  # what came before the speech (and its padding) is not the turn
+            self._drop_buffer(max(0, int((start - self.buffer_start_ms) / 1000 * PCM_RATE)) * 2)
+        if len(self.buffer) < PCM_RATE * 2 // 10:
+            return  # a blip: nothing worth a turn
+        await self._commit(None)
+        if td.create_response and (self.response is None or self.response.status != "in_progress"):
+            await self._create_response(ev.ResponseCreate(type="response.create"))
+
+    async def _commit(self, event: ev.InputAudioBufferCommit | None) -> None:
         if len(self.buffer) < PCM_RATE * 2 // 10:  # OpenAI's rule: at least 100 ms
             raise ev.RealtimeEventError(
                 f"input audio buffer holds {len(self.buffer) / (PCM_RATE * 2) * 1000:.0f} ms; commit needs 100 ms",
                 code="input_audio_buffer_commit_empty",
-                event_id=event.event_id,
+                event_id=event.event_id if event else None,
             )
         previous = self.items[-1].id if self.items else None
-        item = Item(ev.new_id("item"), "user", audio=bytes(self.buffer))
-        self.buffer.clear()
+        item = Item(self.next_item_id, "user", audio=self._drop_buffer())
+        self.next_item_id = ev.new_id("item")
+        self.speech_start_ms = None
         self.items.append(item)
         await self.send(
             ev.server_event("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
@@ -144,15 +285,8 @@ class RealtimeSession:
             ev.server_event(
                 "conversation.item.added",
                 previous_item_id=previous,
-                item={
-                    "id": item.id,
-                    "type": "message",
-                    "object": "realtime.item",
-                    "role": "user",
-                    "status": "completed",
-                    "content": [{"type": "input_audio", "transcript": None}],
-                },
-            )  # fmt: skip
+                item=item.describe(),
+            )
         )
 
     # ---- responses ------------------------------------------------------------------------------
@@ -200,9 +334,7 @@ class RealtimeSession:
         response.task = asyncio.create_task(self._run(response, prepared))
 
     def _describe(self, r: Response) -> dict:
-        item = {"id": r.item.id, "type": "message", "object": "realtime.item", "role": "assistant",
-                "status": "completed" if r.status == "completed" else "incomplete",
-                "content": [{"type": "output_audio", "transcript": r.item.text}]}  # fmt: skip
+        item = r.item.describe("completed" if r.status == "completed" else "incomplete")
         return {"id": r.id, "object": "realtime.response", "status": r.status,
                 "output": [item] if r.status != "in_progress" else [], "usage": r.usage or None}  # fmt: skip
 
@@ -213,14 +345,18 @@ class RealtimeSession:
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
+                r.item.tokens += out.tokens
                 if out.text:
                     r.item.text += out.text
+                    r.item.generated += out.text
                     await self.send(
                         ev.server_event("response.output_audio_transcript.delta", delta=out.text, **ids)
                     )
                 if out.pcm16:
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
-                    r.item.audio_ms += ms
+                    if out.transcript is not None or not r.item.spoken:  # a new spoken piece
+                        r.item.spoken.append([out.transcript or "", 0.0])
+                    r.item.spoken[-1][1] += ms
                     self.monitor.audio_sent(self.id, ms)
                     now = time.monotonic()
                     if last is not None:  # frame lateness: delivery interval over the audio it follows
@@ -232,12 +368,14 @@ class RealtimeSession:
                     r.usage = {"input_tokens": out.usage.prompt_tokens, "output_tokens": out.usage.completion_tokens,
                                "total_tokens": out.usage.total_tokens}  # fmt: skip
             r.status = "completed"
+            self.stats.generated(r.item.tokens)
             await self.send(ev.server_event("response.output_audio.done", **ids))
             await self.send(
                 ev.server_event("response.output_audio_transcript.done", transcript=r.item.text, **ids)
             )
         except asyncio.CancelledError:
             r.status = "cancelled"
+            self.stats.generated(r.item.tokens)
         except Exception as e:  # the stage failed: say so, keep the session
             r.status = "failed"
             await self.send(ev.error_event(f"response failed: {e}", "response_failed", kind="server_error"))
@@ -266,11 +404,7 @@ class RealtimeSession:
                 f"audio_end_ms {event.audio_end_ms} is past the item's audio ({item.audio_ms:.0f} ms)",
                 event_id=event.event_id,
             )
-        if item.audio_ms:
-            keep = int(len(item.text) * min(1.0, event.audio_end_ms / item.audio_ms))
-            cut = item.text.rfind(" ", 0, keep + 1) if keep < len(item.text) else keep
-            item.text = item.text[: max(cut, 0)]
-            item.audio_ms = float(event.audio_end_ms)
+        item.cut(event.audio_end_ms)
         if self.response is not None and self.response.item is item:
             self.monitor.truncated(self.id, event.audio_end_ms)
         await self.send(
@@ -285,3 +419,12 @@ class RealtimeSession:
     async def close(self) -> None:
         await self.cancel()
         self.monitor.close(self.id)
+
+
+def _merge(base: dict, given: dict) -> dict:
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = (
+            _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        )
+    return out

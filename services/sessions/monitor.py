@@ -16,19 +16,27 @@ from dataclasses import dataclass, field
 class SessionState:
     session_id: str
     sent_ms: float = 0.0  # audio of the current response sent to the client
-    played_ms: float = 0.0  # of that, what the client reports played
+    played_ms: float = 0.0  # of that, played at `played_at` (a client report, or first audio)
+    played_at: float | None = None  # None: nothing is playing yet
     speaking: bool = False  # the user is speaking now
     responding: bool = False  # a response is being generated
     barge_ins: int = 0  # speech that started while a response was playing or being generated
+    responses: int = 0  # responses started
     reply_gap_ms: float | None = None  # moving average: end of user speech -> first audio out
     first_audio: bool = False  # the current response has sent audio
     speech_stopped_at: float | None = None
     updated_at: float = field(default=0.0)
 
-    @property
-    def buffered_ms(self) -> float:
+    def played_now(self, now: float) -> float:
+        """Playback runs at real time from the last anchor (the client's report, or the first audio
+        delta for clients that send no `omniray.playback.progress`), never past what was sent."""
+        if self.played_at is None:
+            return self.played_ms
+        return min(self.sent_ms, self.played_ms + (now - self.played_at) * 1000)
+
+    def buffered_ms(self, now: float) -> float:
         """Audio the client holds and has not played: how long playback lasts without new audio."""
-        return max(0.0, self.sent_ms - self.played_ms)
+        return max(0.0, self.sent_ms - self.played_now(now))
 
 
 @dataclass(frozen=True)
@@ -37,11 +45,13 @@ class SessionView:
 
     session_id: str
     buffered_ms: float
+    played_ms: float
     playing: bool
     speaking: bool
     responding: bool
     first_audio: bool
     barge_ins: int
+    responses: int
     reply_gap_ms: float | None
     age_s: float  # since the last signal
 
@@ -66,7 +76,8 @@ class SessionMonitor:
 
     def response_started(self, session_id: str) -> None:
         s = self._state(session_id)
-        s.responding, s.first_audio, s.sent_ms, s.played_ms = True, False, 0.0, 0.0
+        s.responding, s.first_audio, s.sent_ms, s.played_ms, s.played_at = True, False, 0.0, 0.0, None
+        s.responses += 1
 
     def audio_sent(self, session_id: str, ms: float) -> None:
         s = self._state(session_id)
@@ -77,6 +88,8 @@ class SessionMonitor:
                 if s.reply_gap_ms is None
                 else (1 - self.gap_alpha) * s.reply_gap_ms + self.gap_alpha * gap
             )
+        if s.played_at is None:
+            s.played_at = s.updated_at
         s.first_audio = True
         s.sent_ms += ms
 
@@ -84,7 +97,8 @@ class SessionMonitor:
         """The client's playback position in the current response's audio (never moves back, never
         past what was sent)."""
         s = self._state(session_id)
-        s.played_ms = min(max(s.played_ms, played_ms), s.sent_ms)
+        s.played_ms = min(max(s.played_now(s.updated_at), played_ms), s.sent_ms)
+        s.played_at = s.updated_at if s.played_at is not None or s.played_ms > 0 else None
 
     def response_finished(self, session_id: str) -> None:
         self._state(session_id).responding = False
@@ -92,7 +106,7 @@ class SessionMonitor:
     def speech_started(self, session_id: str) -> bool:
         """Returns True when this is a barge-in (the user talks over a response)."""
         s = self._state(session_id)
-        barge = s.responding or s.buffered_ms > 0
+        barge = s.responding or s.buffered_ms(s.updated_at) > 0
         s.speaking = True
         if barge:
             s.barge_ins += 1
@@ -106,6 +120,7 @@ class SessionMonitor:
         """The client dropped what it had not played: nothing is buffered any more."""
         s = self._state(session_id)
         s.sent_ms = s.played_ms = min(audio_end_ms, s.sent_ms)
+        s.played_at = None
 
     def close(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -115,12 +130,14 @@ class SessionMonitor:
         return {
             sid: SessionView(
                 session_id=sid,
-                buffered_ms=s.buffered_ms,
-                playing=s.buffered_ms > 0,
+                buffered_ms=s.buffered_ms(now),
+                played_ms=s.played_now(now),
+                playing=s.buffered_ms(now) > 0,
                 speaking=s.speaking,
                 responding=s.responding,
                 first_audio=s.first_audio,
                 barge_ins=s.barge_ins,
+                responses=s.responses,
                 reply_gap_ms=s.reply_gap_ms,
                 age_s=now - s.updated_at,
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+
 import grpc
 import numpy as np
 import pytest
@@ -89,3 +91,101 @@ def test_invalid_argument(stub, model_name, mutate, needle):
     assert needle in e.value.details()
     # ...and the server keeps serving.
     assert list(stub.Chat(_request(model_name, omni_pb2.ContentPart(text="Hi"), max_tokens=2), timeout=30))
+
+
+class _Outbox:
+    """Client events for a bidirectional call, sent when the test puts them."""
+
+    def __init__(self):
+        self.queue: queue.Queue = queue.Queue()
+
+    def put(self, **event) -> None:
+        self.queue.put(omni_pb2.RealtimeClientEvent(**event))
+
+    def __iter__(self):
+        while (event := self.queue.get()) is not None:
+            yield event
+
+
+def _next(events, kind: str, seen: list):
+    for event in events:
+        seen.append(event)
+        if event.type == kind:
+            return event
+    raise AssertionError(f"stream ended before {kind}: {[e.type for e in seen]}")
+
+
+def test_realtime_session_over_grpc(stub, model_name):
+    """The WebSocket's realtime session over `Omni.Realtime`: audio in, audio deltas and transcript
+    out, cancel, truncate, a bad event answered with an `error` event (the session goes on)."""
+    out = _Outbox()
+    events = stub.Realtime(iter(out), timeout=180, metadata=[("x-omniray-model", model_name)])
+    seen: list = []
+    try:
+        assert _next(events, "session.created", seen).json
+        out.put(session_update=omni_pb2.RealtimeSessionUpdate(
+            max_output_tokens=24, turn_detection=omni_pb2.TurnDetection(disabled=True)))  # fmt: skip
+        _next(events, "session.updated", seen)
+        t = np.arange(int(0.6 * 24000)) / 24000
+        tone = (np.sin(2 * np.pi * 180 * t) * 8000).astype("<i2").tobytes()
+        out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=tone))
+        out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
+        out.put(response_create=omni_pb2.ResponseCreate())
+        done = _next(events, "response.done", seen)
+        assert done.response_status == "completed" and done.usage.completion_tokens > 0
+        audio = [e.audio for e in seen if e.type == "response.output_audio.delta"]
+        words = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
+        assert audio and all(len(a) % 2 == 0 and a for a in audio) and words
+
+        out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=tone))
+        out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
+        out.put(response_create=omni_pb2.ResponseCreate(max_output_tokens=400))
+        first = _next(events, "response.output_audio.delta", seen)
+        out.put(response_cancel=omni_pb2.ResponseCancel())
+        assert _next(events, "response.done", seen).response_status == "cancelled"
+        out.put(conversation_item_truncate=omni_pb2.ConversationItemTruncate(item_id=first.item_id))
+        assert _next(events, "conversation.item.truncated", seen).item_id == first.item_id
+
+        out.put(playback_progress=omni_pb2.PlaybackProgress(item_id="nope", played_ms=5))
+        error = _next(events, "error", seen)
+        assert error.error.code == "item_not_found" and error.error.type == "invalid_request_error"
+        out.put(event_id="e1")  # no event at all
+        assert _next(events, "error", seen).error.event_id == "e1"
+        out.put(session_update=omni_pb2.RealtimeSessionUpdate())
+        _next(events, "session.updated", seen)  # still answering
+    finally:
+        out.queue.put(None)
+        events.cancel()
+
+
+def test_realtime_refusals_over_grpc(omniray, stub, model_name):
+    unknown = omni_pb2_grpc.OmniStub(grpc_channel(omniray.grpc_target, key="sk-nobody"))
+    with pytest.raises(grpc.RpcError) as refused:
+        next(iter(unknown.Realtime(iter([]), timeout=30)))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as refused:
+        next(iter(stub.Realtime(iter([]), timeout=30, metadata=[("x-omniray-model", "gpt-nothing")])))
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND and "gpt-nothing" in refused.value.details()
+
+
+def test_realtime_over_the_session_limit_is_resource_exhausted(stub):
+    """gRPC and WebSocket sessions share the gateway's AIMD admission (tiny admits 4)."""
+    held = []
+    try:
+        for _ in range(8):  # sessions of earlier tests may still be closing: count, do not assume
+            out = _Outbox()
+            events = stub.Realtime(iter(out), timeout=60)
+            try:
+                assert next(events).type == "session.created"
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                assert "session limit" in e.details()
+                break
+            held.append((out, events))
+        else:
+            raise AssertionError("no session was refused")
+        assert 1 <= len(held) <= 4
+    finally:
+        for out, events in held:
+            out.queue.put(None)
+            events.cancel()

@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import subprocess
+import threading
 import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 import websockets
+import websockets.sync.client as ws_client
+from scipy.signal import resample_poly
+
+from services.quota import LOCAL_API_KEY
 
 PCM_RATE = 24000
+# The client commits and asks for responses itself (server VAD is on by default, as OpenAI's).
+MANUAL_TURNS = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
 def _speech(seconds: float, freq: float = 180.0) -> str:
@@ -32,9 +42,7 @@ def test_sdk_session_audio_in_audio_and_transcript_out(openai_client, model_name
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
         assert _until(conn, "session.created", seen).session.model == model_name
-        conn.session.update(
-            session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 24}
-        )
+        conn.session.update(session={**MANUAL_TURNS, "output_modalities": ["audio"], "max_output_tokens": 24})
         _until(conn, "session.updated", seen)
         conn.input_audio_buffer.append(audio=_speech(0.6))
         conn.input_audio_buffer.commit()
@@ -68,7 +76,7 @@ def test_cancel_and_truncate(openai_client, model_name):
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
         _until(conn, "session.created", seen)
-        conn.session.update(session={"type": "realtime", "max_output_tokens": 400})
+        conn.session.update(session={**MANUAL_TURNS, "max_output_tokens": 400})
         conn.input_audio_buffer.append(audio=_speech(0.5))
         conn.input_audio_buffer.commit()
         conn.response.create()
@@ -128,15 +136,9 @@ def test_unknown_key_and_model_are_refused(omniray, model_name):
 def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omniray):
     """tiny admits 4 realtime sessions at once (configs/tiny.yaml); the next one gets an error event
     and close code 1013, and a place frees when a session ends."""
-    import websockets.sync.client as ws_client
-
-    from services.quota import LOCAL_API_KEY
-
-    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
-    headers = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
 
     def open_session():
-        conn = ws_client.connect(url, additional_headers=headers)
+        conn = _connect(omniray, model_name)
         first = json.loads(conn.recv(timeout=30))
         return conn, first
 
@@ -168,3 +170,109 @@ def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omnir
     finally:
         for conn in held:
             conn.close()
+
+
+def _connect(omniray, model_name):
+    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
+    return ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})
+
+
+def _spoken(text: str, tmp_path) -> bytes:
+    wav = tmp_path / "spoken.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
+    voice, rate = sf.read(wav, dtype="float32")
+    return (np.clip(resample_poly(voice, PCM_RATE, rate), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+class Reader:
+    """Server events with their arrival times, read on a thread while the test sends audio."""
+
+    def __init__(self, conn):
+        self.conn, self.events, self.cond = conn, [], threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        try:
+            for raw in self.conn:
+                with self.cond:
+                    self.events.append((time.monotonic(), json.loads(raw)))
+                    self.cond.notify_all()
+        except websockets.exceptions.ConnectionClosed:
+            pass
+
+    def wait(self, kind: str, after: int = 0, timeout: float = 60) -> int:
+        """Index of the first `kind` event at or after `after`."""
+        with self.cond:
+            ok = self.cond.wait_for(
+                lambda: any(e["type"] == kind for _, e in self.events[after:]), timeout=timeout
+            )
+            assert ok, f"no {kind}: {[e['type'] for _, e in self.events[after:]]}"
+            return next(i for i, (_, e) in enumerate(self.events) if i >= after and e["type"] == kind)
+
+
+def _say(conn, pcm: bytes, chunk_ms: int = 100) -> list[float]:
+    """Append audio at real-time pace; returns when each chunk was sent."""
+    step, sent = PCM_RATE * 2 * chunk_ms // 1000, []
+    for k in range(0, len(pcm), step):
+        sent.append(time.monotonic())
+        conn.send(json.dumps({"type": "input_audio_buffer.append",
+                              "audio": base64.b64encode(pcm[k : k + step]).decode()}))  # fmt: skip
+        time.sleep(chunk_ms / 1000)
+    return sent
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
+def test_server_vad_turns_and_barge_in(omniray, model_name, tmp_path):
+    """Speech then silence is a turn (speech_started/stopped, committed, a response); speech over
+    the response stops it before any further audio delta, cuts the assistant's item to what was
+    played and counts the rest as wasted; the next turn runs on the cut conversation."""
+    question = _spoken("What is the weather like in Paris today?", tmp_path)
+    interrupt = _spoken("Wait, stop, tell me about London instead.", tmp_path)
+    silence = bytes(PCM_RATE * 2 * 8 // 10)
+    conn = _connect(omniray, model_name)
+    r = Reader(conn)
+    try:
+        r.wait("session.created")
+        td = {"type": "server_vad", "silence_duration_ms": 400}
+        conn.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 400, "audio": {"input": {"turn_detection": td}}}}))  # fmt: skip
+        r.wait("session.updated")
+        _say(conn, question + silence)
+        started = r.wait("input_audio_buffer.speech_started")
+        stopped = r.wait("input_audio_buffer.speech_stopped", started)
+        committed = r.wait("input_audio_buffer.committed", stopped)
+        assert r.events[committed][1]["item_id"] == r.events[started][1]["item_id"]
+        first = r.wait("response.output_audio.delta", r.wait("response.created", committed))
+        item_id = r.events[first][1]["item_id"]
+        conn.send(json.dumps({"type": "omniray.playback.progress", "item_id": item_id, "played_ms": 40}))
+
+        sent = _say(conn, interrupt + silence)
+        barge = r.wait("input_audio_buffer.speech_started", first)
+        done = r.wait("response.done", first)
+        truncated = r.wait("conversation.item.truncated", first)
+        t_barge, barge_event = r.events[barge]
+        after = [e for _, e in r.events[barge:] if e["type"] == "response.output_audio.delta"
+                 and e["response_id"] == r.events[first][1]["response_id"]]  # fmt: skip
+        assert after == []  # not one audio delta of the interrupted response after speech start
+        assert r.events[done][1]["response"]["status"] == "cancelled"
+        assert r.events[done][0] - t_barge < 0.1  # the response is over within 100 ms
+        # Detection: speech begins at the window after the prefix padding; it was sent by then.
+        onset_ms = barge_event["audio_start_ms"] + 300 - (len(question) + len(silence)) / 2 / PCM_RATE * 1000
+        onset_chunk = min(max(int(onset_ms // 100), 0), len(sent) - 1)
+        assert t_barge - sent[onset_chunk] < 0.5
+        cut = r.events[truncated][1]
+        assert cut["item_id"] == item_id and cut["audio_end_ms"] >= 40
+        assert 0 < cut["omniray"]["wasted_tokens"] <= cut["omniray"]["generated_tokens"]
+
+        # The next turn (the interruption) runs on the cut conversation.
+        r.wait("input_audio_buffer.committed", truncated)
+        second = r.wait("response.done", r.wait("response.created", truncated))
+        assert r.events[second][1]["response"]["status"] == "completed"
+        conn.send(json.dumps({"type": "conversation.item.retrieve", "item_id": item_id}))
+        kept = r.events[r.wait("conversation.item.retrieved", second)][1]["item"]["content"][0]["transcript"]
+        rid = r.events[first][1]["response_id"]
+        generated = "".join(e["delta"] for _, e in r.events if e.get("response_id") == rid
+                            and e["type"] == "response.output_audio_transcript.delta")  # fmt: skip
+        assert generated.startswith(kept) and len(kept) < len(generated)
+    finally:
+        conn.close()

@@ -26,6 +26,7 @@ def test_known_events_parse_into_their_classes():
             {"item_id": "i", "content_index": 0, "audio_end_ms": 5},
             ev.ConversationItemTruncate,
         ),
+        "conversation.item.retrieve": ({"item_id": "i"}, ev.ConversationItemRetrieve),
         "omniray.playback.progress": ({"item_id": "i", "played_ms": 120.5}, ev.PlaybackProgress),
     }
     assert set(cases) == ev.CLIENT_TYPES

@@ -43,9 +43,29 @@ def test_playback_buffer_barge_in_and_reply_gap():
     assert m.snapshot()["s"].reply_gap_ms == pytest.approx(600)  # EMA of 400 and 800
     clock.t += 2
     assert m.snapshot()["s"].age_s == pytest.approx(2)
-    assert not m.speech_started("s") or m.snapshot()["s"].buffered_ms > 0
+    m.response_finished("s")
+    assert m.snapshot()["s"].buffered_ms == 0  # played out at real time
+    assert not m.speech_started("s")  # no response, nothing playing: not a barge-in
     m.close("s")
     assert len(m) == 0
+
+
+def test_playback_without_reports_runs_at_real_time_from_the_first_audio():
+    clock = Clock()
+    m = SessionMonitor(clock)
+    m.open("s")
+    m.response_started("s")
+    clock.t += 5  # generating: nothing plays before the first audio
+    m.audio_sent("s", 1000)
+    clock.t += 0.25
+    assert m.snapshot()["s"].played_ms == pytest.approx(250)
+    m.played("s", 100)  # a report behind the estimate never moves playback back
+    assert m.snapshot()["s"].played_ms == pytest.approx(250)
+    m.played("s", 600)  # ahead of it: the report is the new anchor
+    clock.t += 0.1
+    assert m.snapshot()["s"].played_ms == pytest.approx(700)
+    clock.t += 10
+    assert m.snapshot()["s"].played_ms == 1000 and not m.snapshot()["s"].playing
 
 
 EVENTS = st.lists(

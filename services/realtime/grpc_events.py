@@ -1,0 +1,89 @@
+"""Realtime events between protobuf (`omni.v1.RealtimeClientEvent` / `RealtimeServerEvent`) and the
+JSON shapes of OpenAI Realtime, so the gRPC stream and the WebSocket drive one session class and one
+event parser (`services/realtime/events.py`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from google.protobuf import json_format
+from omni.v1 import common_pb2, omni_pb2
+
+# oneof field -> OpenAI event type
+_CLIENT_TYPES = {
+    "session_update": "session.update",
+    "input_audio_buffer_append": "input_audio_buffer.append",
+    "input_audio_buffer_commit": "input_audio_buffer.commit",
+    "input_audio_buffer_clear": "input_audio_buffer.clear",
+    "response_create": "response.create",
+    "response_cancel": "response.cancel",
+    "conversation_item_truncate": "conversation.item.truncate",
+    "conversation_item_retrieve": "conversation.item.retrieve",
+    "playback_progress": "omniray.playback.progress",
+}
+
+
+def client_event_json(msg: omni_pb2.RealtimeClientEvent) -> str:
+    """The client event as the WebSocket would carry it (an event without a oneof is unknown)."""
+    which = msg.WhichOneof("event")
+    fields = json_format.MessageToDict(
+        getattr(msg, which), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    ) if which else {}  # fmt: skip
+    if which == "session_update":
+        fields = _session(msg.session_update)
+    elif which == "response_create":
+        fields = {"response": fields}
+    event = {"type": _CLIENT_TYPES.get(which, "unknown"), **fields}
+    if msg.event_id:
+        event["event_id"] = msg.event_id
+    return json.dumps(event)
+
+
+def _session(update: omni_pb2.RealtimeSessionUpdate) -> dict:
+    session: dict = {"type": "realtime"}
+    for name in ("instructions", "max_output_tokens"):
+        if update.HasField(name):
+            session[name] = getattr(update, name)
+    if update.output_modalities:
+        session["output_modalities"] = list(update.output_modalities)
+    audio: dict = {}
+    if update.HasField("voice"):
+        audio["output"] = {"voice": update.voice}
+    if update.HasField("turn_detection"):
+        td = json_format.MessageToDict(update.turn_detection, preserving_proto_field_name=True)
+        disabled = td.pop("disabled", False)
+        audio["input"] = {"turn_detection": None if disabled else {"type": "server_vad", **td}}
+    if audio:
+        session["audio"] = audio
+    return {"session": session}
+
+
+def server_event_proto(event: dict) -> omni_pb2.RealtimeServerEvent:
+    out = omni_pb2.RealtimeServerEvent(type=event["type"], event_id=event.get("event_id", ""))
+    response = event.get("response") or {}
+    out.response_id = event.get("response_id") or response.get("id", "")
+    out.item_id = event.get("item_id") or (event.get("item") or {}).get("id", "")
+    if event["type"] == "response.output_audio.delta":
+        out.audio = base64.b64decode(event["delta"])
+    elif isinstance(event.get("delta"), str):
+        out.delta = event["delta"]
+    if isinstance(event.get("transcript"), str):
+        out.transcript = event["transcript"]
+    elif event.get("item"):
+        out.transcript = event["item"]["content"][0].get("transcript") or ""
+    if response:
+        out.response_status = response.get("status", "")
+        usage = response.get("usage") or {}
+        if usage:
+            out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=usage.get("input_tokens", 0),
+                                                completion_tokens=usage.get("output_tokens", 0),
+                                                total_tokens=usage.get("total_tokens", 0)))  # fmt: skip
+    out.audio_start_ms = int(event.get("audio_start_ms", 0))
+    out.audio_end_ms = int(event.get("audio_end_ms", 0))
+    if err := event.get("error"):
+        out.error.CopyFrom(omni_pb2.RealtimeError(type=err["type"], code=err.get("code") or "",
+                                                  message=err["message"], event_id=err.get("event_id") or ""))  # fmt: skip
+    if event["type"] != "response.output_audio.delta":  # audio goes as bytes only, not twice
+        out.json = json.dumps(event)
+    return out

@@ -1,0 +1,100 @@
+"""Where realtime sessions are opened and closed, for every transport (WebSocket, gRPC): the key is
+checked, the model named, the AIMD admission asked; the session monitor and the metrics are shared
+by all sessions of this gateway replica."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from services.common.errors import OmniError
+from services.common.redis_config import redis_url
+from services.realtime import events as ev
+from services.realtime.session import RealtimeSession
+from services.realtime.stats import RealtimeStats
+from services.sessions.admission import AimdAdmission
+from services.sessions.board import BoardWriter
+from services.sessions.monitor import SessionMonitor
+
+
+class Refused(Exception):
+    """The session is not opened: the `error` event to send, and why (for the transport's close).
+    Both live in `args`, so the exception survives pickling (Ray carries it to Serve's gRPC proxy)."""
+
+    def __init__(self, event: dict, reason: str):
+        super().__init__(event, reason)  # reason: unauthenticated | not_found | limit
+
+    @property
+    def event(self) -> dict:
+        return self.args[0]
+
+    @property
+    def reason(self) -> str:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return self.event["error"]["message"]
+
+
+class RealtimeHub:
+    def __init__(self, pipeline, profile, quota):
+        self.pipeline, self.profile, self.quota = pipeline, profile, quota
+        self.monitor = SessionMonitor()
+        self.admission = AimdAdmission(profile.realtime.admission)
+        self.stats = RealtimeStats()
+        self._board: asyncio.Task | None = None
+
+    def _publish_board(self) -> None:
+        """Start publishing the monitor to the session board (engines' scheduler) on first use."""
+        if self._board is None:
+            import redis.asyncio as aioredis
+
+            client = aioredis.Redis.from_url(redis_url())
+            writer = BoardWriter(self.monitor, client, self.profile.realtime.scheduler.board_interval_s)
+            self._board = asyncio.create_task(writer.run())
+
+    async def open(
+        self, api_key: str | None, model: str | None, send: Callable[[dict], Awaitable[None]]
+    ) -> RealtimeSession:
+        try:
+            tenant = await self.quota.authenticate(api_key)
+        except OmniError as e:
+            raise Refused(
+                ev.error_event(e.message, e.code or "invalid_api_key", kind="authentication_error"),
+                "unauthenticated",
+            ) from None
+        if model and model != self.profile.served_model_name:
+            raise Refused(
+                ev.error_event(f"model {model!r} is not served here", "model_not_found"), "not_found"
+            )
+        if not self.admission.try_admit():
+            self.stats.rejected.inc()
+            raise Refused(
+                ev.error_event(
+                    f"this server is at its realtime session limit ({int(self.admission.limit)}); try again later",
+                    "session_limit_reached",
+                    kind="server_error",
+                ),
+                "limit",
+            )
+        self.stats.admission_limit.set(self.admission.limit)
+        self._publish_board()
+        session = RealtimeSession(
+            self.pipeline,
+            self.profile,
+            tenant,
+            f"{tenant.id}/{ev.new_id('sess')}",
+            send,
+            self.monitor,
+            self.admission,
+            self.stats,
+        )
+        await session.start()
+        self.stats.sessions.set(len(self.monitor))
+        return session
+
+    async def close(self, session: RealtimeSession) -> None:
+        await session.close()
+        self.admission.release()
+        self.stats.sessions.set(len(self.monitor))
+        self.stats.admission_limit.set(self.admission.limit)

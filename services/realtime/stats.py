@@ -1,0 +1,42 @@
+"""Prometheus metrics of realtime sessions (exported through Ray as `ray_omniray_realtime_*`)."""
+
+from __future__ import annotations
+
+from ray.util import metrics
+
+
+class RealtimeStats:
+    def __init__(self):
+        self.sessions = metrics.Gauge(
+            "omniray_realtime_sessions",
+            description="Open realtime sessions (WebSocket and gRPC) on this gateway replica.",
+        )
+        self.admission_limit = metrics.Gauge(
+            "omniray_realtime_admission_limit",
+            description="Realtime sessions the AIMD controller admits now (N*).",
+        )
+        self.rejected = metrics.Counter(
+            "omniray_realtime_rejected_total",
+            description="Realtime sessions refused at the admission limit.",
+        )
+        self.barge_ins = metrics.Counter(
+            "omniray_realtime_barge_ins_total",
+            description="Speech that started over a response being generated or played.",
+        )
+        self.wasted = metrics.Counter(
+            "omniray_realtime_wasted_tokens_total",
+            description="Generated tokens the user never heard (cut by a barge-in).",
+        )
+        self.generated_tokens = metrics.Counter(
+            "omniray_realtime_generated_tokens_total",
+            description="Tokens generated for realtime responses.",
+        )
+
+    def barge_in(self, wasted_tokens: int) -> None:
+        self.barge_ins.inc()
+        if wasted_tokens > 0:
+            self.wasted.inc(wasted_tokens)
+
+    def generated(self, tokens: int) -> None:
+        if tokens > 0:
+            self.generated_tokens.inc(tokens)

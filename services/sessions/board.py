@@ -1,0 +1,123 @@
+"""The session board: the gateway's session-monitor views published to Redis, so that processes
+without the monitor — the engines' scheduler, the KV store — read the same picture.
+
+The gateway writes every open session's view into one hash (`omniray:sessions`, field = session id)
+every `interval_s`, stamped with wall-clock time; readers poll the hash on a thread and keep the
+latest dict, so a scheduling round reads memory, never Redis. A view carries the time it was taken:
+readers extrapolate playback to their own now (audio plays in real time) and ignore stale views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from services.sessions.monitor import SessionMonitor
+
+KEY = "omniray:sessions"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BoardView:
+    buffered_ms: float  # at `at`
+    playing: bool
+    speaking: bool
+    responding: bool
+    first_audio: bool
+    barge_ins: int
+    responses: int
+    reply_gap_ms: float | None
+    at: float  # wall clock (time.time()) when the view was taken
+
+    def buffered_at(self, now: float) -> float:
+        """Audio still buffered at the client at `now` (it plays in real time)."""
+        return max(0.0, self.buffered_ms - max(0.0, now - self.at) * 1000) if self.playing else 0.0
+
+    def fresh(self, now: float, stale_s: float) -> bool:
+        return now - self.at <= stale_s
+
+
+def encode(monitor: SessionMonitor, now: float) -> dict[str, str]:
+    return {
+        sid: json.dumps(
+            asdict(
+                BoardView(
+                    buffered_ms=v.buffered_ms,
+                    playing=v.playing,
+                    speaking=v.speaking,
+                    responding=v.responding,
+                    first_audio=v.first_audio,
+                    barge_ins=v.barge_ins,
+                    responses=v.responses,
+                    reply_gap_ms=v.reply_gap_ms,
+                    at=now,
+                )
+            )
+        )
+        for sid, v in monitor.snapshot().items()
+    }
+
+
+def decode(raw: dict) -> dict[str, BoardView]:
+    views = {}
+    for sid, value in raw.items():
+        try:
+            views[sid.decode() if isinstance(sid, bytes) else sid] = BoardView(**json.loads(value))
+        except (TypeError, ValueError):
+            continue  # a view from another version: no telemetry for that session
+    return views
+
+
+class BoardWriter:
+    """Runs in the gateway replica's event loop."""
+
+    def __init__(self, monitor: SessionMonitor, redis, interval_s: float = 0.05):
+        self.monitor, self.redis, self.interval_s = monitor, redis, interval_s
+        self._written: set[str] = set()
+
+    async def publish(self) -> None:
+        views = encode(self.monitor, time.time())
+        gone = self._written - views.keys()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if views:
+                pipe.hset(KEY, mapping=views)
+            if gone:
+                pipe.hdel(KEY, *gone)
+            await pipe.execute()
+        self._written = set(views)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.publish()
+            except Exception as e:  # Redis away: readers see stale views and fall back to FCFS
+                log.warning("session board: publish failed: %s", e)
+            await asyncio.sleep(self.interval_s)
+
+
+class BoardReader:
+    """Polls the board on a daemon thread; `views()` is the latest copy (no I/O)."""
+
+    def __init__(self, redis_url: str, interval_s: float = 0.05):
+        import redis
+
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=1.0)
+        self.interval_s = interval_s
+        self._views: dict[str, BoardView] = {}
+        threading.Thread(target=self._poll, name="omniray-session-board", daemon=True).start()
+
+    def _poll(self) -> None:
+        while True:
+            # Unreachable: keep the last views; they go stale and are ignored.
+            with contextlib.suppress(Exception):
+                self._views = decode(self.client.hgetall(KEY))
+            time.sleep(self.interval_s)
+
+    def views(self) -> dict[str, BoardView]:
+        return self._views

@@ -1,0 +1,77 @@
+"""Realtime events between protobuf and OpenAI's JSON: every client message parses into the same
+typed event the WebSocket gives; server events keep their fields (audio as raw bytes)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from omni.v1 import omni_pb2
+
+from services.realtime import events as ev
+from services.realtime.grpc_events import client_event_json, server_event_proto
+
+E = omni_pb2.RealtimeClientEvent
+
+
+@pytest.mark.parametrize(
+    ("message", "kind", "check"),
+    [
+        (E(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=b"\x01\x02")),
+         ev.InputAudioBufferAppend, lambda e: e.pcm16() == b"\x01\x02"),
+        (E(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit()), ev.InputAudioBufferCommit, None),
+        (E(input_audio_buffer_clear=omni_pb2.InputAudioBufferClear()), ev.InputAudioBufferClear, None),
+        (E(response_create=omni_pb2.ResponseCreate(max_output_tokens=7)), ev.ResponseCreate,
+         lambda e: e.response.max_output_tokens == 7),
+        (E(response_cancel=omni_pb2.ResponseCancel()), ev.ResponseCancel, None),
+        (E(conversation_item_truncate=omni_pb2.ConversationItemTruncate(item_id="i")),  # zero: still sent
+         ev.ConversationItemTruncate, lambda e: e.audio_end_ms == 0),
+        (E(conversation_item_retrieve=omni_pb2.ConversationItemRetrieve(item_id="i")),
+         ev.ConversationItemRetrieve, None),
+        (E(playback_progress=omni_pb2.PlaybackProgress(item_id="i", played_ms=250)), ev.PlaybackProgress,
+         lambda e: e.played_ms == 250),
+        (E(session_update=omni_pb2.RealtimeSessionUpdate(
+            voice="v", turn_detection=omni_pb2.TurnDetection(disabled=True))), ev.SessionUpdate,
+         lambda e: e.session.audio.output.voice == "v" and e.session.audio.input.turn_detection is None),
+        (E(session_update=omni_pb2.RealtimeSessionUpdate(
+            turn_detection=omni_pb2.TurnDetection(silence_duration_ms=300))), ev.SessionUpdate,
+         lambda e: e.session.audio.input.turn_detection.silence_duration_ms == 300),
+    ],
+)  # fmt: skip
+def test_client_messages_parse_as_the_websocket_events(message, kind, check):
+    message.event_id = "e1"
+    event = ev.parse_client_event(client_event_json(message))
+    assert isinstance(event, kind) and event.event_id == "e1"
+    assert check is None or check(event)
+
+
+def test_session_update_leaves_unset_fields_out():
+    session = json.loads(client_event_json(E(session_update=omni_pb2.RealtimeSessionUpdate())))["session"]
+    assert session == {"type": "realtime"}  # merged into the session: nothing changes
+
+
+def test_a_message_without_an_event_is_an_unknown_event():
+    with pytest.raises(ev.RealtimeEventError) as e:
+        ev.parse_client_event(client_event_json(E(event_id="e9")))
+    assert e.value.code == "unknown_event" and e.value.event_id == "e9"
+
+
+def test_server_events_keep_their_fields():
+    delta = server_event_proto(ev.server_event("response.output_audio.delta", response_id="r", item_id="i",
+                                               delta=base64.b64encode(b"\x00\x01").decode()))  # fmt: skip
+    assert (delta.audio, delta.response_id, delta.item_id, delta.json) == (b"\x00\x01", "r", "i", "")
+    done = server_event_proto(ev.server_event("response.done", response={
+        "id": "r", "status": "cancelled", "usage": {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}}))  # fmt: skip
+    assert done.response_id == "r" and done.response_status == "cancelled" and done.usage.total_tokens == 7
+    assert json.loads(done.json)["response"]["status"] == "cancelled"
+    err = server_event_proto(ev.error_event("bad", "invalid_json", "e1"))
+    assert (err.error.code, err.error.event_id, err.error.type) == (
+        "invalid_json",
+        "e1",
+        "invalid_request_error",
+    )
+    started = server_event_proto(
+        ev.server_event("input_audio_buffer.speech_started", audio_start_ms=120, item_id="u")
+    )
+    assert started.audio_start_ms == 120 and started.item_id == "u"
