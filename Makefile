@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-voice lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -78,6 +78,18 @@ bench-fairness: setup
 # KV eviction decision time with 10k pages, per policy (pure CPU, seconds).
 bench-eviction: setup
 	$(PY) -m loadtest.eviction_bench
+
+# On-path KV reload of a turn after speech start, with vs without speech-triggered preload.
+bench-preload: setup
+	$(PY) -m loadtest.preload_bench
+
+# N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware.
+bench-voice: models
+	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
+
+# The interaction-aware scheduler's decision time per round at 64 / 256 / 1024 sessions.
+bench-scheduler: setup
+	$(PY) -m loadtest.scheduler_bench
 
 # 64 MiB of KV pages pulled from another process over NIXL vs an in-process copy.
 bench-kv-transfer: setup

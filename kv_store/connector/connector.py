@@ -71,6 +71,7 @@ class LoadJob:
     tokens: int  # tokens these pages stand for (the last page may be partial)
     kind: str = "prefix"
     trace: dict[str, str] = field(default_factory=dict)
+    session: str | None = None
 
 
 @dataclass
@@ -251,7 +252,13 @@ class OmniKvConnector(KVConnectorBase_V1):
         blocks_for_pages = list(block_ids[first : first + len(pages)])
         self._loads.append(
             LoadJob(
-                request.request_id, pages, blocks_for_pages, num_external_tokens, tracked.kind, tracked.trace
+                request.request_id,
+                pages,
+                blocks_for_pages,
+                num_external_tokens,
+                tracked.kind,
+                tracked.trace,
+                tracked.session,
             )
         )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from services.engine import urgency
 from services.sessions.board import BoardReader
@@ -23,7 +23,7 @@ CONFIG_KEY = "omniray_scheduler"
 SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the request's session
 
 
-class InteractionAwareScheduler(Scheduler):
+class InteractionAwareScheduler(AsyncScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})

@@ -1,0 +1,257 @@
+"""`make bench-voice`: the same N concurrent voice sessions against two policy sets on the same
+engine in one run — baseline (FCFS scheduler + LRU eviction) vs interaction-aware (LiveServe urgency
++ next-use eviction fed by the session board) — at barge-in probability 0 and 0.5.
+
+Each session is a real-time WebSocket client: it speaks (espeak-ng speech at real-time pace, then
+silence; server VAD ends the turn), plays the reply's audio at real time (reporting playback with
+`omniray.playback.progress`) and, with probability p, talks over it at a random point (a barge-in);
+otherwise it waits until playback ends and a short think time. Printed: P90 audio TTFP after end of
+speech (`speech_stopped` → first audio delta), wasted tokens (cut by barge-ins), playback continuity
+(share of playback time not stalled on an empty buffer), useful responses per second; and the
+ratios interaction-aware / baseline.
+
+    python -m loadtest.voice_bench --profile tiny --sessions 4 --turns 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import random
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import websockets
+import websockets.sync.client as ws_client
+import yaml
+from scipy.signal import resample_poly
+
+from loadtest import results
+from services import runtime
+from services.models.profile import CONFIG_DIR
+from services.quota import LOCAL_API_KEY
+
+RATE = 24_000
+CHUNK_MS = 100
+SENTENCES = [
+    "What is the weather like in Paris today?",
+    "Tell me a short story about a dragon.",
+    "How do I make a cup of green tea?",
+    "Can you explain how airplanes fly?",
+    "What should I cook for dinner tonight?",
+    "Give me three tips for better sleep.",
+]
+POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
+
+
+def speech(text: str, tmp: Path) -> bytes:
+    wav = tmp / f"{abs(hash(text))}.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
+    voice, rate = sf.read(wav, dtype="float32")
+    return (np.clip(resample_poly(voice, RATE, rate), -1, 1) * 32767).astype("<i2").tobytes()
+
+
+@dataclass
+class SessionStats:
+    ttfp_s: list[float] = field(default_factory=list)
+    played_s: float = 0.0
+    stalled_s: float = 0.0
+    wasted: int = 0
+    generated: int = 0
+    completed: int = 0
+    barge_ins: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Client:
+    """One voice session: a reader thread collects server events; the main thread speaks, plays and
+    barges in."""
+
+    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int):
+        self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
+                                      max_size=None)  # fmt: skip
+        self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
+        self.stats = SessionStats()
+        self.cond = threading.Condition()
+        self.events: list[tuple[float, dict]] = []
+        self.audio_ms = 0.0  # of the current response, received
+        self.response_done = True
+        self.item_id = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        self._send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_tokens,
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}})  # fmt: skip
+
+    def _send(self, event: dict) -> None:
+        self.conn.send(json.dumps(event))
+
+    def _read(self) -> None:
+        try:
+            for raw in self.conn:
+                event, now = json.loads(raw), time.monotonic()
+                with self.cond:
+                    kind = event["type"]
+                    if kind == "response.created":
+                        self.audio_ms, self.response_done = 0.0, False
+                    elif kind == "response.output_audio.delta":
+                        self.audio_ms += len(base64.b64decode(event["delta"])) / 2 / RATE * 1000
+                        self.item_id = event["item_id"]
+                    elif kind == "response.done":
+                        self.response_done = True
+                        r = event["response"]
+                        if r["status"] == "completed":
+                            self.stats.completed += 1
+                            self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
+                    elif kind == "conversation.item.truncated" and "omniray" in event:
+                        self.stats.wasted += event["omniray"]["wasted_tokens"]
+                        self.stats.generated += event["omniray"]["generated_tokens"]
+                    elif kind == "error":
+                        self.stats.errors.append(event["error"]["message"])
+                    self.events.append((now, event))
+                    self.cond.notify_all()
+        except websockets.exceptions.ConnectionClosed:
+            pass
+
+    def _wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
+        with self.cond:
+            ok = self.cond.wait_for(lambda: any(e["type"] == kind for _, e in self.events[after:]), timeout)
+            if not ok:
+                raise TimeoutError(kind)
+            i = next(i for i in range(after, len(self.events)) if self.events[i][1]["type"] == kind)
+            return i, self.events[i][0]
+
+    def _speak(self, pcm: bytes) -> None:
+        silence = bytes(RATE * 2 * 7 // 10)
+        step = RATE * 2 * CHUNK_MS // 1000
+        for k in range(0, len(pcm + silence), step):
+            self._send({"type": "input_audio_buffer.append",
+                        "audio": base64.b64encode((pcm + silence)[k : k + step]).decode()})  # fmt: skip
+            time.sleep(CHUNK_MS / 1000)
+
+    def _play(self, barge_at_s: float | None) -> None:
+        """Play the current response at real time from its first delta; report progress; stop at
+        `barge_at_s` of playback (the caller then talks) or when all audio is played."""
+        played, last = 0.0, time.monotonic()
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self.cond:
+                available, done = self.audio_ms, self.response_done
+            step = (now - last) * 1000
+            last = now
+            if played + step <= available:
+                played += step
+            else:
+                if not done:
+                    self.stats.stalled_s += (played + step - available) / 1000
+                played = available
+            self._send({"type": "omniray.playback.progress", "item_id": self.item_id, "played_ms": played})
+            if barge_at_s is not None and played >= barge_at_s * 1000:
+                break
+            if done and played >= available:
+                break
+        self.stats.played_s += played / 1000
+
+    def run(self, turns: int) -> SessionStats:
+        try:
+            for turn in range(turns):
+                mark = len(self.events)
+                self._speak(self.utterances[turn % len(self.utterances)])
+                stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
+                _, t_audio = self._wait("response.output_audio.delta", stopped)
+                self.stats.ttfp_s.append(t_audio - t_stop)
+                barge = turn < turns - 1 and self.rng.random() < self.barge_p
+                self._play(self.rng.uniform(0.3, 1.5) if barge else None)
+                if barge:
+                    self.stats.barge_ins += 1  # the next utterance starts now, over the reply
+                else:
+                    self._wait("response.done", stopped)
+                    time.sleep(0.3)  # think time
+        except Exception as e:  # a session that breaks is reported, not hidden
+            self.stats.errors.append(repr(e))
+        finally:
+            self.conn.close()
+        return self.stats
+
+
+def profile_file(base: str, scheduler: str, eviction: str, tmp: Path) -> Path:
+    data = yaml.safe_load((CONFIG_DIR / f"{base}.yaml").read_text())
+    data.setdefault("realtime", {}).setdefault("scheduler", {})["policy"] = scheduler
+    data.setdefault("kv_store", {})["policy"] = eviction
+    data["realtime"]["admission"] = {"initial": 256, "max": 256}  # measure the policies, not refusals
+    path = tmp / f"{base}-{scheduler}-{eviction}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_sessions(url: str, utterances: list[bytes], args, barge_p: float) -> dict:
+    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, max_tokens=args.max_tokens)
+               for i in range(args.sessions)]  # fmt: skip
+    out: list[SessionStats] = [SessionStats()] * len(clients)
+    started = time.monotonic()
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, clients[k].run(args.turns)))
+               for k in range(len(clients))]  # fmt: skip
+    for t in threads:
+        t.start()
+        time.sleep(0.2)  # staggered starts
+    for t in threads:
+        t.join()
+    wall = time.monotonic() - started
+    ttfp = sorted(x for s in out for x in s.ttfp_s)
+    played = sum(s.played_s for s in out)
+    return {
+        "ttfp_p50_s": statistics.median(ttfp) if ttfp else None,
+        "ttfp_p90_s": ttfp[int(0.9 * (len(ttfp) - 1))] if ttfp else None,
+        "wasted_tokens": sum(s.wasted for s in out),
+        "generated_tokens": sum(s.generated for s in out),
+        "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),
+        "useful_rps": sum(s.completed for s in out) / wall,
+        "barge_ins": sum(s.barge_ins for s in out),
+        "turns": len(ttfp),
+        "errors": [e for s in out for e in s.errors],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
+    args = ap.parse_args()
+    report: dict = {"args": vars(args), "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
+        utterances = [speech(s, Path(tmp)) for s in SENTENCES]
+        for name, (scheduler, eviction) in POLICY_SETS.items():
+            path = profile_file(args.profile, scheduler, eviction, Path(tmp))
+            with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
+                url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
+                for p in args.barge:
+                    report["runs"][f"{name}@p={p}"] = r = run_sessions(url, utterances, args, p)
+                    print(f"{name:12} p={p}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
+                          f" errors={len(r['errors'])}", flush=True)  # fmt: skip
+    runs = report["runs"]
+    for p in args.barge:
+        b, i = runs[f"baseline@p={p}"], runs[f"interaction@p={p}"]
+        ratios = {
+            "ttfp_p90 baseline/interaction": b["ttfp_p90_s"] / i["ttfp_p90_s"],
+            "continuity interaction-baseline": i["continuity"] - b["continuity"],
+            "useful_rps interaction/baseline": i["useful_rps"] / b["useful_rps"],
+        }
+        if b["wasted_tokens"]:
+            ratios["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
+        report[f"ratios@p={p}"] = ratios
+        print(f"p={p}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+    print(f"saved {results.write('voice', args.profile, report)}")
+
+
+if __name__ == "__main__":
+    main()
