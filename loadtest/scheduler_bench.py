@@ -25,7 +25,7 @@ def _fixture(n: int, policy: str, seed: int = 0):
     views, running = {}, []
     for i in range(n):
         sid = f"t/s{i}"
-        views[sid] = BoardView(buffered_ms=rng.choice([0, rng.uniform(0, 12_000)]), playing=True,
+        views[sid] = BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=rng.choice([0, rng.uniform(0, 12_000)]), playing=True,
                                speaking=rng.random() < 0.1, responding=True, first_audio=rng.random() < 0.8,
                                barge_ins=rng.randint(0, 3), responses=rng.randint(1, 6), reply_gap_ms=None,
                                at=now)  # fmt: skip

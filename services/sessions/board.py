@@ -17,23 +17,17 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from services.sessions.monitor import SessionMonitor
+from services.sessions.monitor import SessionMonitor, SessionView
 
 KEY = "omniray:sessions"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BoardView:
-    buffered_ms: float  # at `at`
-    playing: bool
-    speaking: bool
-    responding: bool
-    first_audio: bool
-    barge_ins: int
-    responses: int
-    reply_gap_ms: float | None
-    at: float  # wall clock (time.time()) when the view was taken
+class BoardView(SessionView):
+    """A monitor view as read from the board: `buffered_ms` and `played_ms` as of `at`."""
+
+    at: float = 0.0  # wall clock (time.time()) when the view was taken
 
     def buffered_at(self, now: float) -> float:
         """Audio still buffered at the client at `now` (it plays in real time)."""
@@ -44,24 +38,7 @@ class BoardView:
 
 
 def encode(monitor: SessionMonitor, now: float) -> dict[str, str]:
-    return {
-        sid: json.dumps(
-            asdict(
-                BoardView(
-                    buffered_ms=v.buffered_ms,
-                    playing=v.playing,
-                    speaking=v.speaking,
-                    responding=v.responding,
-                    first_audio=v.first_audio,
-                    barge_ins=v.barge_ins,
-                    responses=v.responses,
-                    reply_gap_ms=v.reply_gap_ms,
-                    at=now,
-                )
-            )
-        )
-        for sid, v in monitor.snapshot().items()
-    }
+    return {sid: json.dumps({**asdict(v), "at": now}) for sid, v in monitor.snapshot().items()}
 
 
 def decode(raw: dict) -> dict[str, BoardView]:

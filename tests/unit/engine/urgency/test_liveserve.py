@@ -15,7 +15,7 @@ NOW = 1000.0
 
 
 def view(buffered_ms=0.0, first_audio=True, barge_ins=0, responses=1, at=NOW) -> BoardView:
-    return BoardView(buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=False, responding=True,
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=False, responding=True,
                      first_audio=first_audio, barge_ins=barge_ins, responses=responses,
                      reply_gap_ms=None, at=at)  # fmt: skip
 
