@@ -37,7 +37,7 @@ LAYOUT = PageLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_tokens=32, 
 
 
 def _view(speaking: bool) -> BoardView:
-    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=0, playing=False, speaking=speaking, responding=False, first_audio=True,
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=0, playing=False, speaking=speaking, responding=False, first_audio=True,
                      barge_ins=0, responses=1, reply_gap_ms=800, at=time.time())  # fmt: skip
 
 

@@ -25,12 +25,12 @@ def _fixture(n: int, policy: str, seed: int = 0):
     views, running = {}, []
     for i in range(n):
         sid = f"t/s{i}"
-        views[sid] = BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=rng.choice([0, rng.uniform(0, 12_000)]), playing=True,
+        views[sid] = BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=rng.choice([0, rng.uniform(0, 12_000)]), playing=True,
                                speaking=rng.random() < 0.1, responding=True, first_audio=rng.random() < 0.8,
                                barge_ins=rng.randint(0, 3), responses=rng.randint(1, 6), reply_gap_ms=None,
                                at=now)  # fmt: skip
         extra = {SESSION_ARG: sid} if rng.random() < 0.95 else {}
-        running.append(SimpleNamespace(arrival_time=now - rng.uniform(0, 60), num_computed_tokens=rng.randint(100, 8000),
+        running.append(SimpleNamespace(arrival_time=now - rng.uniform(0, 60), num_computed_tokens=rng.randint(100, 8000), num_output_tokens=rng.randint(0, 300),
                                        sampling_params=SimpleNamespace(extra_args=extra)))  # fmt: skip
     board = SimpleNamespace(views=lambda: views)
     return SimpleNamespace(running=running, board=board, urgency=urgency.create(policy), recorder=None,

@@ -149,7 +149,7 @@ def temporary(
 ) -> Iterator[LocalCluster]:
     """A whole local run on free ports in a temporary directory, stopped and removed afterwards
     (tests and benchmarks)."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{profile}-"))
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{Path(profile).stem}-"))  # a name or a YAML path
     cluster = start(
         profile, http_port=free_port(), grpc_port=free_port(), run_dir=run_dir, timeout_s=timeout_s, **kwargs
     )

@@ -21,6 +21,7 @@ from services.sessions.board import BoardReader
 
 CONFIG_KEY = "omniray_scheduler"
 SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the request's session
+HELD_IDLE_S = 0.005
 
 
 class InteractionAwareScheduler(AsyncScheduler):
@@ -42,7 +43,7 @@ class InteractionAwareScheduler(AsyncScheduler):
         if not views or not any(s in views for s in sessions):
             return []
         candidates = [
-            urgency.Candidate(arrival=r.arrival_time, kv_tokens=r.num_computed_tokens, view=views.get(s))
+            urgency.Candidate(r.arrival_time, r.num_computed_tokens, r.num_output_tokens, views.get(s))
             for r, s in zip(self.running, sessions, strict=True)
         ]
         ranking = self.urgency.rank(candidates, time.time(), self.kv_cache_manager.usage)
@@ -59,9 +60,14 @@ class InteractionAwareScheduler(AsyncScheduler):
         if self.recorder is not None and self.running:
             self.recorder.decision(self.urgency.name, time.perf_counter() - started)
         try:
-            return super().schedule(*args, **kwargs)
+            out = super().schedule(*args, **kwargs)
         finally:
             self.running.extend(held)  # they keep their KV and run in a later round
+        if held and not out.total_num_scheduled_tokens:
+            # Everything is held: without work the engine loop would spin on this core. The
+            # playback frontier moves in real time; a few ms is nothing to a buffer of seconds.
+            time.sleep(HELD_IDLE_S)
+        return out
 
 
 def _session(request) -> str | None:

@@ -380,7 +380,10 @@ class RealtimeSession:
             r.status = "failed"
             await self.send(ev.error_event(f"response failed: {e}", "response_failed", kind="server_error"))
         finally:
-            self.monitor.response_finished(self.id)
+            if r.status == "completed":  # whole responses tell the audio per token
+                self.monitor.response_finished(self.id, r.item.tokens, r.item.audio_ms)
+            else:
+                self.monitor.response_finished(self.id)
             await self.send(ev.server_event("response.done", response=self._describe(r)))
 
     async def cancel(self) -> None:

@@ -33,6 +33,10 @@ class BoardView(SessionView):
         """Audio still buffered at the client at `now` (it plays in real time)."""
         return max(0.0, self.buffered_ms - max(0.0, now - self.at) * 1000) if self.playing else 0.0
 
+    def played_at(self, now: float) -> float:
+        """The client's playback position in the current response's audio at `now`."""
+        return self.played_ms + (self.buffered_ms - self.buffered_at(now))
+
     def fresh(self, now: float, stale_s: float) -> bool:
         return now - self.at <= stale_s
 
@@ -61,6 +65,8 @@ class BoardWriter:
     async def publish(self) -> None:
         views = encode(self.monitor, time.time())
         gone = self._written - views.keys()
+        if not views and not gone:
+            return
         async with self.redis.pipeline(transaction=False) as pipe:
             if views:
                 pipe.hset(KEY, mapping=views)

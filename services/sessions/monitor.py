@@ -23,6 +23,7 @@ class SessionState:
     barge_ins: int = 0  # speech that started while a response was playing or being generated
     responses: int = 0  # responses started
     reply_gap_ms: float | None = None  # moving average: end of user speech -> first audio out
+    ms_per_token: float | None = None  # moving average: audio per generated token (responses so far)
     first_audio: bool = False  # the current response has sent audio
     speech_stopped_at: float | None = None
     updated_at: float = field(default=0.0)
@@ -53,6 +54,7 @@ class SessionView:
     barge_ins: int
     responses: int
     reply_gap_ms: float | None
+    ms_per_token: float | None
     age_s: float  # since the last signal
 
 
@@ -100,8 +102,18 @@ class SessionMonitor:
         s.played_ms = min(max(s.played_now(s.updated_at), played_ms), s.sent_ms)
         s.played_at = s.updated_at if s.played_at is not None or s.played_ms > 0 else None
 
-    def response_finished(self, session_id: str) -> None:
-        self._state(session_id).responding = False
+    def response_finished(self, session_id: str, tokens: int = 0, audio_ms: float = 0.0) -> None:
+        """A response ended; `tokens` generated for `audio_ms` of audio (the rate the scheduler
+        converts generated tokens into audio ahead of playback with)."""
+        s = self._state(session_id)
+        s.responding = False
+        if tokens > 0 and audio_ms > 0:
+            rate = audio_ms / tokens
+            s.ms_per_token = (
+                rate
+                if s.ms_per_token is None
+                else (1 - self.gap_alpha) * s.ms_per_token + self.gap_alpha * rate
+            )
 
     def speech_started(self, session_id: str) -> bool:
         """Returns True when this is a barge-in (the user talks over a response)."""
@@ -139,6 +151,7 @@ class SessionMonitor:
                 barge_ins=s.barge_ins,
                 responses=s.responses,
                 reply_gap_ms=s.reply_gap_ms,
+                ms_per_token=s.ms_per_token,
                 age_s=now - s.updated_at,
             )
             for sid, s in self._sessions.items()

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -276,3 +277,16 @@ def test_server_vad_turns_and_barge_in(omniray, model_name, tmp_path):
         assert generated.startswith(kept) and len(kept) < len(generated)
     finally:
         conn.close()
+    # The decode engine ranked this session's requests from the board: its decision time and the
+    # urgency classes reach Prometheus; the barge-in and the wasted tokens too.
+    wanted = ("ray_omniray_scheduler_decision_seconds_count", "ray_omniray_scheduler_ranked_total",
+              "ray_omniray_realtime_barge_ins_total", "ray_omniray_realtime_wasted_tokens_total")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
+            scrape = resp.read().decode()
+        missing = [m for m in wanted if m not in scrape]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not missing, missing

@@ -28,7 +28,7 @@ def _bytes(i: int) -> np.ndarray:
 
 
 def view(speaking=False, buffered_ms=0.0, barge_ins=0) -> BoardView:
-    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=speaking,
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=speaking,
                      responding=buffered_ms > 0, first_audio=True, barge_ins=barge_ins, responses=1,
                      reply_gap_ms=800.0, at=NOW)  # fmt: skip
 

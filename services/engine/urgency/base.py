@@ -12,6 +12,7 @@ from services.sessions.board import BoardView
 class Candidate(NamedTuple):  # a tuple: built for every running request every round
     arrival: float  # when the request arrived (engine clock); FCFS order
     kv_tokens: int  # tokens whose KV the request holds
+    generated: int  # output tokens generated so far
     view: BoardView | None  # its session's view; None: not a realtime session, or no telemetry
 
 

@@ -6,7 +6,9 @@
 - U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
   thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
   scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
-  A U2 request more than `hold_ms` ahead of playback is held back this round.
+  A U2 request whose generation is more than `hold_ms` ahead of playback — generated tokens × the
+  session's audio per token (measured on its earlier responses, else `ms_per_token`) minus what the
+  client has played — is held back this round.
 A view older than `stale_s` counts as no telemetry (U1).
 """
 
@@ -24,12 +26,13 @@ class LiveServeParams:
     alpha: float = 1.0
     beta: float = 1.0
     stale_s: float = 2.0
+    ms_per_token: float = 150.0  # audio per generated token until a session has measured its own
 
     def __post_init__(self):
         if not 0 <= self.safe_ms < self.hold_ms:
             raise ValueError("liveserve: need 0 <= safe_ms < hold_ms")
-        if self.alpha < 0 or self.beta < 0 or self.stale_s <= 0:
-            raise ValueError("liveserve: alpha, beta >= 0 and stale_s > 0")
+        if self.alpha < 0 or self.beta < 0 or self.stale_s <= 0 or self.ms_per_token <= 0:
+            raise ValueError("liveserve: alpha, beta >= 0; stale_s, ms_per_token > 0")
 
 
 class LiveServe:
@@ -45,7 +48,8 @@ class LiveServe:
         buffered = v.buffered_at(now)
         if buffered <= self.p.safe_ms:
             return "U0", (0, buffered, c.arrival)
-        if buffered > self.p.hold_ms:
+        ahead = c.generated * (v.ms_per_token or self.p.ms_per_token) - v.played_at(now)
+        if ahead > self.p.hold_ms:
             return "held", (3, c.arrival)
         barge = v.barge_ins / max(v.responses, 1)
         score = self.p.beta * (c.kv_tokens / 1000) * occupancy - self.p.alpha * barge

@@ -8,5 +8,5 @@ from services.engine import urgency
 
 @given(st.lists(st.floats(0, 1e6), max_size=50))
 def test_fcfs_is_arrival_order_and_holds_nothing(arrivals):
-    r = urgency.create("fcfs").rank([urgency.Candidate(a, 0, None) for a in arrivals], 0.0, 0.0)
+    r = urgency.create("fcfs").rank([urgency.Candidate(a, 0, 0, None) for a in arrivals], 0.0, 0.0)
     assert [arrivals[i] for i in r.order] == sorted(arrivals) and r.held == []

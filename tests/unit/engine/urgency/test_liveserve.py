@@ -15,13 +15,13 @@ NOW = 1000.0
 
 
 def view(buffered_ms=0.0, first_audio=True, barge_ins=0, responses=1, at=NOW) -> BoardView:
-    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=False, responding=True,
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=False, responding=True,
                      first_audio=first_audio, barge_ins=barge_ins, responses=responses,
                      reply_gap_ms=None, at=at)  # fmt: skip
 
 
-def cand(arrival, v=None, kv=100):
-    return urgency.Candidate(arrival=arrival, kv_tokens=kv, view=v)
+def cand(arrival, v=None, kv=100, generated=0):
+    return urgency.Candidate(arrival=arrival, kv_tokens=kv, generated=generated, view=v)
 
 
 def test_classes_and_order():
@@ -32,12 +32,24 @@ def test_classes_and_order():
         cand(3, view(200)),  # U0, emptier
         cand(4, view(900)),  # U0
         cand(5, view(0, first_audio=False)),  # U1, younger
-        cand(6, view(9000)),  # held: far ahead of playback
+        cand(6, view(3000), generated=100),  # held: 100 tokens x 150 ms, nothing played yet
         cand(0.5, view(200, at=NOW - 10)),  # stale telemetry: U1, oldest
     ]
     r = policy.rank(c, NOW, occupancy=0.5)
     assert r.classes == ["U2", "U1", "U0", "U0", "U1", "held", "U1"]
     assert r.order == [2, 3, 6, 1, 4, 0] and r.held == [5]
+
+
+def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "ms_per_token": 100, "stale_s": 10}
+    )
+    ahead = cand(1, view(3000), generated=80)  # 8 s generated, nothing played
+    assert policy.rank([ahead], NOW, 0.0).held == [0]
+    played = view(3000, at=NOW - 3.5)  # 3 s played since (all it had): 5 s ahead, buffer empty
+    assert policy.rank([cand(1, played, generated=80)], NOW, 0.0).classes == ["U0"]
+    measured = BoardView(**{**view(3000).__dict__, "ms_per_token": 50.0})  # this session: 4 s ahead
+    assert policy.rank([cand(1, measured, generated=80)], NOW, 0.0).classes == ["U2"]
 
 
 def test_buffer_drains_in_real_time_between_views():
@@ -82,10 +94,13 @@ VIEWS = st.one_of(
 )
 
 
-@given(st.lists(st.tuples(st.floats(0, 100), VIEWS, st.integers(0, 100_000)), max_size=60), st.floats(0, 1))
+ITEMS = st.tuples(st.floats(0, 100), VIEWS, st.integers(0, 100_000), st.integers(0, 500))
+
+
+@given(st.lists(ITEMS, max_size=60), st.floats(0, 1))
 def test_ranking_is_a_partition_and_classes_are_ordered(items, occupancy):
     policy = urgency.create("liveserve", {})
-    c = [cand(a, v, kv) for a, v, kv in items]
+    c = [cand(a, v, kv, gen) for a, v, kv, gen in items]
     r = policy.rank(c, NOW, occupancy)
     assert sorted(r.order + r.held) == list(range(len(c)))  # every request once: none lost
     rank = {"U0": 0, "U1": 1, "U2": 2}
@@ -95,4 +110,7 @@ def test_ranking_is_a_partition_and_classes_are_ordered(items, occupancy):
     assert u0 == sorted(u0)  # emptiest buffer first
     u1 = [c[i].arrival for i in r.order if r.classes[i] == "U1"]
     assert u1 == sorted(u1)  # oldest first
-    assert all(c[i].view.buffered_at(NOW) > LiveServeParams().hold_ms for i in r.held)
+    p = LiveServeParams()
+    for i in r.held:
+        v = c[i].view
+        assert c[i].generated * (v.ms_per_token or p.ms_per_token) - v.played_at(NOW) > p.hold_ms
