@@ -265,7 +265,11 @@ def test_server_vad_turns_and_barge_in(omniray, model_name, tmp_path):
         assert cut["item_id"] == item_id and cut["audio_end_ms"] >= 40
         assert 0 < cut["omniray"]["wasted_tokens"] <= cut["omniray"]["generated_tokens"]
 
-        # The next turn (the interruption) runs on the cut conversation.
+        # The next turn (the interruption) runs on the cut conversation; short, so that it completes
+        # soon (generation is paced by playback: the scheduler holds what is far ahead of it).
+        conn.send(
+            json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
+        )
         r.wait("input_audio_buffer.committed", truncated)
         second = r.wait("response.done", r.wait("response.created", truncated))
         assert r.events[second][1]["response"]["status"] == "completed"

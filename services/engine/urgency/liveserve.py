@@ -6,9 +6,10 @@
 - U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
   thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
   scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
-  A U2 request whose generation is more than `hold_ms` ahead of playback — generated tokens × the
-  session's audio per token (measured on its earlier responses, else `ms_per_token`) minus what the
-  client has played — is held back this round.
+- Held: a request of a live session whose generation is more than `hold_ms` ahead of playback —
+  generated tokens × the session's audio per token (measured on its earlier responses, else
+  `ms_per_token`) minus what the client has played — sits this round out, before or after its first
+  audio (LiveServe holds U2; a fast engine finishes whole replies before the first audio plays).
 A view older than `stale_s` counts as no telemetry (U1).
 """
 
@@ -43,14 +44,19 @@ class LiveServe:
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> tuple[str, tuple]:
         v = c.view
-        if v is None or not v.fresh(now, self.p.stale_s) or not v.first_audio:
+        if v is None or not v.fresh(now, self.p.stale_s):
+            return "U1", (1, c.arrival)
+        # Generation far ahead of what the listener has heard waits, whatever the class: a fast
+        # engine otherwise finishes the whole reply before its first audio plays, and a barge-in
+        # throws all of it away.
+        ahead = c.generated * (v.ms_per_token or self.p.ms_per_token) - v.played_at(now)
+        if ahead > self.p.hold_ms:
+            return "held", (3, c.arrival)
+        if not v.first_audio:
             return "U1", (1, c.arrival)
         buffered = v.buffered_at(now)
         if buffered <= self.p.safe_ms:
             return "U0", (0, buffered, c.arrival)
-        ahead = c.generated * (v.ms_per_token or self.p.ms_per_token) - v.played_at(now)
-        if ahead > self.p.hold_ms:
-            return "held", (3, c.arrival)
         barge = v.barge_ins / max(v.responses, 1)
         score = self.p.beta * (c.kv_tokens / 1000) * occupancy - self.p.alpha * barge
         return "U2", (2, -score, c.arrival)
