@@ -23,7 +23,7 @@ from services.engine.urgency.base import Candidate, Ranking
 @dataclass(frozen=True)
 class LiveServeParams:
     safe_ms: float = 1500.0
-    hold_ms: float = 8000.0
+    hold_ms: float = 3000.0
     alpha: float = 1.0
     beta: float = 1.0
     stale_s: float = 2.0
