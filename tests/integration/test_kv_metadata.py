@@ -6,19 +6,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest
 import redis.asyncio as aioredis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kv_store.metadata import KvMetadata
-
-
-@pytest.fixture
-async def meta(redis_url):
-    client = aioredis.Redis.from_url(redis_url)
-    yield KvMetadata(client, prefix=f"t{uuid.uuid4().hex}")
-    await client.aclose()
 
 
 async def test_prefix_match_and_session_chain(meta):

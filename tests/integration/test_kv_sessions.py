@@ -8,12 +8,10 @@ import uuid
 
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 
 from kv_store.disk import DiskTier
 from kv_store.eviction import PageInfo, create
 from kv_store.layout import PageLayout
-from kv_store.metadata import KvMetadata
 from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
@@ -31,13 +29,6 @@ def view(speaking=False, buffered_ms=0.0, barge_ins=0) -> BoardView:
     return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=speaking,
                      responding=buffered_ms > 0, first_audio=True, barge_ins=barge_ins, responses=1,
                      reply_gap_ms=800.0, at=NOW)  # fmt: skip
-
-
-@pytest.fixture
-async def meta(redis_url):
-    client = aioredis.Redis.from_url(redis_url)
-    yield KvMetadata(client, prefix=f"sess{uuid.uuid4().hex}")
-    await client.aclose()
 
 
 async def test_next_use_keeps_speaking_and_playing_sessions_and_evicts_idle_ones(meta):

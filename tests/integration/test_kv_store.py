@@ -8,12 +8,10 @@ import uuid
 
 import numpy as np
 import pytest
-import redis.asyncio as aioredis
 
 from kv_store.disk import DiskTier
 from kv_store.eviction import PageInfo, create
 from kv_store.layout import PageLayout
-from kv_store.metadata import KvMetadata
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 
@@ -22,13 +20,6 @@ LAYOUT = PageLayout(num_layers=1, num_kv_heads=1, head_dim=32, page_tokens=16, d
 
 def _bytes(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 255, LAYOUT.page_bytes, dtype=np.uint8)
-
-
-@pytest.fixture
-async def meta(redis_url):
-    client = aioredis.Redis.from_url(redis_url)
-    yield KvMetadata(client, prefix=f"store{uuid.uuid4().hex}")
-    await client.aclose()
 
 
 async def test_lru_overflow_to_disk_and_back(meta, tmp_path):
