@@ -83,7 +83,7 @@ class RealtimeHub:
             self.pipeline,
             self.profile,
             tenant,
-            f"{tenant.id}/{ev.new_id('sess')}",
+            ev.new_id("sess"),
             send,
             self.monitor,
             self.admission,

@@ -102,6 +102,9 @@ class RealtimeSession:
         self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
         self.admission, self.stats = admission, stats
         self.id = session_id
+        # The pipeline scopes session ids by tenant; the monitor (and the board the engines read)
+        # uses that same key, so a request's session names its board entry.
+        self.key = f"{tenant.id}/{session_id}"
         self.send = send
         self.config = ev.SessionConfig()
         self.buffer = bytearray()
@@ -140,7 +143,7 @@ class RealtimeSession:
                 **self.config.model_dump(exclude_none=True)}  # fmt: skip
 
     async def start(self) -> None:
-        self.monitor.open(self.id)
+        self.monitor.open(self.key)
         await self.send(ev.server_event("session.created", session=self.describe()))
 
     async def handle(self, raw: str | bytes) -> None:
@@ -196,7 +199,7 @@ class RealtimeSession:
                     code="item_not_found",
                     event_id=event.event_id,
                 )
-            self.monitor.played(self.id, event.played_ms)
+            self.monitor.played(self.key, event.played_ms)
 
     # ---- server VAD and barge-in ---------------------------------------------------------------
 
@@ -214,7 +217,7 @@ class RealtimeSession:
         the client played."""
         td = self.config.audio.input.turn_detection
         self.speech_start_ms = audio_start_ms
-        barge = self.monitor.speech_started(self.id)
+        barge = self.monitor.speech_started(self.key)
         r = self.response
         running = r is not None and r.task is not None and not r.task.done()
         if running and td.interrupt_response:
@@ -231,14 +234,14 @@ class RealtimeSession:
             await self._cut_to_played(r)
 
     async def _cut_to_played(self, r: Response) -> None:
-        view = self.monitor.snapshot().get(self.id)
+        view = self.monitor.snapshot().get(self.key)
         played = min(view.played_ms if view else 0.0, r.item.audio_ms)
         if played >= r.item.audio_ms and r.status == "completed":
             return  # all of it was heard
         r.item.cut(played)
         generated = max(len(r.item.generated), 1)
         wasted = r.item.tokens - round(r.item.tokens * len(r.item.text) / generated)
-        self.monitor.truncated(self.id, played)
+        self.monitor.truncated(self.key, played)
         self.stats.barge_in(wasted)
         await self.send(
             ev.server_event(
@@ -252,7 +255,7 @@ class RealtimeSession:
 
     async def _speech_stopped(self, audio_end_ms: int) -> None:
         td = self.config.audio.input.turn_detection
-        self.monitor.speech_stopped(self.id)
+        self.monitor.speech_stopped(self.key)
         item_id, start = self.next_item_id, self.speech_start_ms
         self.speech_start_ms = None
         await self.send(
@@ -341,7 +344,7 @@ class RealtimeSession:
     async def _run(self, r: Response, prepared) -> None:
         ids = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
         self.items.append(r.item)
-        self.monitor.response_started(self.id)
+        self.monitor.response_started(self.key)
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
@@ -357,7 +360,7 @@ class RealtimeSession:
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
                         r.item.spoken.append([out.transcript or "", 0.0])
                     r.item.spoken[-1][1] += ms
-                    self.monitor.audio_sent(self.id, ms)
+                    self.monitor.audio_sent(self.key, ms)
                     now = time.monotonic()
                     if last is not None:  # frame lateness: delivery interval over the audio it follows
                         self.admission.observe((now - last[0]) / max(last[1], 1e-3))
@@ -381,9 +384,9 @@ class RealtimeSession:
             await self.send(ev.error_event(f"response failed: {e}", "response_failed", kind="server_error"))
         finally:
             if r.status == "completed":  # whole responses tell the audio per token
-                self.monitor.response_finished(self.id, r.item.tokens, r.item.audio_ms)
+                self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
-                self.monitor.response_finished(self.id)
+                self.monitor.response_finished(self.key)
             await self.send(ev.server_event("response.done", response=self._describe(r)))
 
     async def cancel(self) -> None:
@@ -409,7 +412,7 @@ class RealtimeSession:
             )
         item.cut(event.audio_end_ms)
         if self.response is not None and self.response.item is item:
-            self.monitor.truncated(self.id, event.audio_end_ms)
+            self.monitor.truncated(self.key, event.audio_end_ms)
         await self.send(
             ev.server_event(
                 "conversation.item.truncated",
@@ -421,7 +424,7 @@ class RealtimeSession:
 
     async def close(self) -> None:
         await self.cancel()
-        self.monitor.close(self.id)
+        self.monitor.close(self.key)
 
 
 def _merge(base: dict, given: dict) -> dict:
