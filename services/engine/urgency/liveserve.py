@@ -6,10 +6,11 @@
 - U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
   thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
   scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
-- Held: a request of a live session whose generation is more than `hold_ms` ahead of playback —
-  generated tokens × the session's audio per token (measured on its earlier responses, else
-  `ms_per_token`) minus what the client has played — sits this round out, before or after its first
-  audio (LiveServe holds U2; a fast engine finishes whole replies before the first audio plays).
+  A U2 request whose generation is more than `hold_ms` ahead of playback — generated tokens × the
+  session's audio per token (measured on its earlier responses, else `ms_per_token`) minus what the
+  client has played — is held back this round. Never U0 or U1: a request whose audio has not started
+  or runs low may need more tokens before any audio comes (a text piece waiting for its end), and
+  holding it would stall its own playback for good.
 A view older than `stale_s` counts as no telemetry (U1).
 """
 
@@ -46,17 +47,16 @@ class LiveServe:
         v = c.view
         if v is None or not v.fresh(now, self.p.stale_s):
             return "U1", (1, c.arrival)
-        # Generation far ahead of what the listener has heard waits, whatever the class: a fast
-        # engine otherwise finishes the whole reply before its first audio plays, and a barge-in
-        # throws all of it away.
-        ahead = c.generated * (v.ms_per_token or self.p.ms_per_token) - v.played_at(now)
-        if ahead > self.p.hold_ms:
-            return "held", (3, c.arrival)
         if not v.first_audio:
             return "U1", (1, c.arrival)
         buffered = v.buffered_at(now)
         if buffered <= self.p.safe_ms:
             return "U0", (0, buffered, c.arrival)
+        # Only a well-buffered request waits: audio is flowing and the client has plenty, so the
+        # tokens it still needs (a text piece waiting for its end) cannot stall its own playback.
+        ahead = c.generated * (v.ms_per_token or self.p.ms_per_token) - v.played_at(now)
+        if ahead > self.p.hold_ms:
+            return "held", (3, c.arrival)
         barge = v.barge_ins / max(v.responses, 1)
         score = self.p.beta * (c.kv_tokens / 1000) * occupancy - self.p.alpha * barge
         return "U2", (2, -score, c.arrival)

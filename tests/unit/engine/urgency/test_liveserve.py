@@ -46,8 +46,10 @@ def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
     )
     ahead = cand(1, view(3000), generated=80)  # 8 s generated, nothing played
     assert policy.rank([ahead], NOW, 0.0).held == [0]
-    early = view(0, first_audio=False)  # the whole reply generated before its first audio plays
-    assert policy.rank([cand(1, early, generated=80)], NOW, 0.0).held == [0]
+    early = view(0, first_audio=False)  # no audio yet: never held (it may need tokens to start)
+    assert policy.rank([cand(1, early, generated=80)], NOW, 0.0).classes == ["U1"]
+    low = view(500)  # running low: never held either
+    assert policy.rank([cand(1, low, generated=80)], NOW, 0.0).classes == ["U0"]
     played = view(3000, at=NOW - 3.5)  # 3 s played since (all it had): 5 s ahead, buffer empty
     assert policy.rank([cand(1, played, generated=80)], NOW, 0.0).classes == ["U0"]
     measured = BoardView(**{**view(3000).__dict__, "ms_per_token": 50.0})  # this session: 4 s ahead
