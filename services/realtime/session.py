@@ -360,11 +360,15 @@ class RealtimeSession:
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
                         r.item.spoken.append([out.transcript or "", 0.0])
                     r.item.spoken[-1][1] += ms
-                    self.monitor.audio_sent(self.key, ms)
                     now = time.monotonic()
-                    if last is not None:  # frame lateness: delivery interval over the audio it follows
-                        self.admission.observe((now - last[0]) / max(last[1], 1e-3))
+                    if last is not None:
+                        # Frame lateness: delivery interval over the audio it follows — but a frame
+                        # that arrives while the client still has audio to play is on time, however
+                        # long the interval (the scheduler paces generation to playback).
+                        starved = self.monitor.buffered(self.key) <= 0
+                        self.admission.observe((now - last[0]) / max(last[1], 1e-3) if starved else 0.0)
                     last = (now, ms / 1000)
+                    self.monitor.audio_sent(self.key, ms)
                     delta = base64.b64encode(out.pcm16).decode()
                     await self.send(ev.server_event("response.output_audio.delta", delta=delta, **ids))
                 if out.finish_reason and out.usage is not None:

@@ -95,6 +95,11 @@ class SessionMonitor:
         s.first_audio = True
         s.sent_ms += ms
 
+    def buffered(self, session_id: str) -> float:
+        """Audio the client holds unplayed now (0 for an unknown session)."""
+        s = self._sessions.get(session_id)
+        return s.buffered_ms(self.clock()) if s else 0.0
+
     def played(self, session_id: str, played_ms: float) -> None:
         """The client's playback position in the current response's audio (never moves back, never
         past what was sent)."""

@@ -64,8 +64,10 @@ def test_playback_without_reports_runs_at_real_time_from_the_first_audio():
     m.played("s", 600)  # ahead of it: the report is the new anchor
     clock.t += 0.1
     assert m.snapshot()["s"].played_ms == pytest.approx(700)
+    assert m.buffered("s") == pytest.approx(300)
     clock.t += 10
     assert m.snapshot()["s"].played_ms == 1000 and not m.snapshot()["s"].playing
+    assert m.buffered("s") == 0 and m.buffered("unknown") == 0
 
 
 EVENTS = st.lists(
