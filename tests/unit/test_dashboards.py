@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS = sorted((ROOT / "helm" / "dashboards").glob("*.json"))
+DASHBOARDS = sorted((ROOT / "helm" / "omniray" / "dashboards").glob("*.json"))
 
 
 def _defined_metrics() -> set[str]:
