@@ -61,6 +61,10 @@ def _merge_text(batch: list[Event | None]) -> list[Event | None]:
     return merged
 
 
+def prompt_tokens(prompt: stages_pb2.Prompt) -> int:
+    return sum(len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments)
+
+
 def _text_only(ev: Event) -> bool:
     return bool(ev.text) and not ev.pcm16 and ev.finish_reason is None and ev.progress is None
 
@@ -315,9 +319,7 @@ class Pipeline:
         if p.plan.encode:
             encoded = await self._encode(p.ctx, p.items, progress)
         p.prompt = self.prompts.render(list(p.request.messages), encoded)
-        p.prompt_tokens = sum(
-            len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in p.prompt.segments
-        )
+        p.prompt_tokens = prompt_tokens(p.prompt)
         if p.prompt_tokens + p.sampling.max_tokens > self.profile.engine.max_model_len:
             raise bad_request(
                 f"prompt ({p.prompt_tokens} tokens) plus max_tokens ({p.sampling.max_tokens}) exceeds the "
@@ -325,6 +327,38 @@ class Pipeline:
                 code="context_length_exceeded",
                 param="messages",
             )
+
+    async def prefill_ahead(self, req: omni_pb2.ChatRequest, tenant: TenantSpec) -> int:
+        """Speculative prefill of a turn still being spoken (realtime sessions): `req` holds the
+        conversation with the turn's audio so far. Encode it and prefill up to the end of its
+        audio — the turn's closing template tokens are not known yet — on the prefill replica the
+        session's turns go to, so the pages are there when the whole turn comes. Returns the tokens
+        prefilled (0 when there is no audio to prefill).
+
+        Not debited from the quota: the turn's request pays for the same audio when it comes, and a
+        session runs at most one of these at a time, only while its user speaks."""
+        sampling, _, _ = self._validate(req)
+        ctx = common_pb2.RequestContext(
+            request_id=f"ahead-{uuid.uuid4().hex}",
+            tenant=tenant.id,
+            session_id=f"{tenant.id}/{req.session_id}",
+        )
+        with telemetry.tracer("gateway").start_as_current_span("gateway.prefill_ahead") as span:
+            telemetry.inject(ctx)
+            items = await asyncio.to_thread(self._media_items, req)
+            prompt = self.prompts.render(list(req.messages), await self._encode(ctx, items))
+            ends = [i for i, seg in enumerate(prompt.segments) if seg.HasField("embeddings")]
+            if not ends:
+                return 0
+            del prompt.segments[ends[-1] + 1 :]
+            tokens = prompt_tokens(prompt)
+            span.set_attribute("omniray.prompt_tokens", tokens)
+            if tokens >= self.profile.engine.max_model_len:
+                return 0
+            await self.h.prefill.options(session_id=ctx.session_id).Prefill.remote(
+                stages_pb2.PrefillRequest(ctx=ctx, prompt=prompt, sampling=sampling)
+            )
+        return tokens
 
     # ---- generation ----------------------------------------------------------------------
 

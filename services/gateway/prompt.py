@@ -27,15 +27,20 @@ class PromptBuilder:
         """`encoded` holds one item per media part, in message order."""
         chat, n_media = [], 0
         for m in messages:
-            pieces = []
+            content, previous = "", None
             for part in m.content:
                 kind = part.WhichOneof("part")
+                # Consecutive audio parts are one stream cut in chunks (realtime turns): nothing
+                # between them, so a turn's first chunks render as a prefix of the whole turn.
+                if previous is not None and not (kind == previous == "audio"):
+                    content += "\n"
                 if kind == "text":
-                    pieces.append(part.text.replace(_MARK, ""))
+                    content += part.text.replace(_MARK, "")
                 else:
-                    pieces.append(_marker(n_media))
+                    content += _marker(n_media)
                     n_media += 1
-            chat.append({"role": "system" if m.role == "developer" else m.role, "content": "\n".join(pieces)})
+                previous = kind
+            chat.append({"role": "system" if m.role == "developer" else m.role, "content": content})
         if n_media != len(encoded):
             raise ValueError(f"{n_media} media parts but {len(encoded)} encoder outputs")
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)

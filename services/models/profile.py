@@ -102,11 +102,23 @@ class SchedulerSpec(_Strict):
         return self
 
 
+class SpeculativePrefillSpec(_Strict):
+    """Prefill while the user still speaks (docs/realtime.md). Needs an audio encoder whose output
+    for a chunk does not depend on the audio after it (a streaming encoder, embeddings out): user
+    audio is then encoded `chunk_ms` at a time, so the features of what was said so far are a
+    prefix of the whole turn's and their KV is reused at the end of the turn. A cascade's ASR
+    (text out) is not such an encoder: leave it off there."""
+
+    enabled: bool = False
+    chunk_ms: int = Field(default=1000, ge=100, le=30_000)
+
+
 class RealtimeSpec(_Strict):
     """Realtime voice sessions (docs/realtime.md)."""
 
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    speculative_prefill: SpeculativePrefillSpec = Field(default_factory=SpeculativePrefillSpec)
 
 
 class ModelsSpec(_Strict):

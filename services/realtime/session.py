@@ -68,13 +68,17 @@ class Item:
         return {"id": self.id, "type": "message", "object": "realtime.item", "role": self.role,
                 "status": status, "content": [content]}  # fmt: skip
 
-    def message(self) -> dict:
+    def message(self, chunk_bytes: int = 0) -> dict:
+        """As a chat message. With `chunk_bytes`, user audio goes as consecutive clips of that size
+        (a streaming encoder's chunks): the first clips of a turn are then the same media items
+        whether the turn is complete or still being spoken."""
         if self.role == "user":
-            wav = base64.b64encode(wav_bytes(self.audio, PCM_RATE)).decode()
-            return {
-                "role": "user",
-                "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}],
-            }
+            step = chunk_bytes or len(self.audio)
+            return {"role": "user", "content": [
+                {"type": "input_audio", "input_audio": {
+                    "data": base64.b64encode(wav_bytes(self.audio[k : k + step], PCM_RATE)).decode(),
+                    "format": "wav"}}
+                for k in range(0, len(self.audio), step)]}  # fmt: skip
         return {"role": "assistant", "content": self.text}
 
 
@@ -115,6 +119,10 @@ class RealtimeSession:
         self.vad: SileroStream | None = None
         self.turns: TurnSegmenter | None = None
         self.speech_start_ms: float | None = None
+        ahead = profile.realtime.speculative_prefill
+        self.chunk_bytes = ahead.chunk_ms * PCM_RATE // 1000 * 2 if ahead.enabled else 0
+        self.ahead: asyncio.Task | None = None  # the speculative prefill in flight
+        self.ahead_chunks = 0  # chunks of the current turn prefilled (or being prefilled) so far
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -122,7 +130,15 @@ class RealtimeSession:
         td = self.config.audio.input.turn_detection
         self.vad = SileroStream(PCM_RATE) if td else None
         self.turns = TurnSegmenter(td, origin_ms=self.input_ms) if td else None
-        self.speech_start_ms = None
+        self._speech_started_at(None)
+
+    def _speech_started_at(self, audio_start_ms: float | None) -> None:
+        self.speech_start_ms = audio_start_ms
+        self.ahead_chunks = 0
+
+    def _speech_offset(self) -> int:
+        """Where the turn being spoken starts in the buffer, in bytes."""
+        return max(0, int((self.speech_start_ms - self.buffer_start_ms) / 1000 * PCM_RATE)) * 2
 
     @property
     def input_ms(self) -> float:
@@ -172,11 +188,12 @@ class RealtimeSession:
             self.buffer += chunk
             if self.vad is not None:
                 await self._detect(chunk)
+                self._prefill_ahead()
         elif isinstance(event, ev.InputAudioBufferCommit):
             await self._commit(event)
         elif isinstance(event, ev.InputAudioBufferClear):
             self._drop_buffer()
-            self.speech_start_ms = None
+            self._speech_started_at(None)
             await self.send(ev.server_event("input_audio_buffer.cleared"))
         elif isinstance(event, ev.ResponseCreate):
             await self._create_response(event)
@@ -216,7 +233,7 @@ class RealtimeSession:
         sent — no audio delta follows `speech_started` — and the assistant's item is cut to what
         the client played."""
         td = self.config.audio.input.turn_detection
-        self.speech_start_ms = audio_start_ms
+        self._speech_started_at(audio_start_ms)
         barge = self.monitor.speech_started(self.key)
         r = self.response
         running = r is not None and r.task is not None and not r.task.done()
@@ -256,13 +273,13 @@ class RealtimeSession:
     async def _speech_stopped(self, audio_end_ms: int) -> None:
         td = self.config.audio.input.turn_detection
         self.monitor.speech_stopped(self.key)
-        item_id, start = self.next_item_id, self.speech_start_ms
-        self.speech_start_ms = None
+        item_id, started = self.next_item_id, self.speech_start_ms is not None
         await self.send(
             ev.server_event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
         )
-        if start is not None:  # what came before the speech (and its padding) is not the turn
-            self._drop_buffer(max(0, int((start - self.buffer_start_ms) / 1000 * PCM_RATE)) * 2)
+        if started:  # what came before the speech (and its padding) is not the turn
+            self._drop_buffer(self._speech_offset())
+        self._speech_started_at(None)
         if len(self.buffer) < PCM_RATE * 2 // 10:
             return  # a blip: nothing worth a turn
         await self._commit(None)
@@ -279,7 +296,7 @@ class RealtimeSession:
         previous = self.items[-1].id if self.items else None
         item = Item(self.next_item_id, "user", audio=self._drop_buffer())
         self.next_item_id = ev.new_id("item")
-        self.speech_start_ms = None
+        self._speech_started_at(None)
         self.items.append(item)
         await self.send(
             ev.server_event("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
@@ -292,14 +309,53 @@ class RealtimeSession:
             )
         )
 
+    # ---- speculative prefill --------------------------------------------------------------------
+
+    def _prefill_ahead(self) -> None:
+        """While the user speaks, prefill the conversation up to the audio chunks completed so far,
+        one request at a time, so that at the end of the turn only its last chunk (and what the
+        next chunk adds while one is in flight) remains to prefill."""
+        if not self.chunk_bytes or self.speech_start_ms is None or not self._ahead_wanted():
+            return
+        if self.ahead is not None and not self.ahead.done():
+            return
+        chunks = (len(self.buffer) - self._speech_offset()) // self.chunk_bytes
+        if chunks <= self.ahead_chunks:
+            return
+        self.ahead_chunks = chunks
+        start = self._speech_offset()
+        pending = Item("pending", "user", audio=bytes(self.buffer[start : start + chunks * self.chunk_bytes]))
+        self.ahead = asyncio.create_task(self._run_ahead(pending))
+
+    def _ahead_wanted(self) -> bool:
+        """The session's own setting (`session.omniray.speculative_prefill`, default on)."""
+        extension = (self.config.model_extra or {}).get("omniray") or {}
+        return extension.get("speculative_prefill", True) is not False
+
+    async def _run_ahead(self, pending: Item) -> None:
+        try:
+            _, proto = openai_api.parse_request(
+                self._chat_body(ev.ResponseConfig(), pending), self.profile.limits
+            )
+            proto.session_id = self.id
+            tokens = await self.pipeline.prefill_ahead(proto, self.tenant)
+            self.stats.prefilled_ahead("done", tokens)
+        except asyncio.CancelledError:
+            self.stats.prefilled_ahead("cancelled", 0)
+            raise
+        except Exception:  # speculation only: the turn's own request does the work then
+            self.stats.prefilled_ahead("failed", 0)
+
     # ---- responses ------------------------------------------------------------------------------
 
-    def _chat_body(self, config: ev.ResponseConfig) -> dict:
+    def _chat_body(self, config: ev.ResponseConfig, pending: Item | None = None) -> dict:
+        """The conversation as a chat request (with `pending`: a turn still being spoken, last)."""
         modalities = config.output_modalities or self.config.output_modalities
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
+        items = self.items + ([pending] if pending is not None else [])
         messages = ([{"role": "system", "content": instructions}] if instructions else []) + [
-            item.message() for item in self.items if item.role == "user" or item.text
+            item.message(self.chunk_bytes) for item in items if item.role == "user" or item.text
         ]
         body: dict[str, Any] = {"model": self.profile.served_model_name, "messages": messages}
         if "audio" in modalities:
@@ -428,6 +484,8 @@ class RealtimeSession:
 
     async def close(self) -> None:
         await self.cancel()
+        if self.ahead is not None:
+            self.ahead.cancel()
         self.monitor.close(self.key)
 
 

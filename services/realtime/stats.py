@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from ray.util import metrics
 
+from services.common.telemetry import zero
+
 
 class RealtimeStats:
     def __init__(self):
@@ -14,6 +16,10 @@ class RealtimeStats:
         self.admission_limit = metrics.Gauge(
             "omniray_realtime_admission_limit",
             description="Realtime sessions the AIMD controller admits now (N*).",
+        )
+        self.admitted = metrics.Counter(
+            "omniray_realtime_admitted_total",
+            description="Realtime sessions admitted (opened under the admission limit).",
         )
         self.rejected = metrics.Counter(
             "omniray_realtime_rejected_total",
@@ -31,6 +37,23 @@ class RealtimeStats:
             "omniray_realtime_generated_tokens_total",
             description="Tokens generated for realtime responses.",
         )
+        for counter in (self.rejected, self.barge_ins, self.wasted):  # exported at 0 until the first one
+            zero(counter)
+
+        self.ahead = metrics.Counter(
+            "omniray_realtime_prefill_ahead_total",
+            description="Speculative prefills of turns still being spoken, by outcome.",
+            tag_keys=("outcome",),
+        )
+        self.ahead_tokens = metrics.Counter(
+            "omniray_realtime_prefill_ahead_tokens_total",
+            description="Prompt tokens prefilled while the user was still speaking.",
+        )
+
+    def prefilled_ahead(self, outcome: str, tokens: int) -> None:
+        self.ahead.inc(tags={"outcome": outcome})
+        if tokens > 0:
+            self.ahead_tokens.inc(tokens)
 
     def barge_in(self, wasted_tokens: int) -> None:
         self.barge_ins.inc()

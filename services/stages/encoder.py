@@ -124,8 +124,11 @@ class Encoder(Stage):
                 p.report()
 
     def _cache_key(self, item: stages_pb2.MediaItem, tenant: str) -> str:
-        grid = f"{item.tiles.cols}x{item.tiles.rows}@{item.tiles.tile_px}/{item.tiles.policy_version}"
-        return cache_key(tenant, item.data.content_hash, self.versions["image"], grid)
+        if item.modality == "audio":
+            shape = "audio"
+        else:
+            shape = f"{item.tiles.cols}x{item.tiles.rows}@{item.tiles.tile_px}/{item.tiles.policy_version}"
+        return cache_key(tenant, item.data.content_hash, self.versions[item.modality], shape)
 
     def _tiles(self, item: stages_pb2.MediaItem) -> list[np.ndarray]:
         image = Image.open(io.BytesIO(tensors.materialize(item.data).tobytes())).convert("RGB")
@@ -140,7 +143,7 @@ class Encoder(Stage):
         for i in indices:
             item = request.items[i]
             hit = None if request.bypass_cache else self.cache.get(self._cache_key(item, request.ctx.tenant))
-            self.pool_metrics.cache("miss" if hit is None else "hit")
+            self.pool_metrics.cache("image", "miss" if hit is None else "hit")
             if hit is None:
                 misses.append(i)
             else:
@@ -165,9 +168,16 @@ class Encoder(Stage):
             self.pool_metrics.tiles(len(tiles[i]))
         return out
 
-    async def _encode_audio(self, item: stages_pb2.MediaItem) -> EncoderOutput:
-        wave = tensors.materialize(item.data).view("float32")
-        (out,) = await asyncio.to_thread(self.audio.encode, [wave])
+    async def _encode_audio(self, request: stages_pb2.EncodeRequest, item: stages_pb2.MediaItem) -> EncoderOutput:
+        """Audio clips are cached like images: a realtime session's earlier turns, and the chunks of
+        a turn already encoded while it was spoken (speculative prefill), are not encoded again."""
+        key = self._cache_key(item, request.ctx.tenant)
+        out = None if request.bypass_cache else self.cache.get(key)
+        self.pool_metrics.cache("audio", "miss" if out is None else "hit")
+        if out is None:
+            wave = tensors.materialize(item.data).view("float32")
+            (out,) = await asyncio.to_thread(self.audio.encode, [wave])
+            self.cache.put(key, out)
         return out
 
     def record_routing_stats(self) -> dict:
@@ -231,7 +241,7 @@ class Encoder(Stage):
                 raise ValueError(f"this profile has no encoder for {item.modality!r}")
         image_out, *audio_out = await asyncio.gather(
             self._encode_images(request, images, progress),
-            *(self._encode_audio(request.items[i]) for i in audio),
+            *(self._encode_audio(request, request.items[i]) for i in audio),
         )
         outputs = {**image_out, **dict(zip(audio, audio_out, strict=True))}
         response = stages_pb2.EncodeResponse()
@@ -266,7 +276,9 @@ class _PoolMetrics:
             "omniray_encoder_pending_tiles", description="Tiles waiting in this replica."
         )
         self._cache = metrics.Counter(
-            "omniray_encoder_cache_requests_total", description="Feature cache lookups.", tag_keys=("result",)
+            "omniray_encoder_cache_requests_total",
+            description="Feature cache lookups.",
+            tag_keys=("modality", "result"),
         )
 
     def batch(self, size: int, pending: int) -> None:
@@ -276,5 +288,5 @@ class _PoolMetrics:
     def tiles(self, n: int) -> None:
         self._tiles.inc(n)
 
-    def cache(self, result: str) -> None:
-        self._cache.inc(tags={"result": result})
+    def cache(self, modality: str, result: str) -> None:
+        self._cache.inc(tags={"modality": modality, "result": result})

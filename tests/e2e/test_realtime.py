@@ -211,6 +211,19 @@ class Reader:
             return next(i for i, (_, e) in enumerate(self.events) if i >= after and e["type"] == kind)
 
 
+def _assert_scraped(omniray, wanted) -> None:
+    """Each of `wanted` appears in the Prometheus scrape within a minute (Ray exports with a lag)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
+            scrape = resp.read().decode()
+        missing = [m for m in wanted if m not in scrape]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not missing, missing
+
+
 def _say(conn, pcm: bytes, chunk_ms: int = 100) -> list[float]:
     """Append audio at real-time pace; returns when each chunk was sent."""
     step, sent = PCM_RATE * 2 * chunk_ms // 1000, []
@@ -285,12 +298,44 @@ def test_server_vad_turns_and_barge_in(omniray, model_name, tmp_path):
     # urgency classes reach Prometheus; the barge-in and the wasted tokens too.
     wanted = ("ray_omniray_scheduler_decision_seconds_count", "ray_omniray_scheduler_ranked_total",
               "ray_omniray_realtime_barge_ins_total", "ray_omniray_realtime_wasted_tokens_total")  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
-            scrape = resp.read().decode()
-        missing = [m for m in wanted if m not in scrape]
-        if not missing or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert not missing, missing
+    _assert_scraped(omniray, wanted)
+
+
+def _spoken_turn_cache_hits(omniray, model_name, pcm: bytes, ahead: bool, words: list[str]) -> float:
+    """One spoken turn after a long unique system prompt; the prefill replica's prefix-cache hits
+    (tokens) while it ran, and the response's status."""
+    from ray import serve
+
+    prefill = serve.get_deployment_handle("Prefill", app_name="omniray")
+    conn = _connect(omniray, model_name)
+    r = Reader(conn)
+    try:
+        r.wait("session.created")
+        session = {"type": "realtime", "max_output_tokens": 8, "instructions": " ".join(words),
+                   "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400}}},
+                   "omniray": {"speculative_prefill": ahead}}  # fmt: skip
+        conn.send(json.dumps({"type": "session.update", "session": session}))
+        r.wait("session.updated")
+        before = prefill.prompt_token_sources.remote().result().get("local_cache_hit", 0)
+        _say(conn, pcm + bytes(PCM_RATE * 2 * 6 // 10))
+        done = r.wait("response.done", r.wait("input_audio_buffer.speech_stopped"), timeout=120)
+        assert r.events[done][1]["response"]["status"] == "completed"
+        return prefill.prompt_token_sources.remote().result().get("local_cache_hit", 0) - before
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
+def test_turn_is_prefilled_while_spoken(omniray, ray_driver, model_name, tmp_path):
+    """With speculative prefill (on in the tiny profile) the conversation and the first seconds of
+    the turn are prefilled while the user speaks, so the turn's own prefill finds them cached; the
+    same turn with it switched off for the session finds nothing of its new system prompt."""
+    pcm = _spoken("Please tell me everything you know about the history of Paris.", tmp_path)
+    assert len(pcm) / 2 / PCM_RATE > 2.5  # at least two whole 1 s chunks before the end
+    prompt = [f"fact{i}" for i in range(300)]  # unique per session: no earlier test cached it
+    off = _spoken_turn_cache_hits(omniray, model_name, pcm, False, ["off", *prompt])
+    on = _spoken_turn_cache_hits(omniray, model_name, pcm, True, ["on", *prompt])
+    assert off < 32, off  # not one page of the new prompt was there before the turn
+    assert on >= 300, on  # the system prompt (and chunks) were prefilled ahead
+    wanted = ("ray_omniray_realtime_prefill_ahead_total{", "ray_omniray_realtime_prefill_ahead_tokens_total")
+    _assert_scraped(omniray, wanted)
