@@ -98,6 +98,13 @@ bench-kv-transfer: setup
 bench-kv-turn2: setup models
 	$(PY) -m loadtest.kv_turn2_bench --profile small
 
+# The Helm chart's generated files (each profile's Serve config, the dev tenant) and k8s/ rendered
+# from the chart; tests/chart fails when they differ from a fresh run.
+.PHONY: chart
+chart: setup
+	$(PY) -m services.deploy chart
+	$(PY) -m services.deploy k8s
+
 lint: setup
 	$(VENV)/bin/ruff check services kv_store kernels loadtest tests
 	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests

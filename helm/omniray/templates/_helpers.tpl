@@ -1,0 +1,203 @@
+{{/* Names and labels */}}
+{{- define "omniray.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "omniray.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "omniray.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "omniray.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "omniray.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "omniray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "omniray.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "omniray.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "omniray.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The Serve config generated from the profile (`make chart`); a profile without one fails. */}}
+{{- define "omniray.serveConfig" -}}
+{{- $path := printf "files/serve/%s.yaml" .Values.profile }}
+{{- $config := .Files.Get $path }}
+{{- if not $config }}
+{{- fail (printf "profile %q has no generated Serve config %s: run `make chart`" .Values.profile $path) }}
+{{- end }}
+{{- $config }}
+{{- end }}
+
+{{/* Ray's custom resource for one pool, as a rayStartParams `resources` value (a quoted JSON map). */}}
+{{- define "omniray.poolResources" -}}
+{{- toJson (toJson (dict (printf "omniray_pool_%s" .) 1000)) | quote }}
+{{- end }}
+
+{{- define "omniray.redisHost" -}}
+{{- printf "%s-redis" (include "omniray.fullname" .) }}
+{{- end }}
+
+{{- define "omniray.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "omniray.fullname" .)) .Values.redis.auth.existingSecret }}
+{{- end }}
+
+{{/* OMNIRAY_REDIS_URL (services/common/redis_config.py) and the password it is built from. */}}
+{{- define "omniray.redisEnv" -}}
+{{- if .Values.redis.enabled }}
+{{- if .Values.redis.auth.enabled }}
+- name: OMNIRAY_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "omniray.redisSecretName" . }}
+      key: {{ .Values.redis.auth.existingSecretKey }}
+- name: OMNIRAY_REDIS_URL
+  value: {{ printf "redis://:$(OMNIRAY_REDIS_PASSWORD)@%s:6379/0" (include "omniray.redisHost" .) | quote }}
+{{- else }}
+- name: OMNIRAY_REDIS_URL
+  value: {{ printf "redis://%s:6379/0" (include "omniray.redisHost" .) | quote }}
+{{- end }}
+{{- else if or .Values.redis.external.url .Values.redis.external.existingSecret }}
+- name: OMNIRAY_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ default (printf "%s-redis-url" (include "omniray.fullname" .)) .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.existingSecretKey }}
+{{- else }}
+{{- fail "redis.enabled is false: set redis.external.url or redis.external.existingSecret" }}
+{{- end }}
+{{- end }}
+
+{{- define "omniray.tenantsConfigMap" -}}
+{{- default (printf "%s-tenants" (include "omniray.fullname" .)) .Values.tenants.existingConfigMap }}
+{{- end }}
+
+{{/*
+A Ray pod template. Args: root (the chart context), pool (head | encoder | thinker | speech),
+group (its values), head (bool).
+*/}}
+{{- define "omniray.rayPod" -}}
+{{- $root := .root }}
+{{- $group := .group }}
+metadata:
+  labels:
+    {{- include "omniray.selectorLabels" $root | nindent 4 }}
+    app.kubernetes.io/component: ray
+    omniray.io/pool: {{ .pool }}
+    {{- with $root.Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/tenants: {{ include (print $root.Template.BasePath "/configmap-tenants.yaml") $root | sha256sum }}
+    {{- with $root.Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- with $root.Values.serviceAccountName }}
+  serviceAccountName: {{ . }}
+  {{- end }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if $root.Values.models.prepare }}
+  initContainers:
+    - name: models
+      image: {{ include "omniray.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      command: [python, -m, services.models.build, --profile, {{ $root.Values.profile | quote }}]
+      env:
+        - name: OMNIRAY_DATA
+          value: /data
+      volumeMounts:
+        - {name: data, mountPath: /data}
+        {{- with $root.Values.models.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  {{- end }}
+  containers:
+    - name: {{ ternary "ray-head" "ray-worker" .head }}
+      image: {{ include "omniray.image" $root }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      env:
+        - name: OMNIRAY_DATA
+          value: /data
+        - name: OMNIRAY_TENANTS_FILE
+          value: /etc/omniray/tenants/tenants.yaml
+        {{- include "omniray.redisEnv" $root | nindent 8 }}
+        {{- with $root.Values.otel.endpoint }}
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ . | quote }}
+        {{- end }}
+        {{- with $root.Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        {{- if .head }}
+        - {name: gcs-server, containerPort: 6379}
+        - {name: dashboard, containerPort: 8265}
+        - {name: client, containerPort: 10001}
+        - {name: serve, containerPort: 8000}
+        - {name: grpc, containerPort: 9000}
+        {{- end }}
+        - {name: metrics, containerPort: 8080}
+      resources:
+        {{- $res := deepCopy $group.resources }}
+        {{- if $group.gpus }}
+        {{- $_ := set $res "requests" (merge (dict "nvidia.com/gpu" $group.gpus) (default (dict) $res.requests)) }}
+        {{- $_ := set $res "limits" (merge (dict "nvidia.com/gpu" $group.gpus) (default (dict) $res.limits)) }}
+        {{- end }}
+        {{- toYaml $res | nindent 8 }}
+      volumeMounts:
+        - {name: data, mountPath: /data}
+        - {name: tenants, mountPath: /etc/omniray/tenants, readOnly: true}
+        {{- if $group.shmSize }}
+        - {name: dshm, mountPath: /dev/shm}
+        {{- end }}
+        {{- with $root.Values.models.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: data
+      {{- toYaml $root.Values.models.volume | nindent 6 }}
+    - name: tenants
+      configMap:
+        name: {{ include "omniray.tenantsConfigMap" $root }}
+    {{- if $group.shmSize }}
+    - name: dshm
+      emptyDir: {medium: Memory, sizeLimit: {{ $group.shmSize }}}
+    {{- end }}
+    {{- with $root.Values.models.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $group.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $group.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* Scrape labels the dashboards and alerts group by: the Ray cluster and the pool of each pod. */}}
+{{- define "omniray.relabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_ray_io_cluster]
+  targetLabel: ray_io_cluster
+- sourceLabels: [__meta_kubernetes_pod_label_omniray_io_pool]
+  targetLabel: pool
+{{- end }}
