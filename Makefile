@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-voice lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice loadtest lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -24,6 +24,9 @@ system-deps:
 	@command -v espeak-ng >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq espeak-ng) >/dev/null; } || \
 	  echo "[setup] espeak-ng not installed: 'small' answers in text only; speech tests are skipped"
+	@command -v promtool >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null; } || \
+	  echo "[setup] promtool (apt: prometheus) not installed: the dashboard and alert rule tests fail"
 
 # One stamp per dependency set: re-runs only when pyproject.toml or constraints.txt change.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -87,6 +90,11 @@ bench-preload: setup
 bench-voice: models
 	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
 
+# Audio TTFP after end of speech with vs without speculative prefill (2k-token history, tiny engine
+# at a larger width so that prefill costs what it would).
+bench-speculative: setup
+	$(PY) -m loadtest.speculative_bench
+
 # The interaction-aware scheduler's decision time per round at 64 / 256 / 1024 sessions.
 bench-scheduler: setup
 	$(PY) -m loadtest.scheduler_bench
@@ -97,6 +105,15 @@ bench-kv-transfer: setup
 
 bench-kv-turn2: setup models
 	$(PY) -m loadtest.kv_turn2_bench --profile small
+
+# Locust, headless, against its own run of the tiny profile (load-test tenants): text, image,
+# document, realtime voice with barge-in and gRPC users; CSVs, summary and plots under
+# loadtest/results/<time>/. Fails if any request failed. See docs/loadtest.md.
+LOADTEST_USERS ?= 8
+LOADTEST_TIME ?= 75s
+loadtest: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.locust_run --profile tiny --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME)
 
 # The Helm chart's generated files (each profile's Serve config, the dev tenant) and k8s/ rendered
 # from the chart; tests/chart fails when they differ from a fresh run.

@@ -39,6 +39,12 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "Time to move one batch of pages, by path.",
         ("path",),
     ),
+    "reload": (
+        "histogram",
+        "omniray_kv_reload_seconds",
+        "On-path reload: time a request waits for its pages from the store (fetch and scatter), by kind.",
+        ("kind",),
+    ),
     "request": (
         "counter",
         "omniray_kv_request_tokens_total",
@@ -73,6 +79,10 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("urgency",),
     ),
 }
+ZERO_AT_START = {
+    "error": [("lookup",), ("naming",), ("save",)],
+    "fallback": [("load_failed",), ("load_error",)],
+}
 TRANSFER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 DECISION_BUCKETS = [0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
@@ -84,6 +94,7 @@ class Metrics(Protocol):
     def prefetch(self, outcome: str, n: float = 1) -> None: ...
     def moved(self, path: str, n_bytes: float) -> None: ...
     def transfer(self, path: str, seconds: float) -> None: ...
+    def reload(self, kind: str, seconds: float) -> None: ...
     def request(self, kind: str, result: str, tokens: float) -> None: ...
     def error(self, op: str, n: float = 1) -> None: ...
     def fallback(self, reason: str, n: float = 1) -> None: ...
@@ -114,6 +125,9 @@ class _Calls:
 
     def transfer(self, path: str, seconds: float) -> None:
         self._record("transfer", (path,), seconds)
+
+    def reload(self, kind: str, seconds: float) -> None:
+        self._record("reload", (kind,), seconds)
 
     def request(self, kind: str, result: str, tokens: float) -> None:
         self._record("request", (kind, result), tokens)
@@ -147,6 +161,12 @@ class StoreMetrics(_Calls):
                 buckets = DECISION_BUCKETS if method == "decision" else TRANSFER_BUCKETS
                 m = metrics.Histogram(name, description=help_, boundaries=buckets, tag_keys=labels)
             self._metrics[method] = (kind, m, labels)
+        # Failures are rare: their series exist at 0 so dashboards and alerts see a healthy store
+        # (Ray's Counter.inc refuses 0; _record is what inc calls).
+        for method, label_sets in ZERO_AT_START.items():
+            _, m, names = self._metrics[method]
+            for labels in label_sets:
+                m._record(0, tags=dict(zip(names, labels, strict=True)))
 
     def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
         kind, m, names = self._metrics[method]

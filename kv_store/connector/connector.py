@@ -26,6 +26,7 @@ save: a recompute baseline), `kind` (pd / session / prefix, for metrics).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -346,6 +347,7 @@ class OmniKvConnector(KVConnectorBase_V1):
         first missing page on are returned as failed (vLLM recomputes them)."""
         store = self.agent.store
         parent = TraceContextTextMapPropagator().extract(job.trace)
+        started = time.perf_counter()
         with _TRACER.start_as_current_span("kv_store.load", context=parent) as span:
             span.set_attribute("omniray.request_id", job.req_id)
             span.set_attribute("omniray.kv.kind", job.kind)
@@ -362,6 +364,7 @@ class OmniKvConnector(KVConnectorBase_V1):
                     kv_pages.scatter(self._layers, torch.tensor(job.block_ids[:ok]), pages)
             finally:
                 store.release([p for p, v in fetched.items() if v is not None])
+            self.agent.recorder.reload(job.kind, time.perf_counter() - started)
             span.set_attribute("omniray.kv.loaded_pages", ok)
             if ok < len(job.pages):
                 self.agent.recorder.fallback("load_failed")

@@ -73,8 +73,15 @@ def stage_span(
         otel_context.detach(token)
 
 
+def zero(counter, **tags: str) -> None:
+    """Export `counter` at 0 for a label set before its first event, so dashboards and alerts see
+    the series in a healthy run (Ray's Counter.inc refuses 0; this records what inc would, minus
+    that check)."""
+    counter._record(0, tags=tags)
+
+
 class StageMetrics:
-    """Per-stage request latency and in-flight work, tagged by stage and operation."""
+    """Per-stage request latency, errors and in-flight calls, tagged by stage and operation."""
 
     def __init__(self, stage: str):
         from ray.util import metrics
@@ -89,9 +96,27 @@ class StageMetrics:
         self.errors = metrics.Counter(
             "omniray_stage_errors_total", description="Stage calls that raised.", tag_keys=("stage", "op")
         )
+        self.inflight = metrics.Gauge(
+            "omniray_stage_inflight_requests",
+            description="Calls a replica is processing now (for an engine stage: its running batch).",
+            tag_keys=("stage",),
+        )
+        self._inflight = 0
+        self._ops: set[str] = set()
 
     def observe(self, op: str, seconds: float) -> None:
+        if op not in self._ops:  # the error series exists (at 0) once the operation has run
+            self._ops.add(op)
+            zero(self.errors, stage=self.stage, op=op)
         self.latency.observe(seconds, tags={"stage": self.stage, "op": op})
 
     def error(self, op: str) -> None:
         self.errors.inc(tags={"stage": self.stage, "op": op})
+
+    def started(self) -> None:
+        self._inflight += 1
+        self.inflight.set(self._inflight, tags={"stage": self.stage})
+
+    def finished(self) -> None:
+        self._inflight -= 1
+        self.inflight.set(self._inflight, tags={"stage": self.stage})

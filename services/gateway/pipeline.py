@@ -122,6 +122,8 @@ class Pipeline:
             description="Encoder outputs rejected for carrying other model versions (then re-encoded).",
             tag_keys=("modality",),
         )
+        for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
+            telemetry.zero(self.version_mismatches, modality=modality)
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
 
     # ---- validation and preparation -----------------------------------------------------

@@ -20,9 +20,10 @@ from ray.serve.handle import DeploymentHandle
 from ray.util import metrics
 
 from services.common.errors import OmniError, bad_request, too_large
-from services.common.telemetry import LATENCY_BUCKETS_S
+from services.common.telemetry import LATENCY_BUCKETS_S, zero
 from services.gateway import openai_api
 from services.gateway.pipeline import Event, Pipeline, StageHandles
+from services.gateway.playback import Playback
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
 from services.quota import quota_service
@@ -32,6 +33,7 @@ from services.realtime.hub import RealtimeHub, Refused
 logger = logging.getLogger("ray.serve")
 SLO_HEADER = "x-omniray-slo-class"
 SESSION_HEADER = "x-omniray-session-id"
+RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -80,6 +82,24 @@ class _Metrics:
             boundaries=LATENCY_BUCKETS_S,
             tag_keys=("api",),
         )
+        self.rtf = metrics.Histogram(
+            "omniray_gateway_audio_rtf_ratio",
+            description="Real-time factor of a response with audio: arrival to last audio chunk / audio seconds.",
+            boundaries=RTF_BUCKETS,
+            tag_keys=("api",),
+        )
+        self.audio_sent = metrics.Counter(
+            "omniray_gateway_audio_sent_seconds_total",
+            description="Seconds of audio sent to clients (chat responses).",
+            tag_keys=("api",),
+        )
+        self.audio_stall = metrics.Counter(
+            "omniray_gateway_audio_stall_seconds_total",
+            description="Seconds a client playing audio from its first chunk in real time waits for the next.",
+            tag_keys=("api",),
+        )
+        for api_name in ("rest", "grpc"):  # a stall-free run still shows the series (at 0)
+            zero(self.audio_stall, api=api_name)
 
 
 # Refused realtime sessions: gRPC status codes, and WebSocket close codes (1013: try again later).
@@ -116,23 +136,33 @@ class Gateway:
     async def _observed(
         self, api_name: str, events: AsyncIterator[Event], arrival: float
     ) -> AsyncIterator[Event]:
-        first_text = first_audio = True
+        first_text = True
         code = "ok"
+        tags = {"api": api_name}
+        playback, last_audio = Playback(), arrival
         try:
             async for ev in events:
+                now = time.perf_counter()
                 if ev.text and first_text:
                     first_text = False
-                    self.metrics.ttft.observe(time.perf_counter() - arrival)
-                if ev.pcm16 and first_audio:
-                    first_audio = False
-                    self.metrics.ttfp.observe(time.perf_counter() - arrival)
+                    self.metrics.ttft.observe(now - arrival)
+                if ev.pcm16 and ev.sample_rate:
+                    if playback.start is None:
+                        self.metrics.ttfp.observe(now - arrival)
+                    seconds = len(ev.pcm16) / 2 / ev.sample_rate
+                    if stall := playback.receive(now, seconds):
+                        self.metrics.audio_stall.inc(stall, tags=tags)
+                    self.metrics.audio_sent.inc(seconds, tags=tags)
+                    last_audio = now
                 yield ev
         except BaseException:
             code = "error"
             raise
         finally:
             self.metrics.requests.inc(tags={"api": api_name, "code": code})
-            self.metrics.e2e.observe(time.perf_counter() - arrival, tags={"api": api_name})
+            self.metrics.e2e.observe(time.perf_counter() - arrival, tags=tags)
+            if playback.audio_s:
+                self.metrics.rtf.observe((last_audio - arrival) / playback.audio_s, tags=tags)
 
     # ---- REST ---------------------------------------------------------------------------
 

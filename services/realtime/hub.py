@@ -77,6 +77,7 @@ class RealtimeHub:
                 ),
                 "limit",
             )
+        self.stats.admitted.inc()
         self.stats.admission_limit.set(self.admission.limit)
         self._publish_board()
         session = RealtimeSession(

@@ -35,6 +35,7 @@ class Stage:
     @contextlib.contextmanager
     def operation(self, op: str, ctx: common_pb2.RequestContext, **attributes) -> Iterator[None]:
         start = time.perf_counter()
+        self.metrics.started()
         with stage_span(self.name, f"{self.name}.{op}", ctx, **attributes):
             try:
                 yield
@@ -42,4 +43,5 @@ class Stage:
                 self.metrics.error(op)
                 raise
             finally:
+                self.metrics.finished()
                 self.metrics.observe(op, time.perf_counter() - start)
