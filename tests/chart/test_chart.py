@@ -1,0 +1,287 @@
+"""helm/omniray rendered offline: lint, Kubernetes and CRD schemas, the Serve config it carries,
+stage placement, Redis wiring, values schema errors, and the generated files (no drift)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python
+import jsonschema
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from services import deploy
+from services.app import DEPLOYMENT_NAMES
+from tests.chart.helpers import VALUES_FILES, by_kind, one, validate, values
+
+RENDERS = [*VALUES_FILES, "all-on"]
+
+
+def groups(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    cluster = doc["spec"]["rayClusterConfig"]
+    return {"head": cluster["headGroupSpec"]} | {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+
+
+def container(group: dict[str, Any]) -> dict[str, Any]:
+    (c,) = group["template"]["spec"]["containers"]
+    return c
+
+
+def env(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in c["env"]}
+
+
+@pytest.mark.parametrize("name", VALUES_FILES)
+def test_lint_strict(name):
+    report = helm_python.lint(str(deploy.CHART_DIR), values(name), strict=True)
+    assert report["errors"] == [] and report["messages"] == [], report
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_every_manifest_validates(rendered, name):
+    docs = rendered[name]
+    assert {"RayService", "Service", "StatefulSet", "ConfigMap"} <= {d["kind"] for d in docs}
+    for doc in docs:
+        validate(doc)
+
+
+def test_all_on_renders_every_optional_part(rendered):
+    kinds = {d["kind"] for d in rendered["all-on"]}
+    assert {"Ingress", "ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    sts = one(rendered["all-on"], "StatefulSet")
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "fast"
+    assert (
+        "--appendonly" in (args := container_of(sts)["args"])
+        and args[args.index("--appendonly") + 1] == "yes"
+    )
+
+
+def container_of(workload: dict[str, Any]) -> dict[str, Any]:
+    (c,) = workload["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_crd_schema_rejects_what_the_operator_would():
+    """The repo's RayService schema is strict: a misspelt field fails (so the test above can fail)."""
+    doc = one(deploy.render({}), "RayService")
+    doc["spec"]["rayClusterConfig"]["workerGroupSpec"] = doc["spec"]["rayClusterConfig"].pop(
+        "workerGroupSpecs"
+    )
+    with pytest.raises(jsonschema.ValidationError, match="workerGroupSpec"):
+        validate(doc)
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_serve_config_is_the_profiles(rendered, name):
+    profile = (values(name) if name in VALUES_FILES else {}).get("profile", "small")
+    doc = one(rendered[name], "RayService")
+    serve = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve)
+    assert serve == deploy.cluster_serve_config(profile)
+    assert serve["applications"][0]["args"]["profile"] == profile
+    # the ports Serve binds are the head's named ports, which the Services target
+    head_ports = {p["name"]: p["containerPort"] for p in container(groups(doc)["head"])["ports"]}
+    assert serve["http_options"] == {**serve["http_options"], "host": "0.0.0.0", "port": head_ports["serve"]}
+    assert serve["grpc_options"]["port"] == head_ports["grpc"]
+    assert serve["proxy_location"] == "HeadOnly"
+    services = {s["metadata"]["name"]: s for s in by_kind(rendered[name], "Service")}
+    for svc_name, port_name in (("omniray", "serve"), ("omniray-grpc", "grpc")):
+        svc = services[svc_name]
+        assert svc["spec"]["selector"]["ray.io/node-type"] == "head"
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == [port_name]
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_each_stage_lands_on_its_pool(rendered, name):
+    """A stage's replicas request its pool's custom resource, which only that group advertises; GPU
+    stages land on a group whose pods have at least the GPUs a replica asks for."""
+    doc = one(rendered[name], "RayService")
+    advertised = {
+        group_name: json.loads(json.loads(group["rayStartParams"]["resources"]))
+        for group_name, group in groups(doc).items()
+    }
+    deployments = yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["deployments"]
+    stage_of = {v: k for k, v in DEPLOYMENT_NAMES.items()}
+    for dep in deployments:
+        pool = deploy.STAGE_POOLS[stage_of[dep["name"]]]
+        wanted = dep["ray_actor_options"]["resources"]
+        hosts = [g for g, res in advertised.items() if all(res.get(k, 0) >= v for k, v in wanted.items())]
+        assert hosts == [pool], (dep["name"], hosts)
+        gpus = dep["ray_actor_options"].get("num_gpus", 0)
+        limits = container(groups(doc)[pool])["resources"].get("limits", {})
+        assert float(limits.get("nvidia.com/gpu", 0)) >= gpus, (dep["name"], limits)
+
+
+def test_gpu_values_put_the_thinker_on_gpu_nodes(rendered):
+    thinker = groups(one(rendered["gpu"], "RayService"))["thinker"]
+    spec = thinker["template"]["spec"]
+    assert container(thinker)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert (
+        "nvidia.com/gpu"
+        not in container(groups(one(rendered["gpu"], "RayService"))["speech"])["resources"]["limits"]
+    )
+    mounts = {m["mountPath"] for m in container(thinker)["volumeMounts"]}
+    assert "/models" in mounts  # the profile's absolute checkpoint path
+
+
+@pytest.mark.parametrize("name", RENDERS)
+def test_pods_get_redis_url_tenants_and_data(rendered, name):
+    docs = rendered[name]
+    for group in groups(one(docs, "RayService")).values():
+        c = container(group)
+        e = env(c)
+        assert e["OMNIRAY_DATA"]["value"] == "/data"
+        secret_ref = e["OMNIRAY_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert secret_ref == {"name": "omniray-redis", "key": "password"}
+        # k8s expands $(VAR) only from variables defined earlier in the list
+        names = [x["name"] for x in c["env"]]
+        assert names.index("OMNIRAY_REDIS_PASSWORD") < names.index("OMNIRAY_REDIS_URL")
+        assert e["OMNIRAY_REDIS_URL"]["value"] == "redis://:$(OMNIRAY_REDIS_PASSWORD)@omniray-redis:6379/0"
+        assert e["OMNIRAY_TENANTS_FILE"]["value"] == "/etc/omniray/tenants/tenants.yaml"
+        init = group["template"]["spec"]["initContainers"][0]
+        assert (
+            init["command"][-1]
+            == yaml.safe_load(one(docs, "RayService")["spec"]["serveConfigV2"])["applications"][0]["args"][
+                "profile"
+            ]
+        )
+    secret = one(docs, "Secret", "omniray-redis")
+    assert len(secret["data"]["password"]) > 20
+    redis = container_of(one(docs, "StatefulSet", "omniray-redis"))
+    assert "$(REDIS_PASSWORD)" in redis["args"]
+    assert one(docs, "Service", "omniray-redis")["spec"]["ports"][0]["port"] == 6379
+
+
+def test_existing_secret_and_external_redis():
+    docs = deploy.render({"redis": {"auth": {"existingSecret": "mine", "existingSecretKey": "pw"}}})
+    assert not [s for s in by_kind(docs, "Secret")]
+    ref = env(container(groups(one(docs, "RayService"))["thinker"]))["OMNIRAY_REDIS_PASSWORD"]
+    assert ref["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "pw"}
+
+    docs = deploy.render(
+        {"redis": {"enabled": False, "external": {"url": "redis://:pw@cache.example:6379/2"}}}
+    )
+    assert not by_kind(docs, "StatefulSet")
+    url = one(docs, "Secret", "omniray-redis-url")
+    assert url["stringData" if "stringData" in url else "data"]["url"]
+    e = env(container(groups(one(docs, "RayService"))["head"]))
+    assert "OMNIRAY_REDIS_PASSWORD" not in e
+    assert e["OMNIRAY_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "omniray-redis-url", "key": "url"}
+    for doc in docs:
+        validate(doc)
+
+
+def test_external_redis_needs_a_url():
+    with pytest.raises(helm_python.HelmError, match="redis.external.url or redis.external.existingSecret"):
+        deploy.render({"redis": {"enabled": False}})
+
+
+def test_tenants_configmap():
+    dev = yaml.safe_load(one(deploy.render({}), "ConfigMap", "omniray-tenants")["data"]["tenants.yaml"])
+    assert [t["id"] for t in dev["tenants"]] == ["local"]
+    mine = {"id": "acme", "api_key_sha256": ["0" * 64], "default_class": "interactive"}
+    docs = deploy.render({"tenants": {"devTenant": False, "tenants": [mine]}})
+    assert yaml.safe_load(one(docs, "ConfigMap", "omniray-tenants")["data"]["tenants.yaml"]) == {
+        "tenants": [mine]
+    }
+    docs = deploy.render({"tenants": {"existingConfigMap": "acme-tenants"}})
+    assert not [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"] == "omniray-tenants"]
+    volumes = {v["name"]: v for v in groups(one(docs, "RayService"))["head"]["template"]["spec"]["volumes"]}
+    assert volumes["tenants"]["configMap"]["name"] == "acme-tenants"
+
+
+def test_dashboards_ship_as_sidecar_configmaps():
+    shipped = sorted((deploy.CHART_DIR / "dashboards").glob("*.json"))
+    docs = deploy.render({"dashboards": {"label": "grafana_dashboard", "labelValue": "yes"}})
+    maps = [
+        c for c in by_kind(docs, "ConfigMap") if c["metadata"]["labels"].get("grafana_dashboard") == "yes"
+    ]
+    assert len(maps) == len(shipped) >= 4
+    contents = {k: v for c in maps for k, v in c["data"].items()}
+    assert contents == {p.name: p.read_text().rstrip("\n") for p in shipped}
+    assert not [
+        c
+        for c in by_kind(deploy.render({"dashboards": {"enabled": False}}), "ConfigMap")
+        if "grafana_dashboard" in c["metadata"]["labels"]
+    ]
+
+
+def test_monitors_scrape_every_ray_pod(rendered):
+    docs = rendered["all-on"]
+    pod_labels = [g["template"]["metadata"]["labels"] for g in groups(one(docs, "RayService")).values()]
+    pod_monitor = one(docs, "PodMonitor")
+    assert all(
+        pod_monitor["spec"]["selector"]["matchLabels"].items() <= labels.items() for labels in pod_labels
+    )
+    metrics_svc = one(docs, "Service", "omniray-ray-metrics")
+    assert metrics_svc["spec"]["clusterIP"] == "None"
+    assert all(metrics_svc["spec"]["selector"].items() <= labels.items() for labels in pod_labels)
+    sm = one(docs, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= metrics_svc["metadata"]["labels"].items()
+    for group in groups(one(docs, "RayService")).values():
+        assert {"name": "metrics", "containerPort": 8080} in container(group)["ports"]
+        assert group["rayStartParams"]["metrics-export-port"] == "8080"
+
+
+def test_notes_tell_how_to_reach_it():
+    chart = helm_python.Chart.load(str(deploy.CHART_DIR))
+    try:
+        notes = chart.render({}, name="omniray", namespace="prod", is_install=True)[
+            "omniray/templates/NOTES.txt"
+        ]
+        gpu = chart.render(values("gpu"), name="omniray", namespace="prod", is_install=True)[
+            "omniray/templates/NOTES.txt"
+        ]
+    finally:
+        chart.close()
+    assert "port-forward svc/omniray 8000:8000" in notes and "/v1/realtime" in notes
+    assert "port-forward svc/omniray-grpc 9000:9000" in notes
+    assert "sk-omniray-local" in notes and "WARNING" in notes
+    assert "sk-omniray-local" not in gpu and "ConfigMap omniray-tenants" in gpu
+
+
+BAD_VALUES = [
+    ({"ray": {"workerGroups": {"thinker": {"replicas": -1}}}}, "/ray/workerGroups/thinker/replicas"),
+    ({"ray": {"workerGroups": {"thinker": {"gpus": "1"}}}}, "/ray/workerGroups/thinker/gpus"),
+    ({"ray": {"workerGroups": {"gpu": {"enabled": True}}}}, "additional properties 'gpu' not allowed"),
+    ({"redis": {"persistance": {"enabled": True}}}, "additional properties 'persistance' not allowed"),
+    ({"profile": "large"}, "/profile"),
+    ({"service": {"httpPort": "8000"}}, "/service/httpPort"),
+    ({"redis": {"auth": {"password": "p@ss/word"}}}, "/redis/auth/password"),
+    ({"ray": {"head": {"rayStartParams": {"resources": "{}"}}}}, "/ray/head/rayStartParams"),
+    ({"ray": {"authMode": "none"}}, "/ray/authMode"),
+    (
+        {"metrics": {"prometheusRule": {"audioTtfp": {"quantile": 90}}}},
+        "/metrics/prometheusRule/audioTtfp/quantile",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "where"), BAD_VALUES, ids=[w for _, w in BAD_VALUES])
+def test_bad_values_fail_with_a_schema_error(bad, where):
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        deploy.render(bad)
+    assert "values don't meet the specifications of the schema" in str(err.value)
+    assert where in str(err.value), str(err.value)
+
+
+def test_schema_knows_every_generated_profile():
+    schema = json.loads((deploy.CHART_DIR / "values.schema.json").read_text())
+    assert schema["properties"]["profile"]["enum"] == deploy.profiles()
+
+
+def test_generated_files_have_not_drifted():
+    """helm/omniray/files and k8s/ are what `make chart` writes now (edit a profile, run it)."""
+    expected = deploy.chart_files() | deploy.k8s_files()
+    stale = [
+        str(p.relative_to(deploy.REPO_ROOT))
+        for p, text in expected.items()
+        if not p.exists() or p.read_text() != text
+    ]
+    assert not stale, f"run `make chart`: {stale}"
+    generated = {p for d in (deploy.CHART_DIR / "files", deploy.K8S_DIR) for p in d.rglob("*") if p.is_file()}
+    assert generated == set(expected), f"not written by `make chart`: {generated - set(expected)}"
