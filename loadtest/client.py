@@ -26,6 +26,24 @@ class Result:
     error: str = ""
     chunk_times: list[float] = field(default_factory=list)
 
+    def add(self, msg: dict, now: float) -> None:
+        """One parsed SSE chunk that arrived `now` seconds after the request was sent."""
+        if msg.get("usage"):
+            self.completion_tokens = msg["usage"]["completion_tokens"]
+        if not msg.get("choices"):
+            return  # usage-only chunks and document progress events
+        delta = msg["choices"][0]["delta"]
+        audio = delta.get("audio") or {}
+        if (delta.get("content") or audio.get("transcript")) and self.ttft is None:
+            self.ttft = now
+        if audio.get("data"):
+            pcm = base64.b64decode(audio["data"])
+            if self.ttfp is None:
+                self.ttfp = now
+            self.last_audio = now
+            self.audio_seconds += len(pcm) / 2 / audio["sample_rate"]
+            self.chunk_times.append(now)
+
     @property
     def rtf(self) -> float | None:
         if not self.audio_seconds or self.last_audio is None:
@@ -45,23 +63,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Result
             async for line in r.aiter_lines():
                 if not line.startswith("data: {"):
                     continue
-                msg = json.loads(line[6:])
-                now = time.perf_counter() - t0
-                if msg.get("usage"):
-                    res.completion_tokens = msg["usage"]["completion_tokens"]
-                if not msg.get("choices"):
-                    continue
-                delta = msg["choices"][0]["delta"]
-                audio = delta.get("audio") or {}
-                if (delta.get("content") or audio.get("transcript")) and res.ttft is None:
-                    res.ttft = now
-                if audio.get("data"):
-                    pcm = base64.b64decode(audio["data"])
-                    if res.ttfp is None:
-                        res.ttfp = now
-                    res.last_audio = now
-                    res.audio_seconds += len(pcm) / 2 / audio["sample_rate"]
-                    res.chunk_times.append(now)
+                res.add(json.loads(line[6:]), time.perf_counter() - t0)
         res.ok = True
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = repr(e)

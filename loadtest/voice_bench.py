@@ -20,43 +20,24 @@ import base64
 import json
 import random
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-import soundfile as sf
 import websockets
 import websockets.sync.client as ws_client
 import yaml
-from scipy.signal import resample_poly
 
 from loadtest import results
+from loadtest.speech import RATE, SENTENCES, speech
 from services import runtime
 from services.models.profile import CONFIG_DIR
 from services.quota import LOCAL_API_KEY
 
-RATE = 24_000
 CHUNK_MS = 100
-SENTENCES = [
-    "What is the weather like in Paris today?",
-    "Tell me a short story about a dragon.",
-    "How do I make a cup of green tea?",
-    "Can you explain how airplanes fly?",
-    "What should I cook for dinner tonight?",
-    "Give me three tips for better sleep.",
-]
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
-
-
-def speech(text: str, tmp: Path) -> bytes:
-    wav = tmp / f"{abs(hash(text))}.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
-    voice, rate = sf.read(wav, dtype="float32")
-    return (np.clip(resample_poly(voice, RATE, rate), -1, 1) * 32767).astype("<i2").tobytes()
 
 
 @dataclass
@@ -75,7 +56,8 @@ class Client:
     """One voice session: a reader thread collects server events; the main thread speaks, plays and
     barges in."""
 
-    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int):
+    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int,
+                 session: dict | None = None):  # fmt: skip
         self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
                                       max_size=None)  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
@@ -87,7 +69,8 @@ class Client:
         self.item_id = ""
         threading.Thread(target=self._read, daemon=True).start()
         self._send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_tokens,
-                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}})  # fmt: skip
+                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
+                    **(session or {})}})  # fmt: skip
 
     def _send(self, event: dict) -> None:
         self.conn.send(json.dumps(event))
