@@ -97,11 +97,12 @@ metadata:
     {{- with $root.Values.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
+  {{- /* No tenants checksum here: the gateway hot-reloads the mounted file, while a changed pod
+  template makes KubeRay replace the whole Ray cluster. */}}
+  {{- with $root.Values.podAnnotations }}
   annotations:
-    checksum/tenants: {{ include (print $root.Template.BasePath "/configmap-tenants.yaml") $root | sha256sum }}
-    {{- with $root.Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
-    {{- end }}
+  {{- end }}
 spec:
   {{- with $root.Values.serviceAccountName }}
   serviceAccountName: {{ . }}
