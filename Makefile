@@ -62,9 +62,9 @@ test: setup
 	$(PY) -m services.models.build --profile small
 	$(PY) -m pytest -q -ra tests
 
-# Unit and property tests only (no Ray, no engine): seconds.
+# Unit and property tests and the chart tests (no Ray, no engine, no cluster): seconds.
 test-fast: setup
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit tests/chart
 
 bench: models
 	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
