@@ -24,28 +24,22 @@ import tempfile
 import uuid
 from pathlib import Path
 
-import yaml
 from transformers import AutoTokenizer
 
 from loadtest import results
+from loadtest.profiles import derive, widen_thinker
 from loadtest.speech import SENTENCES, speech
 from loadtest.voice_bench import Client
 from services import runtime
-from services.models import build
-from services.models.profile import CONFIG_DIR, load_profile
+from services.models.profile import load_profile
 
 
 def bench_profile(hidden: int, layers: int, tmp: Path) -> Path:
-    data = yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text())
-    thinker = data["models"]["thinker"]
-    thinker["path"] = f"bench/thinker-{hidden}x{layers}"
-    thinker["options"] = {**thinker["options"], "hidden_size": hidden, "num_layers": layers}
-    for role in ("vision", "audio"):  # encoders project into the thinker's width
-        data["models"][role]["path"] = f"bench/{role}-{hidden}"
-    data["realtime"]["admission"] = {"initial": 64, "max": 64}
-    path = tmp / f"tiny-{hidden}x{layers}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+    def edit(data: dict) -> None:
+        widen_thinker(data, hidden, layers)
+        data["realtime"]["admission"] = {"initial": 64, "max": 64}
+
+    return derive("tiny", tmp, f"tiny-{hidden}x{layers}", edit)
 
 
 def system_prompt(tokenizer, tokens: int) -> str:
@@ -88,7 +82,6 @@ def main() -> None:
     report: dict = {"args": vars(args), "ttfp_s": {"on": [], "off": []}}
     with tempfile.TemporaryDirectory(prefix="omniray-spec-") as tmp:
         path = bench_profile(args.hidden, args.layers, Path(tmp))
-        build.main(["--profile", str(path)])
         profile = load_profile(str(path))
         tokenizer = AutoTokenizer.from_pretrained(str(profile.model_path(profile.models.thinker)))
         utterances = [speech(s, Path(tmp)) for s in SENTENCES]

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import websockets
 import websockets.sync.client as ws_client
-import yaml
 
 from loadtest import results
+from loadtest.profiles import derive, widen_thinker
 from loadtest.speech import RATE, SENTENCES, speech
 from services import runtime
-from services.models.profile import CONFIG_DIR
 from services.quota import LOCAL_API_KEY
 
 CHUNK_MS = 100
@@ -164,14 +163,15 @@ class Client:
         return self.stats
 
 
-def profile_file(base: str, scheduler: str, eviction: str, tmp: Path) -> Path:
-    data = yaml.safe_load((CONFIG_DIR / f"{base}.yaml").read_text())
-    data.setdefault("realtime", {}).setdefault("scheduler", {})["policy"] = scheduler
-    data.setdefault("kv_store", {})["policy"] = eviction
-    data["realtime"]["admission"] = {"initial": 256, "max": 256}  # measure the policies, not refusals
-    path = tmp / f"{base}-{scheduler}-{eviction}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
+    def edit(data: dict) -> None:
+        data.setdefault("realtime", {}).setdefault("scheduler", {})["policy"] = scheduler
+        data.setdefault("kv_store", {})["policy"] = eviction
+        data["realtime"]["admission"] = {"initial": 256, "max": 256}  # measure the policies, not refusals
+        if args.hidden:
+            widen_thinker(data, args.hidden, args.layers)
+
+    return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
 
 def run_sessions(url: str, utterances: list[bytes], args, barge_p: float) -> dict:
@@ -206,6 +206,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default="tiny")
     ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=0, help="tiny: widen the thinker (0 = the profile's own)")
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
@@ -214,7 +216,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
         utterances = [speech(s, Path(tmp)) for s in SENTENCES]
         for name, (scheduler, eviction) in POLICY_SETS.items():
-            path = profile_file(args.profile, scheduler, eviction, Path(tmp))
+            path = profile_file(args, scheduler, eviction, Path(tmp))
             with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
                 url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
                 for p in args.barge:
