@@ -113,6 +113,7 @@ def start(
     run_dir: Path = DEFAULT_RUN_DIR,
     app_args: dict[str, Any] | None = None,
     stage_overrides: dict[str, dict] | None = None,
+    env_vars: dict[str, str] | None = None,
     timeout_s: float = 300.0,
     log=print,
 ) -> LocalCluster:
@@ -136,7 +137,14 @@ def start(
         _start_redis(cluster)
         cluster.save()
         _start_ray(cluster)
-        deploy(cluster, profile, app_args=app_args, stage_overrides=stage_overrides, timeout_s=timeout_s)
+        deploy(
+            cluster,
+            profile,
+            app_args=app_args,
+            stage_overrides=stage_overrides,
+            env_vars=env_vars,
+            timeout_s=timeout_s,
+        )
     except BaseException:
         stop(run_dir, log=log)
         raise
@@ -166,9 +174,11 @@ def deploy(
     *,
     app_args: dict[str, Any] | None = None,
     stage_overrides: dict[str, dict] | None = None,
+    env_vars: dict[str, str] | None = None,
     timeout_s: float = 300.0,
 ) -> None:
-    """(Re)deploy the profile's Serve config on the running cluster and wait until it serves."""
+    """(Re)deploy the profile's Serve config on the running cluster and wait until it serves.
+    `env_vars` are added to every replica's environment (e.g. OTEL_EXPORTER_OTLP_ENDPOINT)."""
     config = serve_config(
         profile,
         http_port=cluster.http_port,
@@ -179,6 +189,7 @@ def deploy(
             "OMNIRAY_DATA": str(data_dir()),
             RUN_ID_ENV: cluster.run_id,
             redis_config.ENV: cluster.redis_url,
+            **(env_vars or {}),
         },
     )
     cfg_file = cluster.run_dir / "serve_config.yaml"

@@ -47,8 +47,19 @@ def local_cluster(profile: str, **kwargs):
 
 
 @pytest.fixture(scope="session")
-def omniray():
-    with local_cluster("tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}) as cluster:
+def otlp_receiver():
+    """Where the session's deployment exports its trace spans (OTLP/gRPC, kept in memory)."""
+    from tests.otlp_receiver import OtlpReceiver
+
+    with OtlpReceiver.running() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def omniray(otlp_receiver):
+    with local_cluster(
+        "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
+    ) as cluster:
         yield cluster
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from omni.v1 import common_pb2
 from opentelemetry import context as otel_context
@@ -31,14 +31,16 @@ def _configure() -> None:
     with _setup_lock:
         if _configured:
             return
-        provider = TracerProvider(resource=Resource.create({"service.name": "omniray"}))
+        provider = trace.get_tracer_provider()
+        if not isinstance(provider, TracerProvider):  # else one installed first (a library, a test)
+            provider = TracerProvider(resource=Resource.create({"service.name": "omniray"}))
+            trace.set_tracer_provider(provider)
         if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            # OTLP over gRPC; endpoint, headers, TLS and batching from the standard OTEL_* variables.
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        if not isinstance(trace.get_tracer_provider(), TracerProvider):
-            trace.set_tracer_provider(provider)
         _configured = True
 
 
@@ -53,6 +55,22 @@ def inject(ctx: common_pb2.RequestContext) -> None:
     _PROPAGATOR.inject(carrier)
     ctx.trace_context.clear()
     ctx.trace_context.update(carrier)
+
+
+@contextlib.contextmanager
+def request_span(component: str, name: str, carrier: Mapping[str, str]) -> Iterator[trace.Span]:
+    """A request's root span, current inside the block, joining the caller's trace when `carrier`
+    (HTTP headers, gRPC metadata) holds a W3C `traceparent`. It outlives the block: the streamed
+    response ends it (span.end()); only a block that raises ends it here."""
+    span = tracer(component).start_span(
+        name, context=_PROPAGATOR.extract(carrier), kind=trace.SpanKind.SERVER
+    )
+    try:
+        with trace.use_span(span, end_on_exit=False):
+            yield span
+    except BaseException:
+        span.end()
+        raise
 
 
 @contextlib.contextmanager

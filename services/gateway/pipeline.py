@@ -299,7 +299,8 @@ class Pipeline:
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
             items = await asyncio.to_thread(self._media_items, req)
-            stage_plan = plan(req, items)
+            with telemetry.tracer("router").start_as_current_span("router.plan"):
+                stage_plan = plan(req, items)
             span.set_attribute("omniray.request_class", stage_plan.request_class)
             span.set_attribute("omniray.slo_class", slo)
             with telemetry.tracer("quota").start_as_current_span("quota.admit") as qspan:

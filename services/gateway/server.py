@@ -15,10 +15,12 @@ import grpc
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from omni.v1 import common_pb2, omni_pb2
+from opentelemetry import trace
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.util import metrics
 
+from services.common import telemetry
 from services.common.errors import OmniError, bad_request, too_large
 from services.common.telemetry import LATENCY_BUCKETS_S, zero
 from services.gateway import openai_api
@@ -134,8 +136,9 @@ class Gateway:
     # ---- observation helpers ------------------------------------------------------------
 
     async def _observed(
-        self, api_name: str, events: AsyncIterator[Event], arrival: float
+        self, api_name: str, events: AsyncIterator[Event], arrival: float, span: trace.Span
     ) -> AsyncIterator[Event]:
+        """The response's events, measured; the request's span ends with the stream."""
         first_text = True
         code = "ok"
         tags = {"api": api_name}
@@ -155,10 +158,14 @@ class Gateway:
                     self.metrics.audio_sent.inc(seconds, tags=tags)
                     last_audio = now
                 yield ev
-        except BaseException:
+        except BaseException as e:
             code = "error"
+            span.record_exception(e)
+            span.set_status(trace.StatusCode.ERROR)
             raise
         finally:
+            span.set_attribute("omniray.audio_seconds", playback.audio_s)
+            span.end()
             self.metrics.requests.inc(tags={"api": api_name, "code": code})
             self.metrics.e2e.observe(time.perf_counter() - arrival, tags=tags)
             if playback.audio_s:
@@ -184,17 +191,19 @@ class Gateway:
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         arrival = time.perf_counter()
-        try:
-            tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
-            body = await self._read_json(request)
-            req, proto = openai_api.parse_request(body, self.profile.limits)
-            proto.slo_class = request.headers.get(SLO_HEADER, "")
-            proto.session_id = request.headers.get(SESSION_HEADER, "")
-            prepared = await self.pipeline.prepare(proto, tenant)
-        except OmniError as e:
-            self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
-            raise
-        events = self._observed("rest", self.pipeline.generate(prepared), arrival)
+        with telemetry.request_span("gateway", "gateway.chat", request.headers) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
+                body = await self._read_json(request)
+                req, proto = openai_api.parse_request(body, self.profile.limits)
+                proto.slo_class = request.headers.get(SLO_HEADER, "")
+                proto.session_id = request.headers.get(SESSION_HEADER, "")
+                prepared = await self.pipeline.prepare(proto, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
+                raise
+            telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
+        events = self._observed("rest", self.pipeline.generate(prepared), arrival, span)
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
         speak = prepared.plan.speak
         if req.stream:
@@ -339,28 +348,30 @@ class Gateway:
         self, request: omni_pb2.ChatRequest, grpc_context=None
     ) -> AsyncIterator[omni_pb2.ChatChunk]:
         arrival = time.perf_counter()
-        try:
-            metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
-            tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
-            if not request.slo_class:
-                request.slo_class = metadata.get(SLO_HEADER, "")
-            if not request.session_id:
-                request.session_id = metadata.get(SESSION_HEADER, "")
-            prepared = await self.pipeline.prepare(request, tenant)
-        except OmniError as e:
-            self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
-            if grpc_context is None:
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
+        with telemetry.request_span("gateway", "gateway.chat", metadata) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
+                if not request.slo_class:
+                    request.slo_class = metadata.get(SLO_HEADER, "")
+                if not request.session_id:
+                    request.session_id = metadata.get(SESSION_HEADER, "")
+                prepared = await self.pipeline.prepare(request, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
+                if grpc_context is None:
+                    raise
+                # Serve keeps a code set on the context when the method then raises.
+                grpc_context.set_code(e.grpc_code)
+                # Serve's proxy does not forward a replica's trailing metadata on errors, so the
+                # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
+                headers = "; ".join(f"{k}={v}" for k, v in e.headers.items())
+                grpc_context.set_details(f"{e.message} [{headers}]" if headers else e.message)
                 raise
-            # Serve keeps a code set on the context when the method then raises.
-            grpc_context.set_code(e.grpc_code)
-            # Serve's proxy does not forward a replica's trailing metadata on errors, so the
-            # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
-            headers = "; ".join(f"{k}={v}" for k, v in e.headers.items())
-            grpc_context.set_details(f"{e.message} [{headers}]" if headers else e.message)
-            raise
+            telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
         try:
-            async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival):
+            async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival, span):
                 if ev.progress is not None:
                     yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
                 if ev.text:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from omni.v1 import common_pb2
 from ray.serve._private.request_router.request_router import (
     FIFOMixin,
     LocalityMixin,
@@ -18,6 +19,7 @@ from ray.serve._private.request_router.request_router import (
     RequestRouter,
 )
 
+from services.common import telemetry
 from services.router.scorers import ScorerPipeline
 from services.router.scorers.base import Candidate, RoutedRequest
 
@@ -60,9 +62,19 @@ class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRoute
             for rid, r in by_id.items()
         ]
         request = routed_request(pending_request) if pending_request is not None else RoutedRequest("")
-        start = time.perf_counter()
-        ranked = self.pipeline.rank(request, candidates)
-        self._decision.observe(time.perf_counter() - start, tags=self._tags)
+        ctx = (
+            getattr(pending_request.args[0], "ctx", None)
+            if pending_request and pending_request.args
+            else None
+        )
+        with telemetry.stage_span(
+            "router", "router.choose_replica", ctx or common_pb2.RequestContext()
+        ) as span:
+            span.set_attribute("omniray.deployment", self._tags["deployment"])
+            span.set_attribute("omniray.candidates", len(candidates))
+            start = time.perf_counter()
+            ranked = self.pipeline.rank(request, candidates)
+            self._decision.observe(time.perf_counter() - start, tags=self._tags)
         if request.request_id:
             if len(self._ranked_first) > 10_000:  # requests cancelled before routing leave entries
                 self._ranked_first.clear()
