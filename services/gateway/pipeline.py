@@ -333,10 +333,11 @@ class Pipeline:
 
     async def prefill_ahead(self, req: omni_pb2.ChatRequest, tenant: TenantSpec) -> int:
         """Speculative prefill of a turn still being spoken (realtime sessions): `req` holds the
-        conversation with the turn's audio so far. Encode it and prefill up to the end of its
-        audio — the turn's closing template tokens are not known yet — on the prefill replica the
-        session's turns go to, so the pages are there when the whole turn comes. Returns the tokens
-        prefilled (0 when there is no audio to prefill).
+        conversation with the turn's audio so far. Encode it and run it up to the end of its audio —
+        the turn's closing template tokens are not known yet — through the session's prefill and
+        decode replicas, as the turn itself will run, generating one token: prefill computes the
+        KV, decode pulls it into its own cache, so when the whole turn comes both find all but its
+        last chunk cached. Returns the prompt tokens (0 when there is no audio to prefill).
 
         Not debited from the quota: the turn's request pays for the same audio when it comes, and a
         session runs at most one of these at a time, only while its user speaks."""
@@ -358,10 +359,35 @@ class Pipeline:
             span.set_attribute("omniray.prompt_tokens", tokens)
             if tokens >= self.profile.engine.max_model_len:
                 return 0
-            await self.h.prefill.options(session_id=ctx.session_id).Prefill.remote(
+            sampling.max_tokens = 1
+            async for _ in self._think(ctx, prompt, tokens, sampling):
+                pass
+        return tokens
+
+    async def _think(
+        self,
+        ctx: common_pb2.RequestContext,
+        prompt: stages_pb2.Prompt,
+        tokens: int,
+        sampling: common_pb2.SamplingParams,
+    ) -> AsyncIterator[stages_pb2.DecodeChunk]:
+        """The thinker: prefill (for prompts long enough to pay for the hand-off) then decode,
+        streamed. Turns of one session go to the replicas that served it before (session_affinity)."""
+        kv_params = ""
+        session = {"session_id": ctx.session_id} if ctx.session_id else {}
+        if (
+            self.profile.engine.kv_transfer != "none"
+            and tokens >= self.profile.engine.disagg_min_prompt_tokens
+        ):
+            pre = await self.h.prefill.options(**session).Prefill.remote(
                 stages_pb2.PrefillRequest(ctx=ctx, prompt=prompt, sampling=sampling)
             )
-        return tokens
+            kv_params = pre.kv_transfer_params
+        request = stages_pb2.DecodeRequest(
+            ctx=ctx, prompt=prompt, sampling=sampling, kv_transfer_params=kv_params
+        )
+        async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
+            yield chunk
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -379,28 +405,11 @@ class Pipeline:
                 await pieces.put(None)  # speak() ends even when thinking failed
 
         async def generate_text() -> None:
-            kv_params = ""
-            # Turns of one session go to the replicas that served it before (session_affinity).
-            session = {"session_id": p.ctx.session_id} if p.ctx.session_id else {}
-            prefill, decode = self.h.prefill.options(**session), self.h.decode.options(**session)
-            if (
-                self.profile.engine.kv_transfer != "none"
-                and p.prompt_tokens >= self.profile.engine.disagg_min_prompt_tokens
-            ):
-                pre = await prefill.Prefill.remote(
-                    stages_pb2.PrefillRequest(ctx=p.ctx, prompt=p.prompt, sampling=p.sampling)
-                )
-                kv_params = pre.kv_transfer_params
             chunker = TextChunker(
                 self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
             )
             text = []
-            stream = decode.options(stream=True).Decode.remote(
-                stages_pb2.DecodeRequest(
-                    ctx=p.ctx, prompt=p.prompt, sampling=p.sampling, kv_transfer_params=kv_params
-                )
-            )
-            async for chunk in stream:
+            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling):
                 if chunk.text:
                     text.append(chunk.text)
                     await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
