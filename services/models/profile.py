@@ -44,6 +44,14 @@ class VocoderSpec(ModelSpec):
     lookahead_frames: int = Field(default=0, ge=0)
 
 
+class SessionKvSpec(_Strict):
+    """Bounded per-session KV of the decode engine (services/engine/session_kv.py): resident KV =
+    the first `sink_tokens` + the last `window_tokens`; attention over [0, S) ∪ [t−W, t]."""
+
+    sink_tokens: int = Field(ge=0)
+    window_tokens: int = Field(ge=1)
+
+
 class EngineSpec(_Strict):
     """vLLM engine arguments for the thinker (prefill and decode deployments)."""
 
@@ -70,6 +78,15 @@ class EngineSpec(_Strict):
         default_factory=lambda: {"prefill": "auto", "decode": "auto"}
     )
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Off (None) by default. The decode engine only; its blocks behind the window are freed, so it
+    # cannot save whole prompts to the KV store: needs kv_transfer "none".
+    session_kv: SessionKvSpec | None = None
+
+    @model_validator(mode="after")
+    def _session_kv_alone(self):
+        if self.session_kv is not None and self.kv_transfer != "none":
+            raise ValueError("engine.session_kv needs engine.kv_transfer: none")
+        return self
 
 
 class KvStoreSpec(_Strict):
@@ -93,6 +110,8 @@ class SchedulerSpec(_Strict):
     policy: Literal["fcfs", "liveserve"] = "liveserve"
     params: dict[str, float] = Field(default_factory=dict)
     board_interval_s: float = Field(default=0.05, gt=0, le=5)  # gateway publish and engine poll period
+    # Model steps a talker / vocoder replica runs at once; waiting steps go in by urgency.
+    stage_slots: int = Field(default=2, ge=1, le=64)
 
     @model_validator(mode="after")
     def _policy_params(self):

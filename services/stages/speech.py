@@ -1,8 +1,11 @@
-"""Talker and vocoder stages: text -> speech units -> PCM, chunk by chunk."""
+"""Talker and vocoder stages: text -> speech units -> PCM, chunk by chunk. Each model step waits
+for a slot of the replica's urgency gate (services/stages/urgency_gate.py): the sessions closest to a
+playback gap go first."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -10,13 +13,39 @@ from omni.v1 import stages_pb2
 from ray import serve
 
 from services.common import tensors
+from services.common.redis_config import redis_url
+from services.engine import urgency
+from services.sessions.board import BoardReader
 from services.stages._stage import Stage
+from services.stages.urgency_gate import UrgencyGate
 
 _DONE = object()
 
 
+class _SpeechStage(Stage):
+    def __init__(self, profile: str):
+        super().__init__(profile)
+        from ray.util import metrics
+
+        spec = self.profile.realtime.scheduler
+        board = BoardReader(redis_url(), spec.board_interval_s)
+        self.gate = UrgencyGate(urgency.create(spec.policy, spec.params), board.views, spec.stage_slots)
+        self.waited = metrics.Histogram(
+            "omniray_stage_urgency_wait_seconds",
+            description="Time a talker/vocoder step waited for a slot of its replica's urgency gate.",
+            boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+            tag_keys=("stage",),
+        )
+
+    @contextlib.asynccontextmanager
+    async def step(self, ctx) -> AsyncIterator[None]:
+        async with self.gate.step(ctx.session_id) as waited:
+            self.waited.observe(waited, tags={"stage": self.name})
+            yield
+
+
 @serve.deployment
-class Talker(Stage):
+class Talker(_SpeechStage):
     name = "talker"
 
     def __init__(self, profile: str):
@@ -29,13 +58,17 @@ class Talker(Stage):
                 request.text, request.voice or self.profile.pipeline.default_voice
             )
             # The model is synchronous; step it off the event loop so other requests interleave.
-            while (chunk := await asyncio.to_thread(next, units, _DONE)) is not _DONE:
+            while True:
+                async with self.step(request.ctx):
+                    chunk = await asyncio.to_thread(next, units, _DONE)
+                if chunk is _DONE:
+                    break
                 yield stages_pb2.UnitChunk(units=tensors.describe(chunk, producer_version=self.model.version))
             yield stages_pb2.UnitChunk(is_final=True)
 
 
 @serve.deployment
-class Vocoder(Stage):
+class Vocoder(_SpeechStage):
     name = "vocoder"
 
     def __init__(self, profile: str):
@@ -49,6 +82,7 @@ class Vocoder(Stage):
                 tensors.materialize(getattr(request, f)) if request.HasField(f) else None
                 for f in ("left_context", "right_context")
             )
-            wave = await asyncio.to_thread(self.model.decode, units, left, right, request.voice)
+            async with self.step(request.ctx):
+                wave = await asyncio.to_thread(self.model.decode, units, left, right, request.voice)
             pcm16 = (np.clip(wave, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
             return stages_pb2.AudioChunk(pcm16=pcm16, sample_rate=self.model.sample_rate)

@@ -1,0 +1,65 @@
+"""Urgency-ordered steps in the speech stages (talker, vocoder).
+
+A talker or vocoder replica runs at most `slots` model steps at once (more only fight over the same
+cores); when a step ends, the waiting step whose session is most urgent goes next, ranked by the
+same urgency policy and session board as the decode engine's scheduler (services/engine/urgency/):
+a session whose client is about to run dry (U0) before a first reply (U1) before a well-buffered one
+(U2). Steps of requests without a realtime session rank by arrival, as U1. Nothing is held back
+here: generation far ahead of playback is held at decode, before it reaches these stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from services.engine.urgency.base import Candidate, UrgencyPolicy
+from services.sessions.board import BoardView
+
+
+class UrgencyGate:
+    def __init__(self, policy: UrgencyPolicy, views: Callable[[], dict[str, BoardView]], slots: int):
+        if slots < 1:
+            raise ValueError("an urgency gate needs at least one slot")
+        self.policy, self.views, self.slots = policy, views, slots
+        self.busy = 0
+        self.waiting: list[tuple[float, str, asyncio.Future]] = []  # (arrival, session, granted)
+
+    @contextlib.asynccontextmanager
+    async def step(self, session: str) -> AsyncIterator[float]:
+        """Hold a slot for one model step; yields the seconds waited for it."""
+        arrived = time.time()
+        if self.busy < self.slots and not self.waiting:
+            self.busy += 1
+        else:
+            granted = asyncio.get_running_loop().create_future()
+            entry = (arrived, session, granted)
+            self.waiting.append(entry)
+            try:
+                await granted
+            except asyncio.CancelledError:
+                if granted.done() and not granted.cancelled():
+                    self._release()  # the slot was handed over as the caller went away
+                elif entry in self.waiting:
+                    self.waiting.remove(entry)
+                raise
+        try:
+            yield time.time() - arrived
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Hand the slot to the most urgent waiting step, or free it."""
+        # A waiter cancelled a moment ago may still be listed (its future is cancelled): skip it.
+        self.waiting = [w for w in self.waiting if not w[2].done()]
+        if not self.waiting:
+            self.busy -= 1
+            return
+        views, now = self.views(), time.time()
+        candidates = [Candidate(arrival, 0, 0, views.get(session)) for arrival, session, _ in self.waiting]
+        ranking = self.policy.rank(candidates, now, 0.0)
+        first = (ranking.order or sorted(ranking.held, key=lambda i: candidates[i].arrival))[0]
+        _, _, granted = self.waiting.pop(first)
+        granted.set_result(None)
