@@ -52,41 +52,12 @@ def test_slots_bound_concurrency_and_cancelled_waiters_free_nothing(slots, steps
     assert set(range(steps)) - cancel <= set(finished)
 
 
-def test_most_urgent_waiting_step_goes_next():
-    views = {
-        "low": _view("low", buffered_ms=300),  # U0: about to run dry
-        "full": _view("full", buffered_ms=8000),  # U2: well buffered
-    }
+def _order(policy: str, views: dict) -> list[str]:
+    """One step holds the only slot while three arrive (a well-buffered session, no session, one about
+    to run dry); the order in which they then get it."""
 
     async def run():
-        gate = UrgencyGate(urgency.create("liveserve", {}), lambda: views, 1)
-        order = []
-        release = asyncio.Event()
-
-        async def holder():
-            async with gate.step("first"):
-                await release.wait()
-
-        async def step(session):
-            async with gate.step(session):
-                order.append(session)
-
-        first = asyncio.create_task(holder())
-        await asyncio.sleep(0)
-        waiters = []
-        for session in ("full", "", "low"):  # arrival order: U2, no session (U1), U0
-            waiters.append(asyncio.create_task(step(session)))
-            await asyncio.sleep(0.002)
-        release.set()
-        await asyncio.gather(first, *waiters)
-        return order
-
-    assert asyncio.run(run()) == ["low", "", "full"]
-
-
-def test_fcfs_gate_keeps_arrival_order():
-    async def run():
-        gate = UrgencyGate(urgency.create("fcfs", {}), lambda: {"low": _view("low", 300)}, 1)
+        gate = UrgencyGate(urgency.create(policy, {}), lambda: views, 1)
         order = []
         release = asyncio.Event()
 
@@ -108,4 +79,18 @@ def test_fcfs_gate_keeps_arrival_order():
         await asyncio.gather(first, *waiters)
         return order
 
-    assert asyncio.run(run()) == ["full", "", "low"]
+    return asyncio.run(run())
+
+
+VIEWS = {
+    "low": _view("low", buffered_ms=300),  # U0: about to run dry
+    "full": _view("full", buffered_ms=8000),  # U2: well buffered
+}
+
+
+def test_most_urgent_waiting_step_goes_next():
+    assert _order("liveserve", VIEWS) == ["low", "", "full"]
+
+
+def test_fcfs_gate_keeps_arrival_order():
+    assert _order("fcfs", VIEWS) == ["full", "", "low"]
