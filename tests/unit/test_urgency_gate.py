@@ -82,15 +82,16 @@ def _order(policy: str, views: dict) -> list[str]:
     return asyncio.run(run())
 
 
-VIEWS = {
-    "low": _view("low", buffered_ms=300),  # U0: about to run dry
-    "full": _view("full", buffered_ms=8000),  # U2: well buffered
-}
+def _views() -> dict:  # fresh: views older than the policy's stale_s count as no telemetry
+    return {
+        "low": _view("low", buffered_ms=300),  # U0: about to run dry
+        "full": _view("full", buffered_ms=8000),  # U2: well buffered
+    }
 
 
 def test_most_urgent_waiting_step_goes_next():
-    assert _order("liveserve", VIEWS) == ["low", "", "full"]
+    assert _order("liveserve", _views()) == ["low", "", "full"]
 
 
 def test_fcfs_gate_keeps_arrival_order():
-    assert _order("fcfs", VIEWS) == ["full", "", "low"]
+    assert _order("fcfs", _views()) == ["full", "", "low"]
