@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from services.sessions.admission import AimdAdmission
 from services.sessions.monitor import SessionMonitor
 
 PCM_RATE = 24_000  # realtime audio in: pcm16 mono at 24 kHz
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -343,7 +345,8 @@ class RealtimeSession:
         except asyncio.CancelledError:
             self.stats.prefilled_ahead("cancelled", 0)
             raise
-        except Exception:  # speculation only: the turn's own request does the work then
+        except Exception as e:  # speculation only: the turn's own request does the work then
+            log.warning("session %s: speculative prefill failed: %s", self.key, e)
             self.stats.prefilled_ahead("failed", 0)
 
     # ---- responses ------------------------------------------------------------------------------
