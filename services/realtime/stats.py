@@ -6,8 +6,6 @@ from ray.util import metrics
 
 from services.common.telemetry import zero
 
-from services.common.telemetry import zero
-
 
 class RealtimeStats:
     def __init__(self):
@@ -18,10 +16,6 @@ class RealtimeStats:
         self.admission_limit = metrics.Gauge(
             "omniray_realtime_admission_limit",
             description="Realtime sessions the AIMD controller admits now (N*).",
-        )
-        self.admitted = metrics.Counter(
-            "omniray_realtime_admitted_total",
-            description="Realtime sessions admitted (opened under the admission limit).",
         )
         self.admitted = metrics.Counter(
             "omniray_realtime_admitted_total",
@@ -43,8 +37,6 @@ class RealtimeStats:
             "omniray_realtime_generated_tokens_total",
             description="Tokens generated for realtime responses.",
         )
-        for counter in (self.rejected, self.barge_ins, self.wasted):  # exported at 0 until the first one
-            zero(counter)
         for counter in (self.rejected, self.barge_ins, self.wasted):  # exported at 0 until the first one
             zero(counter)
 
