@@ -16,7 +16,7 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "occupancy": (
         "gauge",
         "omniray_kv_pool_occupancy_ratio",
-        "Used share of a tier's page slots.",
+        "Used share of a tier's page slots (tier engine: the vLLM engine's own KV block pool).",
         ("tier",),
     ),
     "lookup": ("counter", "omniray_kv_lookups_total", "Page lookups by where they were found.", ("result",)),

@@ -144,15 +144,20 @@ TOTALS = store_metrics.Totals()
 _RAY_METRICS: store_metrics.StoreMetrics | None = None
 
 
+def publish(drained: dict[str, Any]) -> None:
+    """Recorded values (Recorder.drain's form) into the totals and, in a Ray worker, Ray's metrics."""
+    global _RAY_METRICS
+    store_metrics.replay(drained, TOTALS)
+    import ray
+
+    if ray.is_initialized():
+        _RAY_METRICS = _RAY_METRICS or store_metrics.StoreMetrics()
+        store_metrics.replay(drained, _RAY_METRICS)
+
+
 class OmniKvPromMetrics(KVConnectorPromMetrics):
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
-        global _RAY_METRICS
-        store_metrics.replay(transfer_stats_data, TOTALS)
-        import ray
-
-        if ray.is_initialized():
-            _RAY_METRICS = _RAY_METRICS or store_metrics.StoreMetrics()
-            store_metrics.replay(transfer_stats_data, _RAY_METRICS)
+        publish(transfer_stats_data)
 
 
 class OmniKvConnector(KVConnectorBase_V1):

@@ -5,8 +5,9 @@ urgent get the token budget first and the least urgent are preempted first — a
 holds back are left out of this round. With no telemetry (no board, or no realtime session among the
 running requests) the order is vLLM's FCFS.
 
-Configured through vLLM's `additional_config["omniray_scheduler"]`: {"policy", "params", "redis_url",
-"poll_s"}. Decision time and urgency classes are recorded for Prometheus (kv_store/metrics.py SPEC:
+It derives from the bounded session KV's scheduler (services/engine/session_kv.py; vLLM's own when
+that is off). Configured through vLLM's `additional_config["omniray_scheduler"]`: {"policy",
+"params", "redis_url", "poll_s"}. Decision time and urgency classes are recorded for Prometheus (kv_store/metrics.py SPEC:
 they ride the KV connector's stats to the serving process).
 """
 
@@ -14,9 +15,8 @@ from __future__ import annotations
 
 import time
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
 from services.engine import urgency
+from services.engine.session_kv import BoundedKvScheduler
 from services.sessions.board import BoardReader
 
 CONFIG_KEY = "omniray_scheduler"
@@ -24,7 +24,7 @@ SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the requ
 HELD_IDLE_S = 0.005
 
 
-class InteractionAwareScheduler(AsyncScheduler):
+class InteractionAwareScheduler(BoundedKvScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         cfg = (self.vllm_config.additional_config or {}).get(CONFIG_KEY, {})

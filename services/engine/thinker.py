@@ -115,6 +115,17 @@ class ThinkerEngine:
                     }  # fmt: skip
                 },
             }
+        stat_loggers = []
+        if role == "decode":
+            from services.engine import session_kv
+            from services.engine.occupancy import PoolOccupancy
+
+            stat_loggers.append(PoolOccupancy)
+            if profile.engine.session_kv is not None:
+                layers = json.loads((self.model_path / "config.json").read_text())["num_hidden_layers"]
+                bounded = session_kv.engine_args(profile.engine.session_kv, layers)
+                sched["additional_config"].update(bounded.pop("additional_config"))
+                sched.update(bounded)
         args = AsyncEngineArgs(
             model=str(self.model_path),
             served_model_name=profile.served_model_name,
@@ -129,7 +140,7 @@ class ThinkerEngine:
             **sched,
             **profile.engine.extra,
         )
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers or None)
         self._embed_table: torch.Tensor | None = None
 
     # -- prompts --------------------------------------------------------------------------

@@ -3,7 +3,7 @@ grows by the step while they are on time, and never admits more sessions than it
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.sessions.admission import AdmissionParams, AimdAdmission
@@ -47,3 +47,26 @@ def test_limit_in_bounds_and_admitted_never_over_it(ops, low, high):
         else:
             a.observe(op)
         assert low <= a.limit <= high and a.active >= 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_star=st.integers(2, 60), decrease=st.floats(0.8, 0.95), window=st.integers(5, 60))
+def test_limit_settles_at_the_capacity_of_a_synthetic_latency_curve(n_star, decrease, window):
+    """Frames are on time (ratio 0.5) while at most N* sessions run and late (1.5) beyond; arrivals
+    keep the sessions at the limit. After the climb the limit saws between decrease·(N*+1) and
+    N*+2 (a window that saw only a few late frames still grows it), and the sessions it admits
+    average N* ± 15% (± one session)."""
+    ctl = AimdAdmission(AdmissionParams(initial=1, min=1, max=4 * n_star, decrease=decrease, window=window))
+    limits = []
+    for _ in range(200 * window):
+        while ctl.try_admit():  # arrivals fill every free slot
+            pass
+        ctl.observe(1.5 if ctl.active > n_star else 0.5)
+        if ctl.active > int(ctl.limit):  # sessions end; the surplus over a lowered limit leaves first
+            ctl.release()
+        limits.append(ctl.limit)
+    settled = limits[len(limits) // 2 :]
+    assert min(settled) >= decrease * (n_star + 1) - 1e-9
+    assert max(settled) < n_star + 2
+    admitted = [int(x) for x in settled]
+    assert abs(sum(admitted) / len(admitted) - n_star) <= 0.15 * n_star + 1

@@ -1,0 +1,176 @@
+"""Bounded per-session KV inside vLLM (Metronome): a request keeps its first S tokens (attention
+sinks) and its last W tokens resident, and every query attends to keys in [0, S) ∪ [t−W, t], so a
+long-lived realtime session holds at most ceil(S/block) + ceil(W/block) + 1 blocks however long it
+runs, and the engine's pool occupancy plateaus instead of filling.
+
+Wiring into vLLM 0.32 (all through its own extension points):
+- The model's layers become sliding-window layers of width W+1 (`hf_overrides` `layer_types` /
+  `sliding_window`; vLLM's window includes the query, ours counts W keys before it), so the worker
+  lays the cache out as for any sliding-window model.
+- Scheduler side: `BoundedKvScheduler` rewrites the sliding-window groups of the KV cache config
+  into `SinkWindowSpec`, registered in vLLM's `KVCacheSpecRegistry` with `SinkWindowManager`: vLLM's
+  `SlidingWindowManager` except that blocks behind the window are freed from the last sink block on
+  (the sink blocks stay).
+- Worker side: `session_kv_worker.SessionKvWorker` (vLLM's `worker_extension_cls`, imported in each
+  worker process before the model is built) registers `SinkWindowBackend` as the CPU attention backend: vLLM's CPU
+  backend (same cache layout and cache writes) whose decoder layers attend through
+  `kernels.sink_attention` (the torch reference on CPU, the Triton kernel for CUDA tensors).
+
+Configured from the profile (`engine.session_kv: {sink_tokens, window_tokens}`), off by default;
+vLLM's `additional_config["omniray_session_kv"]` carries it to both processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from vllm.config import get_current_vllm_config
+from vllm.utils.math_utils import cdiv
+from vllm.v1.attention.backend import AttentionType
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+from kernels import sink_attention
+from services.models.profile import SessionKvSpec
+
+CONFIG_KEY = "omniray_session_kv"
+
+
+def engine_args(params: SessionKvSpec, num_layers: int) -> dict:
+    """AsyncEngineArgs fields that turn the bounded session KV on (merge `additional_config` with
+    any other extension's)."""
+    return {
+        "hf_overrides": {
+            "layer_types": ["sliding_attention"] * num_layers,
+            "sliding_window": params.window_tokens + 1,
+        },
+        "additional_config": {CONFIG_KEY: params.model_dump()},
+        "worker_extension_cls": "services.engine.session_kv_worker.SessionKvWorker",
+        # A cache hit would need the sink blocks and the window blocks both cached; vLLM's
+        # sliding-window hit search knows no sinks.
+        "enable_prefix_caching": False,
+    }
+
+
+def resident_blocks(length: int, block: int, sinks: int, window: int) -> list[int]:
+    """Block indices a request of `length` computed tokens keeps: the sink blocks, then every block
+    from the one holding the next query's window start (position length − W) on. This is what
+    `SinkWindowManager` leaves allocated once `length` tokens are processed."""
+    n_sink = min(cdiv(sinks, block), cdiv(length, block))
+    first = max(n_sink, max(length - window, 0) // block)
+    return list(range(n_sink)) + list(range(first, cdiv(length, block)))
+
+
+def max_resident_blocks(block: int, sinks: int, window: int) -> int:
+    """The bound resident blocks never exceed (any length)."""
+    return cdiv(sinks, block) + cdiv(window, block) + 1
+
+
+# -- scheduler side --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkWindowSpec(SlidingWindowSpec):
+    sink_tokens: int = 0
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        bound = super().max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+        return min(bound + cdiv(self.sink_tokens, self.block_size), cdiv(max_model_len, self.block_size) + 1)
+
+
+class SinkWindowManager(SlidingWindowManager):
+    """vLLM's sliding-window manager keeping the sink blocks: blocks behind the window are freed
+    from the first non-sink block on."""
+
+    def __init__(self, kv_cache_spec: SinkWindowSpec, **kwargs) -> None:
+        super().__init__(kv_cache_spec, **kwargs)
+        self.sink_blocks = cdiv(kv_cache_spec.sink_tokens, self.block_size)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        skipped = self.get_num_skipped_tokens(processed_computed_tokens) // self.block_size
+        self._remove_blocks_in_range(request_id, self.sink_blocks, skipped)
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, *args, **kwargs):
+        # No prefix hits (engine_args turns prefix caching off; this keeps it so if it is forced on).
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+
+def _register() -> None:
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    # The registry fills itself with vLLM's specs only while it is empty: fill it first.
+    KVCacheSpecRegistry._ensure_registered()
+    KVCacheSpecRegistry.register(SinkWindowSpec, SinkWindowManager, uniform_type_base_spec=SlidingWindowSpec)
+
+
+def bounded(kv_cache_config, vllm_config):
+    """The KV cache config with its sliding-window groups as sink + window groups (unchanged when
+    the session KV is off)."""
+    cfg = (vllm_config.additional_config or {}).get(CONFIG_KEY)
+    if not cfg:
+        return kv_cache_config
+    _register()
+    params = SessionKvSpec(**cfg)
+    groups = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if type(spec) is SlidingWindowSpec:
+            fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+            spec = SinkWindowSpec(**fields, sink_tokens=params.sink_tokens)
+            group = dataclasses.replace(group, kv_cache_spec=spec)
+        groups.append(group)
+    return dataclasses.replace(kv_cache_config, kv_cache_groups=groups)
+
+
+class BoundedKvScheduler(AsyncScheduler):
+    """vLLM's scheduler with the sink + window KV manager when the session KV is on."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["kv_cache_config"] = bounded(kwargs["kv_cache_config"], kwargs["vllm_config"])
+        super().__init__(*args, **kwargs)
+
+
+# -- worker side -----------------------------------------------------------------------------
+
+
+class SinkWindowImpl(CPUAttentionBackendImpl):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        cfg = (get_current_vllm_config().additional_config or {}).get(CONFIG_KEY)
+        bounded_layer = cfg and self.sliding_window > 0 and self.attn_type == AttentionType.DECODER
+        self.mask = (cfg["sink_tokens"], cfg["window_tokens"]) if bounded_layer else None
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        if self.mask is None or attn_metadata is None:
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        n = attn_metadata.num_actual_tokens
+        # vLLM's CPU cache: [blocks, kv_heads, block, 2 * head] with K then V along the token
+        # axis of each block; the kernels read [blocks, block, kv_heads, head] (a view, no copy).
+        blocks, kv_heads, block, _ = kv_cache.shape
+        k_cache, v_cache = kv_cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
+        sinks, window = self.mask
+        out = sink_attention.prefill(
+            query[:n],
+            k_cache.transpose(1, 2),
+            v_cache.transpose(1, 2),
+            attn_metadata.block_table,
+            attn_metadata.query_start_loc,
+            attn_metadata.seq_lens,
+            sinks,
+            window,
+            self.scale,
+        )
+        output[:n].copy_(out.reshape(output[:n].shape))
+        return output
+
+
+class SinkWindowBackend(CPUAttentionBackend):
+    @staticmethod
+    def get_impl_cls() -> type[SinkWindowImpl]:
+        return SinkWindowImpl
