@@ -82,6 +82,7 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 ZERO_AT_START = {
     "error": [("lookup",), ("naming",), ("save",)],
     "fallback": [("load_failed",), ("load_error",)],
+    "prefetch": [(o,) for o in ("hit", "done", "late", "skipped", "cancelled", "refused")],
 }
 TRANSFER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
 DECISION_BUCKETS = [0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01]
@@ -151,18 +152,20 @@ class StoreMetrics(_Calls):
     def __init__(self):
         from ray.util import metrics
 
+        from services.common.telemetry import Gauge
+
         self._metrics = {}
         for method, (kind, name, help_, labels) in SPEC.items():
-            if kind == "gauge":
-                m = metrics.Gauge(name, description=help_, tag_keys=labels)
+            if kind == "gauge":  # re-sent every few seconds: Ray drops a gauge not reported lately
+                m = Gauge(name, description=help_, tag_keys=labels)
             elif kind == "counter":
                 m = metrics.Counter(name, description=help_, tag_keys=labels)
             else:
                 buckets = DECISION_BUCKETS if method == "decision" else TRANSFER_BUCKETS
                 m = metrics.Histogram(name, description=help_, boundaries=buckets, tag_keys=labels)
             self._metrics[method] = (kind, m, labels)
-        # Failures are rare: their series exist at 0 so dashboards and alerts see a healthy store
-        # (Ray's Counter.inc refuses 0; _record is what inc calls).
+        # Failures and prefetches may not happen for a long while: their series exist at 0 so
+        # dashboards and alerts see a healthy store (Ray's Counter.inc refuses 0; _record is what inc calls).
         for method, label_sets in ZERO_AT_START.items():
             _, m, names = self._metrics[method]
             for labels in label_sets:
@@ -176,6 +179,8 @@ class StoreMetrics(_Calls):
         elif kind == "counter":
             if value:
                 m.inc(value, tags=tags)
+            else:  # a 0 (see KvStore's evictions) creates the series; Ray's inc refuses 0
+                m._record(0, tags=tags)
         else:
             m.observe(value, tags=tags)
 

@@ -41,6 +41,9 @@ class KvStore:
         self.provider, self.pool, self.meta, self.policy, self.disk = provider, pool, meta, policy, disk
         self.metrics = metrics
         self.policy_name = type(policy).__name__
+        if metrics:  # the eviction series exist (at 0) before the pool first fills
+            for to in (["L3"] if disk else []) + ["dropped"]:
+                metrics.eviction(self.policy_name, to, 0)
         self._info: dict[Hashable, PageInfo] = {}
         self._pins: dict[Hashable, int] = {}
         self._bandwidth: float | None = None  # bytes/s of peer pulls (moving average)

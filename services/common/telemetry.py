@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 from omni.v1 import common_pb2
@@ -23,6 +24,7 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _setup_lock = threading.Lock()
 _configured = False
 
+GAUGE_REFRESH_S = 5.0  # Ray's agent keeps a gauge 2 export intervals (10 s each by default)
 LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
 
 
@@ -91,6 +93,41 @@ def stage_span(
         otel_context.detach(token)
 
 
+class Gauge:
+    """A Ray Gauge that re-sends its last value per label set every GAUGE_REFRESH_S. Ray 2.60's
+    metrics agent drops a gauge series that was not reported for two export intervals, so a value
+    set once and still true (open sessions, a pool's occupancy) would vanish from Prometheus."""
+
+    _live: list[Gauge] = []
+    _lock = threading.Lock()
+    _refresher: threading.Thread | None = None
+
+    def __init__(self, name: str, description: str, tag_keys: tuple[str, ...] = ()):
+        from ray.util import metrics
+
+        self._gauge = metrics.Gauge(name, description=description, tag_keys=tag_keys)
+        self._values: dict[tuple[tuple[str, str], ...], float] = {}
+        with Gauge._lock:
+            Gauge._live.append(self)
+            if Gauge._refresher is None:
+                Gauge._refresher = threading.Thread(target=Gauge._refresh_forever, daemon=True)
+                Gauge._refresher.start()
+
+    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
+        self._values[tuple(sorted((tags or {}).items()))] = value
+        self._gauge.set(value, tags=tags)
+
+    @classmethod
+    def _refresh_forever(cls) -> None:
+        while True:
+            time.sleep(GAUGE_REFRESH_S)
+            with cls._lock:
+                live = list(cls._live)
+            for gauge in live:
+                for key, value in list(gauge._values.items()):
+                    gauge._gauge.set(value, tags=dict(key))
+
+
 def zero(counter, **tags: str) -> None:
     """Export `counter` at 0 for a label set before its first event, so dashboards and alerts see
     the series in a healthy run (Ray's Counter.inc refuses 0; this records what inc would, minus
@@ -114,7 +151,7 @@ class StageMetrics:
         self.errors = metrics.Counter(
             "omniray_stage_errors_total", description="Stage calls that raised.", tag_keys=("stage", "op")
         )
-        self.inflight = metrics.Gauge(
+        self.inflight = Gauge(
             "omniray_stage_inflight_requests",
             description="Calls a replica is processing now (for an engine stage: its running batch).",
             tag_keys=("stage",),

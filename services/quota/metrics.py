@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.telemetry import LATENCY_BUCKETS_S
+from services.common.telemetry import LATENCY_BUCKETS_S, Gauge
 
 
 class QuotaMetrics:
@@ -17,12 +17,12 @@ class QuotaMetrics:
         self._admitted = metrics.Counter(
             "omniray_quota_admitted_total", description="Requests admitted.", tag_keys=("tenant", "slo_class")
         )
-        self._remaining = metrics.Gauge(
+        self._remaining = Gauge(
             "omniray_quota_bucket_remaining_ratio",
             description="Bucket level after the last admission, as a share of its capacity (burst).",
             tag_keys=("tenant", "modality"),
         )
-        self._queue = metrics.Gauge(
+        self._queue = Gauge(
             "omniray_quota_batch_queue_depth",
             description="Over-budget batch requests waiting in this gateway replica.",
             tag_keys=("tenant",),

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from ray.util import metrics
 
-from services.common.telemetry import zero
+from services.common.telemetry import Gauge, zero
 
 
 class RealtimeStats:
     def __init__(self):
-        self.sessions = metrics.Gauge(
+        self.sessions = Gauge(
             "omniray_realtime_sessions",
             description="Open realtime sessions (WebSocket and gRPC) on this gateway replica.",
         )
-        self.admission_limit = metrics.Gauge(
+        self.admission_limit = Gauge(
             "omniray_realtime_admission_limit",
             description="Realtime sessions the AIMD controller admits now (N*).",
         )

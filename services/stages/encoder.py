@@ -20,6 +20,7 @@ from PIL import Image
 from ray import serve
 
 from services.common import tensors
+from services.common.telemetry import Gauge
 from services.models.base import EncoderOutput
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
@@ -168,7 +169,9 @@ class Encoder(Stage):
             self.pool_metrics.tiles(len(tiles[i]))
         return out
 
-    async def _encode_audio(self, request: stages_pb2.EncodeRequest, item: stages_pb2.MediaItem) -> EncoderOutput:
+    async def _encode_audio(
+        self, request: stages_pb2.EncodeRequest, item: stages_pb2.MediaItem
+    ) -> EncoderOutput:
         """Audio clips are cached like images: a realtime session's earlier turns, and the chunks of
         a turn already encoded while it was spoken (speculative prefill), are not encoded again."""
         key = self._cache_key(item, request.ctx.tenant)
@@ -272,9 +275,7 @@ class _PoolMetrics:
             description="Tiles per encoder batch.",
             boundaries=[1, 2, 4, 8, 16, 32, 64],
         )
-        self._pending = metrics.Gauge(
-            "omniray_encoder_pending_tiles", description="Tiles waiting in this replica."
-        )
+        self._pending = Gauge("omniray_encoder_pending_tiles", description="Tiles waiting in this replica.")
         self._cache = metrics.Counter(
             "omniray_encoder_cache_requests_total",
             description="Feature cache lookups.",

@@ -1,0 +1,86 @@
+"""Every metric the shipped dashboards read is really emitted: after traffic of every kind the
+panels show (text, image and long-prompt chat with audio out over REST and gRPC, a quota rejection
+and a queued batch request, a realtime session), each name appears in the running system's
+Prometheus scrape (Ray's endpoint: our metrics with a `ray_` prefix, after a few seconds)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
+
+from services.quota.tenants import Limits
+from tests.conftest import data_url, grpc_channel, png_bytes
+from tests.dashboards import all_series_names
+from tests.e2e.test_quota_e2e import _post, _tenant
+from tests.e2e.test_realtime import MANUAL_TURNS, _speech, _until
+from tests.e2e.test_tracing import LONG_TEXT
+
+
+def _chat_traffic(openai_client, model_name) -> None:
+    audio_out = {"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+    stream = openai_client.chat.completions.create(
+        model=model_name,
+        max_tokens=16,
+        messages=[{"role": "user", "content": "Say hi"}],
+        stream=True,
+        **audio_out,
+    )
+    assert sum(1 for _ in stream)
+    image = {"type": "image_url", "image_url": {"url": data_url(png_bytes(seed=7))}}
+    for content in ([{"type": "text", "text": "What is this?"}, image], LONG_TEXT):
+        r = openai_client.chat.completions.create(
+            model=model_name, max_tokens=8, messages=[{"role": "user", "content": content}]
+        )
+        assert r.choices[0].message.content
+
+
+def _grpc_traffic(omniray, model_name) -> None:
+    stub = omni_pb2_grpc.OmniStub(grpc_channel(omniray.grpc_target))
+    request = omni_pb2.ChatRequest(
+        model=model_name,
+        messages=[omni_pb2.Message(role="user", content=[omni_pb2.ContentPart(text="hello")])],
+        sampling=common_pb2.SamplingParams(max_tokens=8),
+    )
+    assert list(stub.Chat(request, timeout=60))
+
+
+def _quota_traffic(omniray) -> None:
+    """Interactive requests until the tenant's budget refuses one (429), then a batch request that
+    waits in the queue for budget."""
+    key = _tenant(omniray, per_minute=Limits(text_tokens=1200), max_class="interactive")
+    codes = [_post(omniray, key, max_tokens=40).status_code for _ in range(40)]
+    assert 429 in codes
+    batch = _post(omniray, key, max_tokens=60, headers={"x-omniray-slo-class": "batch"})
+    assert batch.status_code == 200, batch.text
+
+
+def _realtime_traffic(openai_client, model_name) -> None:
+    with openai_client.realtime.connect(model=model_name) as conn:
+        seen: list = []
+        _until(conn, "session.created", seen)
+        conn.session.update(session={**MANUAL_TURNS, "max_output_tokens": 16})
+        conn.input_audio_buffer.append(audio=_speech(0.5))
+        conn.input_audio_buffer.commit()
+        conn.response.create()
+        assert _until(conn, "response.done", seen).response.status == "completed"
+
+
+def test_every_dashboard_metric_is_emitted(omniray, openai_client, model_name):
+    _chat_traffic(openai_client, model_name)
+    _grpc_traffic(omniray, model_name)
+    _quota_traffic(omniray)
+    _realtime_traffic(openai_client, model_name)
+    wanted = all_series_names()
+    assert len(wanted) > 30
+    missing = wanted
+    deadline = time.monotonic() + 60
+    while missing and time.monotonic() < deadline:
+        with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
+            scrape = resp.read().decode()
+        missing = {n for n in wanted if not re.search(rf"^{n}[{{ ]", scrape, re.M)}
+        if missing:
+            time.sleep(2)
+    assert not missing, " ".join(sorted(missing))
