@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice loadtest lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-long-sessions loadtest lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -89,6 +89,12 @@ bench-preload: setup
 # N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware.
 bench-voice: models
 	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
+
+# Long-lived streaming sessions (tiny thinker): unbounded KV vs sinks + window (saturation time
+# predicted vs measured, occupancy plot), the N* sweep (a fresh engine per N), AIMD admission vs N*.
+bench-long-sessions: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.long_sessions
 
 # Audio TTFP after end of speech with vs without speculative prefill (2k-token history, tiny engine
 # at a larger width so that prefill costs what it would).
