@@ -49,6 +49,9 @@ class RealtimeStats:
             "omniray_realtime_prefill_ahead_tokens_total",
             description="Prompt tokens prefilled while the user was still speaking.",
         )
+        for outcome in ("done", "failed", "cancelled"):
+            zero(self.ahead, outcome=outcome)
+        zero(self.ahead_tokens)
 
     def prefilled_ahead(self, outcome: str, tokens: int) -> None:
         self.ahead.inc(tags={"outcome": outcome})
