@@ -4,8 +4,10 @@ engine in one run — baseline (FCFS scheduler + LRU eviction) vs interaction-aw
 
 Each session is a real-time WebSocket client: it speaks (espeak-ng speech at real-time pace, then
 silence; server VAD ends the turn), plays the reply's audio at real time (reporting playback with
-`omniray.playback.progress`) and, with probability p, talks over it at a random point (a barge-in);
-otherwise it waits until playback ends and a short think time. Printed: P90 audio TTFP after end of
+`omniray.playback.progress`) and, with probability p, talks over it (a barge-in) at a point drawn
+as LiveServe does (WORKLOADS.md): first audio plus a sample of the output audio durations of whole
+replies seen in the run (the p = 0 runs come first); a cut past the end of its reply is no barge-in.
+Otherwise it waits until playback ends and a short think time. Printed: P90 audio TTFP after end of
 speech (`speech_stopped` → first audio delta), wasted tokens (cut by barge-ins), playback continuity
 (share of playback time not stalled on an empty buffer), useful responses per second; and the
 ratios interaction-aware / baseline.
@@ -56,10 +58,13 @@ class Client:
     barges in."""
 
     def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int,
-                 session: dict | None = None):  # fmt: skip
+                 session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
         self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
                                       max_size=None)  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
+        # Output audio durations (s) of whole responses in this run, shared by its sessions: where a
+        # barge-in cuts is drawn from them (LiveServe's barge-in model, WORKLOADS.md).
+        self.durations = durations if durations is not None else []
         self.stats = SessionStats()
         self.cond = threading.Condition()
         self.events: list[tuple[float, dict]] = []
@@ -90,6 +95,7 @@ class Client:
                         r = event["response"]
                         if r["status"] == "completed":
                             self.stats.completed += 1
+                            self.durations.append(self.audio_ms / 1000)
                             self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
                     elif kind == "conversation.item.truncated" and "omniray" in event:
                         self.stats.wasted += event["omniray"]["wasted_tokens"]
@@ -117,9 +123,9 @@ class Client:
                         "audio": base64.b64encode((pcm + silence)[k : k + step]).decode()})  # fmt: skip
             time.sleep(CHUNK_MS / 1000)
 
-    def _play(self, barge_at_s: float | None) -> None:
+    def _play(self, barge_at_s: float | None) -> bool:
         """Play the current response at real time from its first delta; report progress; stop at
-        `barge_at_s` of playback (the caller then talks) or when all audio is played."""
+        `barge_at_s` of playback (the caller then talks: returns True) or when all audio is played."""
         played, last = 0.0, time.monotonic()
         while True:
             time.sleep(0.05)
@@ -136,10 +142,11 @@ class Client:
                 played = available
             self._send({"type": "omniray.playback.progress", "item_id": self.item_id, "played_ms": played})
             if barge_at_s is not None and played >= barge_at_s * 1000:
-                break
+                self.stats.played_s += played / 1000
+                return True
             if done and played >= available:
-                break
-        self.stats.played_s += played / 1000
+                self.stats.played_s += played / 1000
+                return False
 
     def run(self, turns: int) -> SessionStats:
         try:
@@ -149,9 +156,14 @@ class Client:
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
                 _, t_audio = self._wait("response.output_audio.delta", stopped)
                 self.stats.ttfp_s.append(t_audio - t_stop)
-                barge = turn < turns - 1 and self.rng.random() < self.barge_p
-                self._play(self.rng.uniform(0.3, 1.5) if barge else None)
-                if barge:
+                barge_at = None
+                if turn < turns - 1 and self.rng.random() < self.barge_p:
+                    # Anchored at first audio, a sample of the run's output durations: a cut past
+                    # the end of this reply is no barge-in (it was heard whole).
+                    barge_at = (
+                        self.rng.choice(self.durations) if self.durations else self.rng.uniform(0.3, 1.5)
+                    )
+                if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:
                     self._wait("response.done", stopped)
@@ -174,9 +186,9 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
     return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
 
-def run_sessions(url: str, utterances: list[bytes], args, barge_p: float) -> dict:
-    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, max_tokens=args.max_tokens)
-               for i in range(args.sessions)]  # fmt: skip
+def run_sessions(url: str, utterances: list[bytes], args, barge_p: float, durations: list[float]) -> dict:
+    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, max_tokens=args.max_tokens,
+                      durations=durations) for i in range(args.sessions)]  # fmt: skip
     out: list[SessionStats] = [SessionStats()] * len(clients)
     started = time.monotonic()
     threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, clients[k].run(args.turns)))
@@ -215,12 +227,13 @@ def main() -> None:
     report: dict = {"args": vars(args), "runs": {}}
     with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
         utterances = [speech(s, Path(tmp)) for s in SENTENCES]
+        durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
         for name, (scheduler, eviction) in POLICY_SETS.items():
             path = profile_file(args, scheduler, eviction, Path(tmp))
             with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
                 url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
                 for p in args.barge:
-                    report["runs"][f"{name}@p={p}"] = r = run_sessions(url, utterances, args, p)
+                    report["runs"][f"{name}@p={p}"] = r = run_sessions(url, utterances, args, p, durations)
                     print(f"{name:12} p={p}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
                           f" errors={len(r['errors'])}", flush=True)  # fmt: skip
     runs = report["runs"]
