@@ -407,10 +407,16 @@ async def main_async(args) -> dict:
         n_star = data["parts"].get("sweep", {}).get("n_star") or args.n_star
         arrival_s = args.arrival_s or args.life_s / (2 * max(n_star or 8, 1))
         run = await _aimd(roomy, args.aimd_seconds, arrival_s, args.life_s, params)
-        settle = [(a, lim) for t, a, lim in run.active if t >= args.aimd_seconds / 2]
+        # Settled: from the limit's first decrease on (the climb before it is the start-up).
+        drops = [
+            t2 for (_, _, lim), (t2, _, lim2) in zip(run.active, run.active[1:], strict=False) if lim2 < lim
+        ]
+        since = drops[0] if drops else args.aimd_seconds / 2
+        settle = [(a, lim) for t, a, lim in run.active if t >= since]
         limit = statistics.mean(lim for _, lim in settle)
         part = {
             "params": params.model_dump(),
+            "settled_since_s": since,
             "settled_limit_mean": limit,
             "settled_limit_range": [min(lim for _, lim in settle), max(lim for _, lim in settle)],
             "active_mean": statistics.mean(a for a, _ in settle),
@@ -423,7 +429,7 @@ async def main_async(args) -> dict:
             part["limit_vs_n_star"] = limit / n_star
         data["parts"]["aimd"] = part
         print(
-            f"[aimd] limit settles at {limit:.1f} (range {part['settled_limit_range'][0]:.1f}–{part['settled_limit_range'][1]:.1f}), "
+            f"[aimd] from its first decrease at {since:.0f} s the limit averages {limit:.1f} (range {part['settled_limit_range'][0]:.1f}–{part['settled_limit_range'][1]:.1f}), "
             f"active sessions {part['active_mean']:.1f} on average; admitted {run.admitted}, refused {run.refused}"
             + (f"; limit / N* = {limit / n_star:.2f}" if n_star else "")
         )
