@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import torch
 from vllm.config import get_current_vllm_config
 from vllm.utils.math_utils import cdiv
 from vllm.v1.attention.backend import AttentionType
@@ -139,6 +140,21 @@ class BoundedKvScheduler(AsyncScheduler):
 # -- worker side -----------------------------------------------------------------------------
 
 
+# CPU attention ISAs whose cache layout the kernels read (checked in tests/unit/engine/test_session_kv.py
+# against vLLM's own cache write).
+_TRANSPOSED_K_ISAS = ("vec", "vec16")
+
+
+def cpu_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of vLLM's CPU cache as the kernels read them, [blocks, block, kv_heads, head] (views,
+    no copy). The cache is [blocks, kv_heads, block, 2 * head]: per (block, kv head) the K area then
+    the V area; the vec ISAs store K transposed ([head, block]) and V as [block, head]."""
+    blocks, kv_heads, block, _ = kv_cache.shape
+    k_area, v_area = kv_cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
+    head = k_area.shape[-1]
+    return k_area.view(blocks, kv_heads, head, block).permute(0, 3, 1, 2), v_area.transpose(1, 2)
+
+
 class SinkWindowImpl(CPUAttentionBackendImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -149,16 +165,17 @@ class SinkWindowImpl(CPUAttentionBackendImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         if self.mask is None or attn_metadata is None:
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        if layer.isa not in _TRANSPOSED_K_ISAS:
+            raise NotImplementedError(
+                f"bounded session KV: CPU attention ISA {layer.isa!r} (its KV layout) is not supported"
+            )
         n = attn_metadata.num_actual_tokens
-        # vLLM's CPU cache: [blocks, kv_heads, block, 2 * head] with K then V along the token
-        # axis of each block; the kernels read [blocks, block, kv_heads, head] (a view, no copy).
-        blocks, kv_heads, block, _ = kv_cache.shape
-        k_cache, v_cache = kv_cache.view(blocks, kv_heads, 2 * block, -1).chunk(2, dim=2)
+        k_cache, v_cache = cpu_cache_views(kv_cache)
         sinks, window = self.mask
         out = sink_attention.prefill(
             query[:n],
-            k_cache.transpose(1, 2),
-            v_cache.transpose(1, 2),
+            k_cache,
+            v_cache,
             attn_metadata.block_table,
             attn_metadata.query_start_loc,
             attn_metadata.seq_lens,

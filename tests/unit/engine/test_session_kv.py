@@ -3,6 +3,7 @@ as a request grows, against the blocks the sink + window attention reads."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,3 +69,20 @@ def test_full_attention_groups_are_left_alone():
 
     config = SimpleNamespace(kv_cache_groups=[])
     assert session_kv.bounded(config, SimpleNamespace(additional_config={})) is config
+
+
+@pytest.mark.parametrize("isa", session_kv._TRANSPOSED_K_ISAS)
+def test_cache_views_read_what_vllm_cpu_attention_wrote(isa):
+    from vllm import _custom_ops as ops
+
+    blocks, kv_heads, block, head, n = 4, 2, 32, 32, 70
+    cache = torch.zeros(blocks, kv_heads, block, 2 * head)
+    k_area, v_area = cache.view(blocks, kv_heads, 2 * block, head).chunk(2, dim=2)
+    key, value = torch.randn(n, kv_heads, head), torch.randn(n, kv_heads, head)
+    slots = torch.arange(n, dtype=torch.int64) + block  # from block 1 on
+    ops.cpu_attn_reshape_and_cache(
+        key, value, k_area, v_area, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto"
+    )
+    k, v = session_kv.cpu_cache_views(cache)
+    assert torch.equal(k.reshape(-1, kv_heads, head)[block : block + n], key)
+    assert torch.equal(v.reshape(-1, kv_heads, head)[block : block + n], value)
