@@ -17,8 +17,8 @@ from services.engine import occupancy, session_kv
 SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
 PROMPT = [(i * 37) % 2000 + 5 for i in range(100)]
 NEW_TOKENS = 300
-TIE = 1e-2  # top-2 log-probability gap under which either token is a correct greedy choice
-LOGPROB_ATOL = 1e-2  # vLLM's CPU kernels vs transformers, fp32
+TIE = 1e-3  # top-2 log-probability gap under which either token is a correct greedy choice
+LOGPROB_ATOL = 1e-3  # fp32; vLLM with full attention matches transformers to < 1e-5
 
 
 @pytest.fixture(scope="module")
