@@ -8,6 +8,7 @@ import itertools
 import json
 import time
 import urllib.request
+import uuid
 
 import httpx
 
@@ -74,7 +75,8 @@ def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client
 
     decode = serve.get_deployment_handle("Decode", app_name="omniray")
     before = decode.prompt_token_sources.remote().result()
-    long_prompt = " ".join(f"word{i}" for i in range(400))
+    # Unique: no earlier prompt (other tests share the cluster) may be in decode's own prefix cache.
+    long_prompt = " ".join([uuid.uuid4().hex, *(f"word{i}" for i in range(400))])
     r = openai_client.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": long_prompt}], max_tokens=4, temperature=0
     )
