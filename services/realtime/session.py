@@ -321,11 +321,11 @@ class RealtimeSession:
             return
         if self.ahead is not None and not self.ahead.done():
             return
-        chunks = (len(self.buffer) - self._speech_offset()) // self.chunk_bytes
+        start = self._speech_offset()
+        chunks = (len(self.buffer) - start) // self.chunk_bytes
         if chunks <= self.ahead_chunks:
             return
         self.ahead_chunks = chunks
-        start = self._speech_offset()
         pending = Item("pending", "user", audio=bytes(self.buffer[start : start + chunks * self.chunk_bytes]))
         self.ahead = asyncio.create_task(self._run_ahead(pending))
 
