@@ -23,10 +23,8 @@ import itertools
 import json
 import os
 import random
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import grpc.experimental.gevent as grpc_gevent
@@ -345,8 +343,7 @@ class VoiceUser(TenantUser):
     def on_start(self) -> None:
         super().on_start()
         if not VoiceUser._speech:
-            with tempfile.TemporaryDirectory(prefix="omniray-locust-") as tmp:
-                VoiceUser._speech = [speech(s, Path(tmp)) for s in SENTENCES]
+            VoiceUser._speech = [speech(s) for s in SENTENCES]
         url = f"{self.host.replace('http', 'ws', 1)}/v1/realtime?model={MODEL}"
         t0 = time.perf_counter()
         try:

@@ -84,7 +84,7 @@ def main() -> None:
         path = bench_profile(args.hidden, args.layers, Path(tmp))
         profile = load_profile(str(path))
         tokenizer = AutoTokenizer.from_pretrained(str(profile.model_path(profile.models.thinker)))
-        utterances = [speech(s, Path(tmp)) for s in SENTENCES]
+        utterances = [speech(s) for s in SENTENCES]
         with runtime.temporary(str(path), prefix="omniray-spec-", timeout_s=600) as cluster:
             url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
             one_session(url, utterances, system_prompt(tokenizer, 64), True, 1)  # warm-up

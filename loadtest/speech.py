@@ -1,16 +1,17 @@
-"""Real speech for voice load: espeak-ng sentences as pcm16 mono at the realtime API's 24 kHz
-(robotic but transcribable; server VAD hears it as speech)."""
+"""Real speech for voice load and tests: espeak-ng sentences (robotic but transcribable; server VAD
+hears them as speech). The text goes to espeak-ng on stdin, never on its command line, so a
+sentence starting with `-` is spoken, not read as an option."""
 
 from __future__ import annotations
 
+import io
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 from scipy.signal import resample_poly
 
-RATE = 24_000
+RATE = 24_000  # the realtime API's pcm16 rate
 SENTENCES = [
     "What is the weather like in Paris today?",
     "Tell me a short story about a dragon.",
@@ -21,8 +22,14 @@ SENTENCES = [
 ]
 
 
-def speech(text: str, tmp: Path) -> bytes:
-    wav = tmp / f"{abs(hash(text))}.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
-    voice, rate = sf.read(wav, dtype="float32")
-    return (np.clip(resample_poly(voice, RATE, rate), -1, 1) * 32767).astype("<i2").tobytes()
+def spoken_wav(text: str) -> bytes:
+    """espeak-ng speaking `text`, as WAV file bytes."""
+    return subprocess.run(
+        ["espeak-ng", "--stdin", "--stdout"], input=text.encode(), capture_output=True, check=True, timeout=60
+    ).stdout
+
+
+def speech(text: str, rate: int = RATE) -> bytes:
+    """`text` spoken, as pcm16 mono at `rate`."""
+    voice, voice_rate = sf.read(io.BytesIO(spoken_wav(text)), dtype="float32")
+    return (np.clip(resample_poly(voice, rate, voice_rate), -1, 1) * 32767).astype("<i2").tobytes()

@@ -226,7 +226,7 @@ def main() -> None:
     args = ap.parse_args()
     report: dict = {"args": vars(args), "runs": {}}
     with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
-        utterances = [speech(s, Path(tmp)) for s in SENTENCES]
+        utterances = [speech(s) for s in SENTENCES]
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
         for name, (scheduler, eviction) in POLICY_SETS.items():
             path = profile_file(args, scheduler, eviction, Path(tmp))

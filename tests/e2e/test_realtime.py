@@ -7,18 +7,16 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import subprocess
 import threading
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-import soundfile as sf
 import websockets
 import websockets.sync.client as ws_client
-from scipy.signal import resample_poly
 
+from loadtest.speech import speech
 from services.quota import LOCAL_API_KEY
 
 PCM_RATE = 24000
@@ -178,13 +176,6 @@ def _connect(omniray, model_name):
     return ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})
 
 
-def _spoken(text: str, tmp_path) -> bytes:
-    wav = tmp_path / "spoken.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), text], check=True)
-    voice, rate = sf.read(wav, dtype="float32")
-    return (np.clip(resample_poly(voice, PCM_RATE, rate), -1, 1) * 32767).astype("<i2").tobytes()
-
-
 class Reader:
     """Server events with their arrival times, read on a thread while the test sends audio."""
 
@@ -236,12 +227,12 @@ def _say(conn, pcm: bytes, chunk_ms: int = 100) -> list[float]:
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
-def test_server_vad_turns_and_barge_in(omniray, model_name, tmp_path):
+def test_server_vad_turns_and_barge_in(omniray, model_name):
     """Speech then silence is a turn (speech_started/stopped, committed, a response); speech over
     the response stops it before any further audio delta, cuts the assistant's item to what was
     played and counts the rest as wasted; the next turn runs on the cut conversation."""
-    question = _spoken("What is the weather like in Paris today?", tmp_path)
-    interrupt = _spoken("Wait, stop, tell me about London instead.", tmp_path)
+    question = speech("What is the weather like in Paris today?")
+    interrupt = speech("Wait, stop, tell me about London instead.")
     silence = bytes(PCM_RATE * 2 * 8 // 10)
     conn = _connect(omniray, model_name)
     r = Reader(conn)
@@ -326,11 +317,11 @@ def _spoken_turn_cache_hits(omniray, model_name, pcm: bytes, ahead: bool, words:
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
-def test_turn_is_prefilled_while_spoken(omniray, ray_driver, model_name, tmp_path):
+def test_turn_is_prefilled_while_spoken(omniray, ray_driver, model_name):
     """With speculative prefill (on in the tiny profile) the conversation and the first seconds of
     the turn are prefilled while the user speaks, so the turn's own prefill finds them cached; the
     same turn with it switched off for the session finds nothing of its new system prompt."""
-    pcm = _spoken("Please tell me everything you know about the history of Paris.", tmp_path)
+    pcm = speech("Please tell me everything you know about the history of Paris.")
     assert len(pcm) / 2 / PCM_RATE > 2.5  # at least two whole 1 s chunks before the end
     prompt = [f"fact{i}" for i in range(300)]  # unique per session: no earlier test cached it
     off = _spoken_turn_cache_hits(omniray, model_name, pcm, False, ["off", *prompt])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import jiwer
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from loadtest.speech import spoken_wav
 from services.models.profile import load_profile
 from services.models.registry import adapter_module
 from services.quota import LOCAL_API_KEY
@@ -40,12 +40,10 @@ def test_text_question_is_answered_correctly(small):
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng (apt) to speak the question")
-def test_spoken_question_is_answered_correctly(small, tmp_path):
-    wav = tmp_path / "q.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), QUESTION], check=True)
+def test_spoken_question_is_answered_correctly(small):
     part = {
         "type": "input_audio",
-        "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(), "format": "wav"},
+        "input_audio": {"data": base64.b64encode(spoken_wav(QUESTION)).decode(), "format": "wav"},
     }
     assert "Paris" in _ask(small, [part])
 

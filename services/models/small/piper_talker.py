@@ -3,7 +3,8 @@
 The front end sees a whole text piece (prosody is global over it) and samples the prior once, so
 the frames it streams are final; the vocoder decodes them chunk by chunk. Phonemes come from the
 espeak-ng program (GPL-3.0), the phonemizer the voice was trained with; it is run as a separate
-process and installed as an optional system package, so the profile lists it in `requires`.
+process (text on stdin: services/models/small/phonemizer.py) and installed as an optional system
+package, so the profile lists it in `requires`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from services.models.small import _piper
+from services.models.small.phonemizer import StdinPhonemizer
 
 prepare = _piper.prepare
 
 
 class PiperTalker:
     def __init__(self, path: Path, options: dict):
-        from streaming_vits import phonemize
-
         self.meta, config = _piper.split(path)
         self.session = _piper.session(path / self.meta.frontend, options)
         inference = config.get("inference", {})
@@ -33,7 +33,7 @@ class PiperTalker:
             ],
             np.float32,
         )
-        self.phonemizer = phonemize.Phonemizer(
+        self.phonemizer = StdinPhonemizer(
             {k: v[0] for k, v in config["phoneme_id_map"].items()}, voice=config["espeak"]["voice"]
         )
         # Frames per streamed chunk: a small first one so the vocoder starts early, then larger.

@@ -4,15 +4,13 @@ chunked; the turn segmenter alternates start/stop with OpenAI's padding and sile
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
-import soundfile as sf
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.signal import resample_poly
 
+from loadtest.speech import speech
 from services.realtime.vad import WINDOW_MS, ServerVad, SileroStream, TurnSegmenter
 
 RATE = 24_000
@@ -23,14 +21,11 @@ def _pcm(x: np.ndarray) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def spoken(tmp_path_factory) -> tuple[bytes, float, float]:
+def spoken() -> tuple[bytes, float, float]:
     """1 s of silence, a spoken sentence, 1.5 s of silence (24 kHz pcm16), and the speech's span."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("needs espeak-ng to speak")
-    wav = tmp_path_factory.mktemp("vad") / "s.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), "Hello there, how are you doing today?"], check=True)
-    voice, rate = sf.read(wav, dtype="float32")
-    voice = resample_poly(voice, RATE, rate)
+    voice = np.frombuffer(speech("Hello there, how are you doing today?", RATE), "<i2") / 32768.0
     audio = np.concatenate([np.zeros(RATE), voice, np.zeros(int(1.5 * RATE))])
     return _pcm(audio), 1000.0, 1000.0 + len(voice) / RATE * 1000
 
