@@ -5,6 +5,10 @@ The gateway writes every open session's view into one hash (`omniray:sessions`, 
 every `interval_s`, stamped with wall-clock time; readers poll the hash on a thread and keep the
 latest dict, so a scheduling round reads memory, never Redis. A view carries the time it was taken:
 readers extrapolate playback to their own now (audio plays in real time) and ignore stale views.
+
+Redis down or stalled: every call is bounded by the client's timeouts (services/common/redis_config);
+the writer skips rounds, the readers keep their last views, which go stale, so the engines'
+scheduler falls back to FCFS; both pick up again when Redis answers, and log only the change.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from services.common.redis_config import sync_client
 from services.sessions.monitor import SessionMonitor, SessionView
 
 KEY = "omniray:sessions"
@@ -61,6 +66,7 @@ class BoardWriter:
     def __init__(self, monitor: SessionMonitor, redis, interval_s: float = 0.05):
         self.monitor, self.redis, self.interval_s = monitor, redis, interval_s
         self._written: set[str] = set()
+        self._failing = False
 
     async def publish(self) -> None:
         views = encode(self.monitor, time.time())
@@ -80,7 +86,13 @@ class BoardWriter:
             try:
                 await self.publish()
             except Exception as e:  # Redis away: readers see stale views and fall back to FCFS
-                log.warning("session board: publish failed: %s", e)
+                if not self._failing:  # once per outage, not every interval_s
+                    log.warning("session board: publish failed, retrying every %gs: %s", self.interval_s, e)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.warning("session board: publishing again")
+                self._failing = False
             await asyncio.sleep(self.interval_s)
 
 
@@ -88,9 +100,7 @@ class BoardReader:
     """Polls the board on a daemon thread; `views()` is the latest copy (no I/O)."""
 
     def __init__(self, redis_url: str, interval_s: float = 0.05):
-        import redis
-
-        self.client = redis.Redis.from_url(redis_url, socket_timeout=1.0)
+        self.client = sync_client(redis_url)
         self.interval_s = interval_s
         self._views: dict[str, BoardView] = {}
         threading.Thread(target=self._poll, name="omniray-session-board", daemon=True).start()
