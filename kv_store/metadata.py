@@ -3,13 +3,78 @@ session page chains, and prefix matching over chained page hashes. Every write i
 check and the change it guards happen atomically: an eviction checks, in the same script as the
 delete, that no running request has the page pinned, that no other holder has it locked, and that it
 is not the last complete copy (unless the caller says it may drop it).
+
+Redis down or stalled never stalls an engine: every call is bounded by the client's timeouts
+(`connect`), and after a call finds Redis unreachable the calls of the next `cooldown_s` fail at
+once without I/O (one timeout per cool-down, not one per call). Either way a call raises
+`MetadataUnavailable` and is counted (`omniray_kv_redis_errors_total{op}`); callers skip the lookup
+or save — a miss, recomputed, never a failed request. Session chains expire `chain_ttl_s` after
+their last save or read, so sessions that never come back leave nothing behind in Redis.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from kv_store.metrics import Metrics
+
 P = "omniray:kv"
+# Defaults of the store's Redis client; `?socket_timeout=..&socket_connect_timeout=..` in the URL wins.
+SOCKET_TIMEOUT_S = 0.5
+CONNECT_TIMEOUT_S = 0.5
+COOLDOWN_S = 1.0
+CHAIN_TTL_S = 3600.0
+# Redis down, stalled or restarting (a script's own error is not one of these: it propagates).
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+log = logging.getLogger(__name__)
+
+
+def connect(url: str) -> aioredis.Redis:
+    """The store's Redis client: bounded waits; one immediate retry, only on a dropped connection
+    (the first call after Redis restarts), never on a timeout (a stall costs one timeout)."""
+    retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+    return aioredis.Redis.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S, retry=retry
+    )
+
+
+class MetadataUnavailable(Exception):
+    """Redis could not be asked (down, stalled, or failed within the cool-down): skip and recompute."""
+
+
+class Breaker:
+    """Open for `cooldown_s` after a failure: calls then fail at once. The first call after the
+    cool-down goes to Redis again (and re-opens it if Redis is still away)."""
+
+    def __init__(self, cooldown_s: float, clock: Callable[[], float] = time.monotonic):
+        self.cooldown_s, self.clock = cooldown_s, clock
+        self._open_until: float | None = None  # None: Redis answered last time
+
+    @property
+    def closed(self) -> bool:
+        return self._open_until is None or self.clock() >= self._open_until
+
+    def failed(self) -> None:
+        if self._open_until is None:
+            log.warning(
+                "KV metadata: Redis unreachable; lookups and saves skipped (recomputed) until it answers"
+            )
+        self._open_until = self.clock() + self.cooldown_s
+
+    def succeeded(self) -> None:
+        if self._open_until is not None:
+            log.warning("KV metadata: Redis answers again")
+        self._open_until = None
+
 
 # KEYS: none. ARGV: prefix, provider, tier, size, hash1, hash2, ...
 PUBLISH = """
@@ -146,8 +211,17 @@ class Providers:
 
 
 class KvMetadata:
-    def __init__(self, redis, prefix: str = P):
-        self.redis, self.prefix = redis, prefix
+    def __init__(
+        self,
+        redis,
+        prefix: str = P,
+        metrics: Metrics | None = None,
+        cooldown_s: float = COOLDOWN_S,
+        chain_ttl_s: float = CHAIN_TTL_S,
+    ):
+        self.redis, self.prefix, self.metrics = redis, prefix, metrics
+        self.breaker = Breaker(cooldown_s)
+        self.chain_ttl_ms = int(chain_ttl_s * 1000)
         self._scripts = {
             name: redis.register_script(src)
             for name, src in {
@@ -162,18 +236,40 @@ class KvMetadata:
             }.items()
         }
 
+    @contextlib.contextmanager
+    def _redis(self, op: str) -> Iterator[None]:
+        """Around one operation's Redis calls: refused while the breaker is open, counted when
+        Redis is unreachable, either way MetadataUnavailable."""
+        if not self.breaker.closed:
+            self._unavailable(op)
+            raise MetadataUnavailable(f"{op}: Redis unreachable (cooling down)")
+        try:
+            yield
+        except UNAVAILABLE as e:
+            self.breaker.failed()
+            self._unavailable(op)
+            raise MetadataUnavailable(f"{op}: {type(e).__name__}") from e
+        self.breaker.succeeded()
+
+    def _unavailable(self, op: str) -> None:
+        if self.metrics:
+            self.metrics.redis_error(op)
+
     async def _run(self, name: str, *args) -> object:
-        result = await self._scripts[name](keys=[], args=[self.prefix, *args])
+        with self._redis(name):
+            result = await self._scripts[name](keys=[], args=[self.prefix, *args])
         return result.decode() if isinstance(result, bytes) else result
 
     async def advertise(self, provider: str, address) -> None:
         """Where peers read `provider`'s pool (a transfer.PoolAddress)."""
-        await self.redis.hset(f"{self.prefix}:addr:{provider}", mapping=address.to_redis())
+        with self._redis("advertise"):
+            await self.redis.hset(f"{self.prefix}:addr:{provider}", mapping=address.to_redis())
 
     async def address(self, provider: str):
         from kv_store.transfer import PoolAddress
 
-        raw = await self.redis.hgetall(f"{self.prefix}:addr:{provider}")
+        with self._redis("address"):
+            raw = await self.redis.hgetall(f"{self.prefix}:addr:{provider}")
         return PoolAddress.from_redis(raw) if raw else None
 
     async def publish(self, provider: str, tier: str, size: int, pages: list[str]) -> None:
@@ -189,18 +285,22 @@ class KvMetadata:
 
     async def heartbeat(self, provider: str, ttl_ms: int) -> None:
         """`provider` is alive for the next ttl_ms (a process that dies stops renewing it)."""
-        await self.redis.set(f"{self.prefix}:alive:{provider}", b"1", px=ttl_ms)
+        with self._redis("heartbeat"):
+            await self.redis.set(f"{self.prefix}:alive:{provider}", b"1", px=ttl_ms)
 
     async def alive(self, provider: str) -> bool:
-        return bool(await self.redis.exists(f"{self.prefix}:alive:{provider}"))
+        with self._redis("alive"):
+            return bool(await self.redis.exists(f"{self.prefix}:alive:{provider}"))
 
     async def declare_dead(self, provider: str) -> int:
         """A provider could not be reached: forget its liveness and every copy it held."""
-        await self.redis.delete(f"{self.prefix}:alive:{provider}")
+        with self._redis("declare_dead"):
+            await self.redis.delete(f"{self.prefix}:alive:{provider}")
         return await self.drop_provider(provider)
 
     async def providers(self, page: str) -> Providers:
-        raw = await self.redis.hgetall(f"{self.prefix}:prov:{page}")
+        with self._redis("providers"):
+            raw = await self.redis.hgetall(f"{self.prefix}:prov:{page}")
         return Providers(page, {k.decode(): v.decode() for k, v in raw.items()})
 
     async def pin(
@@ -238,8 +338,17 @@ class KvMetadata:
         return int(await self._run("drop", provider))
 
     async def append_chain(self, session: str, pages: list[str]) -> None:
+        """Pages saved for `session`, in order; its chain lives `chain_ttl_s` from now."""
         if pages:
-            await self.redis.rpush(f"{self.prefix}:chain:{session}", *pages)
+            key = f"{self.prefix}:chain:{session}"
+            with self._redis("append_chain"):
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    await pipe.rpush(key, *pages).pexpire(key, self.chain_ttl_ms).execute()
 
     async def chain(self, session: str) -> list[str]:
-        return [h.decode() for h in await self.redis.lrange(f"{self.prefix}:chain:{session}", 0, -1)]
+        """The session's pages (a read is a use: the chain lives `chain_ttl_s` from now)."""
+        key = f"{self.prefix}:chain:{session}"
+        with self._redis("chain"):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pages, _ = await pipe.lrange(key, 0, -1).pexpire(key, self.chain_ttl_ms).execute()
+        return [h.decode() for h in pages]

@@ -58,6 +58,13 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "Store operations that failed and were skipped (lookup, naming: the prompt is computed; save: a future miss).",
         ("op",),
     ),
+    "redis_error": (
+        "counter",
+        "omniray_kv_redis_errors_total",
+        "Metadata calls that found Redis down or stalled, or were refused at once while it cooled "
+        "down (kv_store/metadata.py), by operation; the caller skipped the lookup or save.",
+        ("op",),
+    ),
     "fallback": (
         "counter",
         "omniray_kv_fallback_recompute_total",
@@ -79,8 +86,12 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("urgency",),
     ),
 }
+# The metadata operations (KvMetadata's Redis calls: its Lua scripts and plain commands).
+REDIS_OPS = ("match", "publish", "append_chain", "chain", "providers", "address", "advertise", "heartbeat",
+             "alive", "declare_dead", "drop", "pin", "unpin", "lock", "unlock", "evict")  # fmt: skip
 ZERO_AT_START = {
     "error": [("lookup",), ("naming",), ("save",)],
+    "redis_error": [(op,) for op in REDIS_OPS],
     "fallback": [("load_failed",), ("load_error",)],
     "prefetch": [(o,) for o in ("hit", "done", "late", "skipped", "cancelled", "refused")],
 }
@@ -98,6 +109,7 @@ class Metrics(Protocol):
     def reload(self, kind: str, seconds: float) -> None: ...
     def request(self, kind: str, result: str, tokens: float) -> None: ...
     def error(self, op: str, n: float = 1) -> None: ...
+    def redis_error(self, op: str, n: float = 1) -> None: ...
     def fallback(self, reason: str, n: float = 1) -> None: ...
     def decision(self, policy: str, seconds: float) -> None: ...
     def ranked(self, urgency: str, n: float = 1) -> None: ...
@@ -135,6 +147,9 @@ class _Calls:
 
     def error(self, op: str, n: float = 1) -> None:
         self._record("error", (op,), n)
+
+    def redis_error(self, op: str, n: float = 1) -> None:
+        self._record("redis_error", (op,), n)
 
     def fallback(self, reason: str, n: float = 1) -> None:
         self._record("fallback", (reason,), n)

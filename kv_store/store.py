@@ -226,11 +226,15 @@ class KvStore:
         eviction order and readers wait for them."""
         out = {}
         loop = asyncio.get_running_loop()
-        for page in dict.fromkeys(pages):
-            if self.pool.slot_of(page) is None:
-                await self._make_room()
-                out[page] = self.pool.page(self.pool.reserve(page))
-                self._writing[page] = loop.create_future()
+        try:
+            for page in dict.fromkeys(pages):
+                if self.pool.slot_of(page) is None:
+                    await self._make_room()
+                    out[page] = self.pool.page(self.pool.reserve(page))
+                    self._writing[page] = loop.create_future()
+        except BaseException:  # e.g. Redis refused an eviction: readers must not wait on these
+            await self.abandon(list(out))
+            raise
         return out
 
     def _written(self, pages: list[Hashable]) -> None:

@@ -2,6 +2,10 @@
 `KvStore` (L2 pool, optional L3 disk tier, Redis metadata, eviction policy), renews its liveness in
 Redis, and progresses NIXL for peers that read its pool. vLLM's connector calls it from the engine's
 own thread with `run` (wait for the result) or `submit` (a future).
+
+Redis down or stalled costs lookups and saves (counted, recomputed; kv_store/metadata.py), never the
+agent: the heartbeat keeps trying, and re-advertises the pool's address each time, so a Redis that
+restarts empty learns again where this process's pages can be read.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from kv_store import eviction
 from kv_store.disk import DiskTier
 from kv_store.layout import PageLayout
-from kv_store.metadata import KvMetadata
+from kv_store.metadata import CHAIN_TTL_S, KvMetadata, MetadataUnavailable, connect
 from kv_store.metrics import Recorder
 from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
@@ -53,6 +57,7 @@ class AgentConfig:
     session_board: str = ""
     board_interval_s: float = 0.05
     follower: dict[str, Any] = field(default_factory=dict)  # FollowerParams
+    session_chain_ttl_s: float = CHAIN_TTL_S  # a session's page chain expires this long after last use
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> AgentConfig:
@@ -77,8 +82,6 @@ class StoreAgent:
             return cls._instances[key]
 
     def __init__(self, config: AgentConfig):
-        import redis.asyncio as aioredis
-
         self.config = config
         self.provider = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.recorder = Recorder()
@@ -89,16 +92,29 @@ class StoreAgent:
         self._thread.start()
         self._tasks: list[asyncio.Task] = []
 
-        async def connect() -> KvMetadata:
-            return KvMetadata(aioredis.Redis.from_url(config.redis_url))
+        async def metadata() -> KvMetadata:  # the client belongs to the agent's loop
+            return KvMetadata(
+                connect(config.redis_url), metrics=self.recorder, chain_ttl_s=config.session_chain_ttl_s
+            )
 
-        self.meta = self.run(connect())
+        self.meta = self.run(metadata())
 
     def run(self, coro: Coroutine, timeout: float | None = 60.0) -> Any:
         return self.submit(coro).result(timeout)
 
     def submit(self, coro: Coroutine) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def lookup(self, chain: list[str]) -> int:
+        """How many leading pages of `chain` live providers hold; 0 when the store cannot say within
+        `transfer_timeout_s` (Redis down or stalled: the prompt is computed; counted as a lookup error)."""
+        try:
+            return self.run(self.meta.match(chain, live_only=True), timeout=self.config.transfer_timeout_s)
+        except Exception as e:
+            if not isinstance(e, MetadataUnavailable):  # an outage is logged once, by the metadata
+                log.warning("KV store lookup failed (%s); computing the prompt", e)
+            self.recorder.error("lookup")
+            return 0
 
     def attach(self, layout: PageLayout) -> KvStore:
         """Create this process's pool for the engine's layout (the worker side, once)."""
@@ -158,4 +174,8 @@ class StoreAgent:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_ttl_ms / 3000)
-            await self.meta.heartbeat(self.provider, self.config.heartbeat_ttl_ms)
+            try:
+                await self.store.advertise()
+                await self.meta.heartbeat(self.provider, self.config.heartbeat_ttl_ms)
+            except MetadataUnavailable:
+                pass  # counted and logged by the metadata; the next beat tries again

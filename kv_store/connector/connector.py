@@ -47,6 +47,7 @@ from kv_store import metrics as store_metrics
 from kv_store.connector.agent import AgentConfig, StoreAgent
 from kv_store.hashing import ChainHasher, MediaSpan, elements, token_elements
 from kv_store.layout import PageLayout
+from kv_store.metadata import MetadataUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -226,14 +227,7 @@ class OmniKvConnector(KVConnectorBase_V1):
         chain = tracked.prompt_pages[first:] + ([tracked.prompt_tail] if tracked.prompt_tail else [])
         if not chain:
             return 0, False
-        try:
-            held = self.agent.run(
-                self.agent.meta.match(chain, live_only=True), timeout=self.config.transfer_timeout_s
-            )
-        except Exception as e:  # the store is down or slow: compute, never fail the request
-            log.warning("KV store lookup failed (%s); computing the prompt", e)
-            self.agent.recorder.error("lookup")
-            return 0, False
+        held = self.agent.lookup(chain)  # 0 when the store is down or slow: computed, never failed
         pages = chain[:held]
         if held == len(chain):
             tokens = request.num_prompt_tokens - num_computed_tokens
@@ -411,7 +405,8 @@ class OmniKvConnector(KVConnectorBase_V1):
 
             self.agent.run(publish())
         except Exception as e:  # a save that fails is a future miss, never a failed request
-            log.warning("saving %d KV pages failed: %s", len(pages), e)
+            if not isinstance(e, MetadataUnavailable):  # an outage is logged once, by the metadata
+                log.warning("saving %d KV pages failed: %s", len(pages), e)
             self.agent.recorder.error("save")
             if slots:
                 self.agent.run(store.abandon(list(slots)))
