@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from services.common.telemetry import LATENCY_BUCKETS_S, Gauge
+from services.common.telemetry import LATENCY_BUCKETS_S, Gauge, zero
+
+# Quota calls that need Redis (the `op` label of omniray_quota_redis_errors_total).
+REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio", "session_close")
 
 
 class QuotaMetrics:
@@ -33,6 +36,25 @@ class QuotaMetrics:
             boundaries=LATENCY_BUCKETS_S,
             tag_keys=("slo_class",),
         )
+        self._redis_errors = metrics.Counter(
+            "omniray_quota_redis_errors_total",
+            description="Quota calls that found Redis down or stalled (answered 503, or admitted "
+            "unmetered for fail_open tenants; a release's refund is lost).",
+            tag_keys=("op",),
+        )
+        self._unmetered = metrics.Counter(
+            "omniray_quota_unmetered_total",
+            description="Requests and realtime session calls admitted without a debit because Redis "
+            "was unreachable (tenants with fail_open).",
+            tag_keys=("tenant", "slo_class"),
+        )
+        self._reload_errors = metrics.Counter(
+            "omniray_quota_tenants_reload_errors_total",
+            description="Tenants-file versions that could not be loaded (the last good one stays).",
+        )
+        for op in REDIS_OPS:
+            zero(self._redis_errors, op=op)
+        zero(self._reload_errors)
 
     def rejected(self, tenant: str, modality: str, reason: str, slo_class: str = "none") -> None:
         self._rejections.inc(
@@ -47,3 +69,12 @@ class QuotaMetrics:
 
     def queue_depth(self, tenant: str, depth: int) -> None:
         self._queue.set(depth, tags={"tenant": tenant})
+
+    def redis_error(self, op: str) -> None:
+        self._redis_errors.inc(tags={"op": op})
+
+    def unmetered(self, tenant: str, slo_class: str) -> None:
+        self._unmetered.inc(tags={"tenant": tenant, "slo_class": slo_class})
+
+    def tenants_reload_failed(self) -> None:
+        self._reload_errors.inc()

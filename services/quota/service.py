@@ -4,18 +4,36 @@ their per-modality budgets allow the request now.
 Over budget, `realtime`/`interactive` requests get a 429 at once; `batch`/`bulk` requests wait in a
 bounded per-tenant queue (per gateway replica) until their buckets refill, then a 429 when the
 queue is full or the wait too long. Every answer carries `x-ratelimit-*` headers.
+
+Redis down or stalled (every call is bounded by the client's timeouts, services/common/redis_config):
+a 503 `quota_unavailable` with `Retry-After` — or, for a tenant with `fail_open`, admission without
+a debit (counted). Ending a lease never fails a response: a refund that cannot be written is lost
+and the lease expires by itself.
+
+Realtime sessions have caps of their own per tenant (`TenantSpec.realtime`): sessions open at once
+(a lease per session, renewed with each audio debit) and committed audio seconds per minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 
 from services.common.errors import OmniError
+from services.common.redis_config import UNAVAILABLE
 from services.quota.buckets import AdmitResult, Buckets
 from services.quota.tenants import MODALITIES, SloClass, Tenants, TenantSpec
+
+log = logging.getLogger(__name__)
+# A realtime session holds its slot this long after its last audio debit (or its start): a session
+# whose gateway died frees its slot by then.
+SESSION_LEASE_S = 900.0
+# The bucket of committed realtime audio (its x-ratelimit-* headers say realtime-audio-seconds).
+REALTIME_AUDIO = "realtime_audio_seconds"
+LOG_EVERY_S = 10.0  # an outage fails every request: one warning per this many seconds, all counted
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,7 @@ class Lease:
     headers: dict[str, str] = field(default_factory=dict)
     levels: dict[str, float] = field(default_factory=dict)  # remaining / limit per budget
     queued_s: float = 0.0
+    metered: bool = True  # False: admitted without a debit while Redis was unreachable (fail_open)
 
 
 def _fmt_s(seconds: float) -> str:
@@ -57,13 +76,42 @@ def ratelimit_headers(result: AdmitResult) -> dict[str, str]:
     return headers
 
 
+def unavailable() -> OmniError:
+    return OmniError(
+        503,
+        "the quota service cannot reach its store; retry shortly",
+        code="quota_unavailable",
+        headers={"retry-after": "1"},
+    )
+
+
 class QuotaService:
     def __init__(self, tenants: Tenants, buckets: Buckets, metrics=None):
         self.tenants, self.buckets, self.metrics = tenants, buckets, metrics
+        # Realtime session slots and audio: the same Redis, keys of their own.
+        self.realtime = Buckets(buckets.redis, prefix=f"{buckets.prefix}-rt")
         self._queued: dict[str, int] = {}
+        self._logged_at = -math.inf
+
+    def _redis_failed(self, op: str, error: Exception) -> None:
+        if self.metrics:
+            self.metrics.redis_error(op)
+        if time.monotonic() - self._logged_at >= LOG_EVERY_S:
+            self._logged_at = time.monotonic()
+            log.warning(
+                "quota %s: Redis unreachable (%s); answering 503 (fail_open tenants: unmetered)",
+                op,
+                type(error).__name__,
+            )
 
     async def authenticate(self, api_key: str | None) -> TenantSpec:
-        tenant = await self.tenants.resolve(api_key)
+        try:
+            tenant = await self.tenants.resolve(api_key)
+        except UNAVAILABLE as e:  # a key not in the tenants file, and Redis cannot say whose it is
+            self._redis_failed("authenticate", e)
+            if self.metrics:
+                self.metrics.rejected("unknown", "none", "quota_unavailable")
+            raise unavailable() from None
         if tenant is None:
             what = "missing API key" if not api_key else "unknown API key"
             if self.metrics:
@@ -87,7 +135,11 @@ class QuotaService:
         queued = False
         try:
             while True:
-                result = await self.buckets.admit(tenant.id, request_id, costs, tenant.max_concurrent)
+                try:
+                    result = await self.buckets.admit(tenant.id, request_id, costs, tenant.max_concurrent)
+                except UNAVAILABLE as e:
+                    self._redis_failed("admit", e)
+                    return self._unmetered(tenant, request_id, cost, slo_class, start)
                 if result.ok:
                     lease = Lease(
                         tenant,
@@ -132,6 +184,17 @@ class QuotaService:
                 if self.metrics:
                     self.metrics.queue_depth(tenant.id, self._queued[tenant.id])
 
+    def _unmetered(
+        self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass, start: float
+    ) -> Lease:
+        """Redis is unreachable: a 503, or for a fail_open tenant a lease that debited nothing."""
+        if not tenant.fail_open:
+            self._reject(tenant, "none", "quota_unavailable", slo_class)
+            raise unavailable()
+        if self.metrics:
+            self.metrics.unmetered(tenant.id, slo_class)
+        return Lease(tenant, request_id, slo_class, cost, queued_s=time.monotonic() - start, metered=False)
+
     def _over_budget(self, tenant: TenantSpec, result: AdmitResult, slo_class: str, reason: str) -> OmniError:
         if result.reason == "concurrency":
             modality, reason = "none", "concurrency"
@@ -153,7 +216,10 @@ class QuotaService:
             self.metrics.rejected(tenant.id, modality, reason, slo_class)
 
     async def release(self, lease: Lease, used: Cost | None = None) -> None:
-        """End the lease; refund what was reserved but not used (e.g. max_tokens not generated)."""
+        """End the lease; refund what was reserved but not used (e.g. max_tokens not generated).
+        Never raises for Redis: the response it ends has been served."""
+        if not lease.metered:
+            return
         limits = lease.tenant.per_minute
         refunds = {}
         for m, reserved in lease.cost.items():
@@ -161,4 +227,77 @@ class QuotaService:
             if limit is not None:
                 capacity = limit * lease.tenant.burst_s / 60
                 refunds[m] = (capacity, max(0.0, reserved - getattr(used, m)) if used else 0.0)
-        await self.buckets.release(lease.tenant.id, lease.request_id, refunds)
+        try:
+            await self.buckets.release(lease.tenant.id, lease.request_id, refunds)
+        except UNAVAILABLE as e:  # the refund is lost; the concurrency lease expires by itself
+            self._redis_failed("release", e)
+
+    # ---- realtime sessions ----------------------------------------------------------------------
+
+    async def open_session(self, tenant: TenantSpec, session_id: str) -> None:
+        """Take one of the tenant's realtime session slots; 429 `session_limit_reached` when all
+        are taken. Tenants without a session cap never touch Redis here."""
+        if tenant.realtime.max_sessions is None:
+            return
+        result = await self._realtime(tenant, session_id, {}, "session_open")
+        if result is not None and not result.ok:
+            raise self._sessions_full(tenant)
+
+    async def spend_session_audio(self, tenant: TenantSpec, session_id: str, seconds: float) -> None:
+        """Debit committed user audio from the tenant's realtime audio budget (and renew the
+        session's slot); 429 when the budget is spent."""
+        limit = tenant.realtime.audio_seconds_per_minute
+        if limit is None and tenant.realtime.max_sessions is None:
+            return
+        costs = {REALTIME_AUDIO: (limit, limit, seconds)} if limit is not None else {}
+        result = await self._realtime(tenant, session_id, costs, "session_audio")
+        if result is None or result.ok:
+            return
+        if result.reason == "concurrency":  # its slot lapsed (no audio for SESSION_LEASE_S) and is taken
+            raise self._sessions_full(tenant)
+        if result.retry_after_s is None:
+            self._reject(tenant, REALTIME_AUDIO, "exceeds_limit", "realtime")
+            raise OmniError(
+                429,
+                f"this turn has {seconds:.1f} s of audio, more than tenant {tenant.id!r} may use in a "
+                f"minute of realtime audio ({limit:g} s)",
+                code="request_exceeds_quota",
+                headers=ratelimit_headers(result),
+            )
+        raise self._over_budget(tenant, result, "realtime", "over_budget")
+
+    def _sessions_full(self, tenant: TenantSpec) -> OmniError:
+        self._reject(tenant, "none", "sessions", "realtime")
+        return OmniError(
+            429,
+            f"tenant {tenant.id!r} has {tenant.realtime.max_sessions} realtime sessions open, its limit",
+            code="session_limit_reached",
+            headers={"retry-after": "1"},
+        )
+
+    async def close_session(self, tenant: TenantSpec, session_id: str) -> None:
+        """Give the session's slot back; never raises for Redis (the slot then expires by itself)."""
+        if tenant.realtime.max_sessions is None:
+            return
+        try:
+            await self.realtime.release(tenant.id, session_id, {})
+        except UNAVAILABLE as e:
+            self._redis_failed("session_close", e)
+
+    async def _realtime(
+        self, tenant: TenantSpec, session_id: str, costs: dict, op: str
+    ) -> AdmitResult | None:
+        """One atomic check-and-debit of a session's slot and audio; None when Redis is unreachable
+        and the tenant fails open (503 when it does not)."""
+        try:
+            return await self.realtime.admit(
+                tenant.id, session_id, costs, tenant.realtime.max_sessions, lease_s=SESSION_LEASE_S
+            )
+        except UNAVAILABLE as e:
+            self._redis_failed(op, e)
+            if not tenant.fail_open:
+                self._reject(tenant, "none", "quota_unavailable", "realtime")
+                raise unavailable() from None
+            if self.metrics:
+                self.metrics.unmetered(tenant.id, "realtime")
+            return None

@@ -1,6 +1,7 @@
 """Where realtime sessions are opened and closed, for every transport (WebSocket, gRPC): the key is
-checked, the model named, the AIMD admission asked; the session monitor and the metrics are shared
-by all sessions of this gateway replica."""
+checked, the model named, the tenant's session cap (quota service, across gateways) and the AIMD
+admission (this replica's capacity) asked; the session monitor and the metrics are shared by all
+sessions of this gateway replica."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from services.common.errors import OmniError
-from services.common.redis_config import redis_url
+from services.common.redis_config import async_client
 from services.realtime import events as ev
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
@@ -47,10 +48,9 @@ class RealtimeHub:
     def _publish_board(self) -> None:
         """Start publishing the monitor to the session board (engines' scheduler) on first use."""
         if self._board is None:
-            import redis.asyncio as aioredis
-
-            client = aioredis.Redis.from_url(redis_url())
-            writer = BoardWriter(self.monitor, client, self.profile.realtime.scheduler.board_interval_s)
+            writer = BoardWriter(
+                self.monitor, async_client(), self.profile.realtime.scheduler.board_interval_s
+            )
             self._board = asyncio.create_task(writer.run())
 
     async def open(
@@ -59,6 +59,8 @@ class RealtimeHub:
         try:
             tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
+            if e.status != 401:  # the key could not be checked now (quota store unreachable)
+                raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "limit") from None
             raise Refused(
                 ev.error_event(e.message, e.code or "invalid_api_key", kind="authentication_error"),
                 "unauthenticated",
@@ -67,8 +69,15 @@ class RealtimeHub:
             raise Refused(
                 ev.error_event(f"model {model!r} is not served here", "model_not_found"), "not_found"
             )
+        session_id = ev.new_id("sess")
+        try:
+            await self.quota.open_session(tenant, session_id)
+        except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
+            kind = "rate_limit_error" if e.status == 429 else "server_error"
+            raise Refused(ev.error_event(e.message, e.code, kind=kind), "limit") from None
         if not self.admission.try_admit():
             self.stats.rejected.inc()
+            await self.quota.close_session(tenant, session_id)
             raise Refused(
                 ev.error_event(
                     f"this server is at its realtime session limit ({int(self.admission.limit)}); try again later",
@@ -81,21 +90,21 @@ class RealtimeHub:
         self.stats.admission_limit.set(self.admission.limit)
         self._publish_board()
         session = RealtimeSession(
-            self.pipeline,
-            self.profile,
-            tenant,
-            ev.new_id("sess"),
-            send,
-            self.monitor,
-            self.admission,
-            self.stats,
+            self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats
         )
-        await session.start()
+        try:
+            await session.start()
+        except BaseException:  # e.g. the client left before session.created: its slots go back
+            await self.close(session)
+            raise
         self.stats.sessions.set(len(self.monitor))
         return session
 
     async def close(self, session: RealtimeSession) -> None:
-        await session.close()
-        self.admission.release()
+        try:
+            await session.close()
+        finally:
+            self.admission.release()
+            await self.quota.close_session(session.tenant, session.id)
         self.stats.sessions.set(len(self.monitor))
         self.stats.admission_limit.set(self.admission.limit)
