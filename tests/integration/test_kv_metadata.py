@@ -1,5 +1,5 @@
-"""KV page metadata on a real Redis: publish/match/pin/evict are atomic, and eviction races never
-lose a page that is in use or the last copy of a page."""
+"""KV page metadata on a real Redis: publish/match/pin/evict are atomic, eviction races never
+lose a page that is in use or the last copy of a page, and session chains expire unless used."""
 
 from __future__ import annotations
 
@@ -21,6 +21,23 @@ async def test_prefix_match_and_session_chain(meta):
     await meta.append_chain("tenant/s1", ["h2"])
     assert await meta.chain("tenant/s1") == ["h0", "h1", "h2"]
     assert (await meta.providers("h1")).holders == {"proc-a": "L2"}
+
+
+async def test_session_chain_expires_after_its_last_save_or_read(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    meta = KvMetadata(client, prefix=f"t{uuid.uuid4().hex}", chain_ttl_s=1.0)
+    key = f"{meta.prefix}:chain:tenant/s1"
+    await meta.append_chain("tenant/s1", ["h0"])
+    assert 0 < await client.pttl(key) <= 1000
+    await asyncio.sleep(0.6)
+    assert await meta.chain("tenant/s1") == ["h0"]  # a read is a use: the TTL starts again
+    assert await client.pttl(key) > 700
+    await asyncio.sleep(0.6)
+    await meta.append_chain("tenant/s1", ["h1"])
+    assert await client.pttl(key) > 700
+    await asyncio.sleep(1.1)
+    assert await meta.chain("tenant/s1") == [] and not await client.exists(key)
+    await client.aclose()
 
 
 async def test_live_matching_counts_only_providers_with_a_heartbeat(meta):

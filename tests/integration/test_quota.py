@@ -1,5 +1,5 @@
 """The quota service against a real Redis: atomic Lua buckets, leases, 429s with headers, the batch
-queue, API keys (file, hot reload, Redis)."""
+queue, API keys (file, hot reload, Redis), per-tenant realtime session and audio caps."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from services.common.errors import OmniError
 from services.quota.buckets import Buckets
 from services.quota.service import Cost, QuotaService
-from services.quota.tenants import Limits, Tenants, TenantSpec, key_digest, put_tenant
+from services.quota.tenants import Limits, RealtimeLimits, Tenants, TenantSpec, key_digest, put_tenant
 
 
 @pytest.fixture
@@ -151,3 +151,54 @@ async def test_burst_is_bounded_by_burst_seconds(redis):
     with pytest.raises(OmniError) as e:
         await quota.admit(tenant, "c", Cost(image_tiles=51), "batch")
     assert e.value.code == "request_exceeds_quota" and "5s" in e.value.message
+
+
+def _service(redis) -> QuotaService:
+    """One gateway replica's quota service (keys under a prefix of this test's own)."""
+    return QuotaService(Tenants(None), Buckets(redis, prefix=f"rt{uuid.uuid4().hex}"))
+
+
+async def test_realtime_session_cap_is_shared_by_gateways_and_freed_on_close(redis):
+    tenant = _tenant(realtime=RealtimeLimits(max_sessions=2))
+    a = _service(redis)
+    b = QuotaService(Tenants(None), Buckets(redis, prefix=a.buckets.prefix))  # another gateway
+    await a.open_session(tenant, "s1")
+    await b.open_session(tenant, "s2")
+    with pytest.raises(OmniError) as e:
+        await a.open_session(tenant, "s3")
+    assert e.value.status == 429 and e.value.code == "session_limit_reached"
+    assert e.value.headers["retry-after"] == "1"
+    await b.close_session(tenant, "s2")
+    await a.open_session(tenant, "s3")
+    # Another tenant's sessions are not counted against this one.
+    await a.open_session(_tenant(realtime=RealtimeLimits(max_sessions=1)), "s1")
+
+
+async def test_tenant_without_realtime_caps_never_touches_redis_for_sessions(redis):
+    service = _service(redis)
+    tenant = _tenant()
+    await service.open_session(tenant, "s1")
+    await service.spend_session_audio(tenant, "s1", 30.0)
+    await service.close_session(tenant, "s1")
+    assert await redis.keys(f"{service.realtime.prefix}:*") == []
+
+
+async def test_realtime_audio_budget_per_minute(redis):
+    tenant = _tenant(
+        per_minute=Limits(audio_seconds=600), realtime=RealtimeLimits(audio_seconds_per_minute=60)
+    )
+    service = _service(redis)
+    await service.spend_session_audio(tenant, "s1", 50.0)
+    await service.spend_session_audio(tenant, "s2", 8.0)  # all sessions of the tenant share it
+    with pytest.raises(OmniError) as e:
+        await service.spend_session_audio(tenant, "s1", 5.0)
+    err = e.value
+    assert err.status == 429 and err.code == "rate_limit_exceeded" and "realtime audio seconds" in err.message
+    assert err.headers["x-ratelimit-limit-realtime-audio-seconds"] == "60"
+    assert 1 <= int(err.headers["retry-after"]) <= 4
+    with pytest.raises(OmniError) as e:  # more than a minute of it: waiting would not help
+        await service.spend_session_audio(tenant, "s1", 61.0)
+    assert e.value.code == "request_exceeds_quota" and "retry-after" not in e.value.headers
+    # The realtime budget is its own: a request's audio_seconds bucket is untouched by it.
+    lease = await service.admit(tenant, "r1", Cost(audio_seconds=10), "interactive")
+    assert lease.headers["x-ratelimit-remaining-audio-seconds"] == "90"  # 600/min, 10 s burst: 100
