@@ -15,7 +15,7 @@ from services.models.profile import STAGES, load_profile
 
 APP_NAME = "omniray"
 REPLICA_GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-GRPC_SERVICER = "omni.v1.omni_pb2_grpc.add_OmniServicer_to_server"
+GRPC_SERVICER = "services.gateway.grpc_wire.add_omni_servicer_to_server"
 DEPLOYMENT_NAMES = {
     "gateway": "Gateway",
     "encoder": "Encoder",

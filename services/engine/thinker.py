@@ -158,9 +158,11 @@ class ThinkerEngine:
                 raise RuntimeError(f"no embedding table in {self.model_path}")
         return self._embed_table
 
-    def engine_prompt(self, prompt: stages_pb2.Prompt) -> tuple[dict, int, list | None]:
+    def engine_prompt(self, prompt: stages_pb2.Prompt, salt: str = "") -> tuple[dict, int, list | None]:
         """The vLLM prompt, its length in tokens, and its segments as the KV store names them (None
-        for a plain token prompt, which the store hashes itself)."""
+        for a plain token prompt, which the store hashes itself). `salt` (the tenant) goes to vLLM's
+        prefix cache as its `cache_salt`: one tenant's `cached_tokens` and timings reveal nothing
+        about another's prompts."""
         spans: list[tuple[str, np.ndarray]] = []
         segments: list = []
         for seg in prompt.segments:
@@ -180,15 +182,17 @@ class ThinkerEngine:
                 digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
                 segments.append({"media": digest, "encoder": found, "tokens": len(features)})
         n_tokens = sum(len(x) for _, x in spans)
+        salted = {"cache_salt": salt} if salt else {}
         if all(kind == "ids" for kind, _ in spans):
-            return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids]}, n_tokens, None
+            return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids], **salted}, n_tokens, None
         table = self._embeddings()
         parts = [
             table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32))
             for kind, x in spans
         ]
         # Same dtype every time: vLLM's prefix cache hashes the raw embedding bytes.
-        return {"prompt_embeds": torch.cat(parts).to(torch.float32).contiguous()}, n_tokens, segments
+        embeds = torch.cat(parts).to(torch.float32).contiguous()
+        return {"prompt_embeds": embeds, **salted}, n_tokens, segments
 
     @staticmethod
     def kv_params(segments: list | None, ctx: common_pb2.RequestContext, kind: str, **extra) -> dict:
@@ -225,6 +229,8 @@ class ThinkerEngine:
             top_p=sampling.top_p if sampling.top_p > 0 else 1.0,
             seed=sampling.seed or None,
             stop=list(sampling.stop) or None,
+            presence_penalty=sampling.presence_penalty,
+            frequency_penalty=sampling.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
             extra_args=extra or None,
         )
@@ -240,7 +246,7 @@ class ThinkerEngine:
     ) -> tuple[int, str]:
         """Compute the prompt KV and save it in the store; returns (prompt tokens, kv_transfer_params
         JSON for decode)."""
-        engine_prompt, n_tokens, segments = self.engine_prompt(prompt)
+        engine_prompt, n_tokens, segments = self.engine_prompt(prompt, ctx.tenant)
         kind = "session" if ctx.session_id else "prefix"
         kv = self.kv_params(segments, ctx, kind, do_remote_decode=True)
         params = self.sampling_params(sampling, kv_transfer_params=kv, max_tokens=1)
@@ -256,7 +262,7 @@ class ThinkerEngine:
         kv_transfer_params: str,
         ctx: common_pb2.RequestContext = _NO_CONTEXT,
     ) -> AsyncIterator[DecodeDelta]:
-        engine_prompt, n_tokens, segments = self.engine_prompt(prompt)
+        engine_prompt, n_tokens, segments = self.engine_prompt(prompt, ctx.tenant)
         handed = json.loads(kv_transfer_params) if kv_transfer_params else {}
         kind = handed.get("omniray", {}).get("kind") or ("session" if ctx.session_id else "prefix")
         kv = self.kv_params(segments, ctx, kind) if self.kv_enabled else None

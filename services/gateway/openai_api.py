@@ -5,19 +5,31 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from omni.v1 import common_pb2, omni_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request
 from services.gateway import media
+from services.gateway.pipeline import MAX_STOP, MAX_STOP_CHARS
 from services.models.profile import LimitsSpec
+
+INT32_MAX = 2**31 - 1
+INT64 = 2**63
+MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
+IMAGE_DETAILS = ("auto", "low", "high")
 
 
 class _Loose(BaseModel):
     # Unknown OpenAI parameters are accepted and ignored, as vLLM does.
     model_config = ConfigDict(extra="allow")
+
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 class ChatMessage(_Loose):
@@ -26,7 +38,7 @@ class ChatMessage(_Loose):
 
 
 class AudioParam(_Loose):
-    voice: str = "default"
+    voice: Name = "default"
     format: Literal["wav", "pcm16"] = "pcm16"
 
 
@@ -35,28 +47,44 @@ class StreamOptions(_Loose):
 
 
 class ChatCompletionRequest(_Loose):
-    model: str
+    """OpenAI's parameters with OpenAI's bounds; integers within the protobuf field they go to."""
+
+    model: Name
     messages: list[ChatMessage] = Field(min_length=1)
-    modalities: list[str] | None = None
+    modalities: list[Name] | None = Field(default=None, max_length=2)  # which: checked by the pipeline
     audio: AudioParam | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
+    stop: StopSequence | list[StopSequence] | None = Field(default=None)
+    n: int = Field(default=1, ge=1, le=1)
+    # Log probabilities are not returned; bounds as OpenAI's so a valid request is not refused.
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     # "flex" -> batch SLO class, "priority" -> the tenant's highest (services/router/plan.py).
-    service_tier: str | None = None
+    service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
 
-    @field_validator("n")
+    @field_validator("stop")
     @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences")
+        return stop
+
+
+def parse_body(raw: bytes) -> Any:
+    """The request body as JSON, within untrusted_json's limits."""
+    try:
+        return untrusted_json.loads(raw)
+    except untrusted_json.JsonLimitError as e:
+        raise bad_request(f"request body: {e.message}", code=e.code) from None
 
 
 def parse_request(body: Any, limits: LimitsSpec) -> tuple[ChatCompletionRequest, omni_pb2.ChatRequest]:
@@ -78,6 +106,8 @@ def parse_request(body: Any, limits: LimitsSpec) -> tuple[ChatCompletionRequest,
             top_p=req.top_p,
             seed=req.seed or 0,
             stop=[req.stop] if isinstance(req.stop, str) else (req.stop or []),
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
         ),
     )
     if req.audio is not None:
@@ -101,18 +131,29 @@ def _add_part(msg: omni_pb2.Message, part: dict, param: str, limits: LimitsSpec)
         url = image.get("url") if isinstance(image, dict) else image
         if not isinstance(url, str):
             raise bad_request("image_url part needs image_url.url", param=param)
-        data = media.data_url_bytes(url, param=param, limit=limits.max_image_bytes)
         detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
+        if detail not in IMAGE_DETAILS:
+            raise bad_request(
+                f"image_url.detail must be one of {IMAGE_DETAILS}", param=f"{param}.image_url.detail"
+            )
+        data = media.data_url_bytes(url, param=param, limit=limits.max_image_bytes)
         msg.content.add(image=omni_pb2.ImagePart(data=data, detail=detail))
     elif kind == "input_audio":
         audio = part.get("input_audio")
         if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
             raise bad_request("input_audio part needs input_audio.data (base64)", param=param)
+        fmt = audio.get("format", "wav")
+        if fmt not in media.AUDIO_FORMATS:
+            raise bad_request(
+                f"input_audio.format must be one of {media.AUDIO_FORMATS}",
+                code="invalid_audio_format",
+                param=f"{param}.input_audio.format",
+            )
         data = media.b64decode(audio["data"], param=param)
-        msg.content.add(audio=omni_pb2.AudioPart(data=data, format=audio.get("format", "wav")))
+        msg.content.add(audio=omni_pb2.AudioPart(data=data, format=fmt))
     else:
         raise bad_request(
-            f"unsupported content part type {kind!r}; supported: text, image_url, input_audio",
+            "unsupported content part type; supported: text, image_url, input_audio",
             code="unsupported_content_type",
             param=param,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from omni.v1 import common_pb2, omni_pb2, stages_pb2
 from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry, tensors
-from services.common.errors import OmniError, bad_request
+from services.common.errors import OmniError, bad_request, too_large
 from services.common.streams import next_batch
 from services.common.vocoder_window import VocodeCall, VocoderWindow
 from services.gateway import media
@@ -59,6 +60,29 @@ def _merge_text(batch: list[Event | None]) -> list[Event | None]:
         else:
             merged.append(ev)
     return merged
+
+
+# name: (low, high) — OpenAI's ranges. top_p 0 means "not set" in the protobuf (1.0 then).
+SAMPLING_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+MAX_STOP, MAX_STOP_CHARS = 4, 256
+
+
+def _check_sampling(sampling: common_pb2.SamplingParams) -> None:
+    """The sampling fields every API sends (gRPC's only check; REST's pydantic model has the same bounds)."""
+    for name, (low, high) in SAMPLING_RANGES.items():
+        value = getattr(sampling, name)
+        if not (math.isfinite(value) and low <= value <= high):
+            raise bad_request(f"{name} must be a number in [{low:g}, {high:g}]", param=name)
+    if len(sampling.stop) > MAX_STOP or not all(0 < len(s) <= MAX_STOP_CHARS for s in sampling.stop):
+        raise bad_request(
+            f"stop takes at most {MAX_STOP} non-empty sequences of at most {MAX_STOP_CHARS} characters",
+            param="stop",
+        )
 
 
 def prompt_tokens(prompt: stages_pb2.Prompt) -> int:
@@ -133,7 +157,7 @@ class Pipeline:
         if req.model != self.profile.served_model_name:
             raise OmniError(
                 400,
-                f"model {req.model!r} does not exist; this server serves {self.profile.served_model_name!r}",
+                f"model {req.model[:64]!r} does not exist; this server serves {self.profile.served_model_name!r}",
                 code="model_not_found",
                 param="model",
             )
@@ -144,6 +168,8 @@ class Pipeline:
         for i, m in enumerate(req.messages):
             if m.role not in ("system", "developer", "user", "assistant"):
                 raise bad_request(f"unknown role {m.role!r}", param=f"messages.{i}.role")
+        if len(req.modalities) > len(SUPPORTED_MODALITIES):
+            raise bad_request("modalities lists each modality once", param="modalities")
         if len(req.session_id) > 128:
             raise bad_request("session id must be at most 128 characters", param="x-omniray-session-id")
         modalities = set(req.modalities or ["text"])
@@ -161,79 +187,110 @@ class Pipeline:
             )
         voice = req.audio.voice or pipe.default_voice
         if voice not in pipe.voices:
-            raise bad_request(f"unknown voice {voice!r}; available: {pipe.voices}", param="audio.voice")
+            raise bad_request(f"unknown voice {voice[:64]!r}; available: {pipe.voices}", param="audio.voice")
         audio_format = req.audio.format or "pcm16"
-        if audio_format not in ("wav", "pcm16"):
-            raise bad_request(f"unsupported audio format {audio_format!r}", param="audio.format")
+        if audio_format not in media.AUDIO_FORMATS:
+            raise bad_request(f"audio.format must be one of {media.AUDIO_FORMATS}", param="audio.format")
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(req.sampling)
-        if sampling.max_tokens <= 0:
+        if sampling.max_tokens < 0:
+            raise bad_request("max_tokens must be positive", param="max_tokens")
+        if sampling.max_tokens == 0:
             sampling.max_tokens = pipe.default_max_tokens
         if sampling.max_tokens > limits.max_tokens_cap:
             raise bad_request(f"max_tokens must be at most {limits.max_tokens_cap}", param="max_tokens")
         if not req.HasField("sampling"):
             sampling.temperature, sampling.top_p = 1.0, 1.0
+        _check_sampling(sampling)
         return sampling, voice, audio_format
 
-    def _media_items(self, req: omni_pb2.ChatRequest) -> list[stages_pb2.MediaItem]:
+    def _inspect_media(self, req: omni_pb2.ChatRequest) -> list[stages_pb2.MediaItem]:
+        """The request's media items from their headers alone (count, tiles, audio seconds, decoded
+        size): what the plan and the quota need, before anything is decoded. `data` is filled by
+        _load_media once the quota admitted the request."""
         limits, vision = self.profile.limits, self.profile.tiling
-        items = []
-        for i, m in enumerate(req.messages):
-            for j, part in enumerate(m.content):
-                param = f"messages.{i}.content.{j}"
-                kind = part.WhichOneof("part")
-                if (
-                    kind in ("image", "audio")
-                    and getattr(self.profile.models, "vision" if kind == "image" else "audio") is None
-                ):
-                    raise bad_request(
-                        f"profile {self.profile.name!r} does not accept {kind} input",
-                        code="unsupported_modality",
-                        param=param,
-                    )
-                if kind == "image":
-                    data = part.image.data or media.data_url_bytes(
-                        part.image.url, param=param, limit=limits.max_image_bytes
-                    )
-                    width, height = media.validate_image(data, limits, param=param)
-                    detail = part.image.detail or "auto"
-                    try:
-                        grid = tile_grid(width, height, detail, vision.tile_px, vision.max_tiles)
-                    except ValueError as e:
-                        raise bad_request(str(e), param=f"{param}.image_url.detail") from None
-                    items.append(
-                        stages_pb2.MediaItem(
-                            modality="image",
-                            data=tensors.describe_bytes(data),
-                            detail=detail,
-                            tiles=stages_pb2.TileGrid(
-                                cols=grid.cols,
-                                rows=grid.rows,
-                                tile_px=grid.tile_px,
-                                policy_version=TILE_POLICY_VERSION,
-                            ),
-                        )
-                    )
-                elif kind == "audio":
-                    wave = media.decode_audio(
-                        part.audio.data, part.audio.format or "wav", limits, param=param
-                    )
-                    items.append(
-                        stages_pb2.MediaItem(
-                            modality="audio",
-                            data=tensors.describe_bytes(wave.tobytes()),
-                            audio_seconds=len(wave) / media.AUDIO_SAMPLE_RATE,
-                        )
-                    )
-                elif kind is None:
-                    raise bad_request("empty content part", param=param)
-        if len(items) > limits.max_media_items:
+        parts = [
+            (f"messages.{i}.content.{j}", part)
+            for i, m in enumerate(req.messages)
+            for j, part in enumerate(m.content)
+        ]
+        media_parts = [
+            (param, part) for param, part in parts if part.WhichOneof("part") in ("image", "audio")
+        ]
+        if len(media_parts) > limits.max_media_items:
             raise bad_request(
                 f"at most {limits.max_media_items} images and audio clips per request",
                 code="too_many_media_items",
                 param="messages",
             )
+        if any(part.WhichOneof("part") is None for _, part in parts):
+            raise bad_request(
+                "empty content part", param=next(p for p, part in parts if not part.WhichOneof("part"))
+            )
+        items, decoded = [], 0
+        for param, part in media_parts:
+            kind = part.WhichOneof("part")
+            if getattr(self.profile.models, "vision" if kind == "image" else "audio") is None:
+                raise bad_request(
+                    f"profile {self.profile.name!r} does not accept {kind} input",
+                    code="unsupported_modality",
+                    param=param,
+                )
+            if kind == "image":
+                data = part.image.data or media.data_url_bytes(
+                    part.image.url, param=param, limit=limits.max_image_bytes
+                )
+                header = media.inspect_image(data, limits, param=param)
+                detail = part.image.detail or "auto"
+                try:
+                    grid = tile_grid(header.width, header.height, detail, vision.tile_px, vision.max_tiles)
+                except ValueError:
+                    raise bad_request(
+                        "detail must be auto, low or high", param=f"{param}.image_url.detail"
+                    ) from None
+                item = stages_pb2.MediaItem(
+                    modality="image",
+                    detail=detail,
+                    tiles=stages_pb2.TileGrid(
+                        cols=grid.cols,
+                        rows=grid.rows,
+                        tile_px=grid.tile_px,
+                        policy_version=TILE_POLICY_VERSION,
+                    ),
+                )
+            else:
+                header = media.inspect_audio(part.audio.data, part.audio.format or "wav", limits, param=param)
+                item = stages_pb2.MediaItem(modality="audio", audio_seconds=header.seconds)
+            decoded += header.decoded_bytes
+            if decoded > limits.max_media_decoded_bytes:
+                raise too_large(
+                    f"the request's media decode to more than {limits.max_media_decoded_bytes} bytes",
+                    code="media_too_large",
+                    param="messages",
+                )
+            items.append(item)
         return items
+
+    def _load_media(self, req: omni_pb2.ChatRequest, items: list[stages_pb2.MediaItem]) -> None:
+        """Decode the inspected items and hand their bytes to the data plane."""
+        media_parts = [
+            (f"messages.{i}.content.{j}", part)
+            for i, m in enumerate(req.messages)
+            for j, part in enumerate(m.content)
+            if part.WhichOneof("part") in ("image", "audio")
+        ]
+        for item, (param, part) in zip(items, media_parts, strict=True):
+            if item.modality == "image":
+                data = part.image.data or media.data_url_bytes(
+                    part.image.url, param=param, limit=self.profile.limits.max_image_bytes
+                )
+                media.check_image_decodes(data, param=param)
+                item.data.CopyFrom(tensors.describe_bytes(data))
+            else:
+                wave = media.decode_audio(
+                    part.audio.data, part.audio.format or "wav", self.profile.limits, param=param
+                )
+                item.data.CopyFrom(tensors.describe_bytes(wave.tobytes()))
 
     async def _encode(
         self, ctx: common_pb2.RequestContext, items: list[stages_pb2.MediaItem], progress=None
@@ -298,7 +355,7 @@ class Pipeline:
         )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
-            items = await asyncio.to_thread(self._media_items, req)
+            items = await asyncio.to_thread(self._inspect_media, req)
             with telemetry.tracer("router").start_as_current_span("router.plan"):
                 stage_plan = plan(req, items)
             span.set_attribute("omniray.request_class", stage_plan.request_class)
@@ -309,12 +366,15 @@ class Pipeline:
                 lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
                 qspan.set_attribute("omniray.queued_s", lease.queued_s)
             p = Prepared(req, ctx, stage_plan, items, sampling, voice, audio_format, lease)
-            if stage_plan.request_class != "document":
-                try:
+            try:
+                # Decoding and the object-store puts come after admission: a request over its
+                # quota costs the gateway only header reads.
+                await asyncio.to_thread(self._load_media, req, items)
+                if stage_plan.request_class != "document":
                     await self._build_prompt(p)
-                except BaseException:
-                    await self.quota.release(lease)
-                    raise
+            except BaseException:
+                await self.quota.release(lease)
+                raise
         return p
 
     async def _build_prompt(self, p: Prepared, progress=None) -> None:
@@ -349,7 +409,8 @@ class Pipeline:
         )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prefill_ahead") as span:
             telemetry.inject(ctx)
-            items = await asyncio.to_thread(self._media_items, req)
+            items = await asyncio.to_thread(self._inspect_media, req)
+            await asyncio.to_thread(self._load_media, req, items)
             prompt = self.prompts.render(list(req.messages), await self._encode(ctx, items))
             ends = [i for i, seg in enumerate(prompt.segments) if seg.HasField("embeddings")]
             if not ends:

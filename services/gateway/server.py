@@ -19,11 +19,13 @@ from opentelemetry import trace
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from ray.util import metrics
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import telemetry
-from services.common.errors import OmniError, bad_request, too_large
+from services.common.errors import OmniError, bad_request, internal_error, too_large
 from services.common.telemetry import LATENCY_BUCKETS_S, zero
 from services.gateway import openai_api
+from services.gateway.grpc_wire import Undecodable
 from services.gateway.pipeline import Event, Pipeline, StageHandles
 from services.gateway.playback import Playback
 from services.gateway.prompt import PromptBuilder
@@ -33,6 +35,7 @@ from services.realtime import grpc_events
 from services.realtime.hub import RealtimeHub, Refused
 
 logger = logging.getLogger("ray.serve")
+
 SLO_HEADER = "x-omniray-slo-class"
 SESSION_HEADER = "x-omniray-session-id"
 RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
@@ -53,12 +56,18 @@ async def _omni_error(_: Request, e: OmniError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    # Starlette's own answers (unknown path, wrong method) in OpenAI's shape too.
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code, "invalid_request")
+    err = OmniError(e.status_code, str(e.detail), code=code)
+    return JSONResponse(err.body(), status_code=e.status_code, headers=e.headers)
+
+
 @api.exception_handler(Exception)
 async def _unexpected(_: Request, e: Exception) -> JSONResponse:
-    # A failing stage is our fault, not the client's: still an OpenAI-shaped body, never a bare 500 page.
-    logger.exception("request failed")
-    err = OmniError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
-    return JSONResponse(err.body(), status_code=500)
+    err = internal_error(e)
+    return JSONResponse(err.body(), status_code=err.status)
 
 
 class _Metrics:
@@ -106,10 +115,10 @@ class _Metrics:
 
 # Refused realtime sessions: gRPC status codes, and WebSocket close codes (1013: try again later).
 GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found": grpc.StatusCode.NOT_FOUND,
-                "limit": grpc.StatusCode.RESOURCE_EXHAUSTED}  # fmt: skip
+                "limit": grpc.StatusCode.RESOURCE_EXHAUSTED, "unavailable": grpc.StatusCode.UNAVAILABLE}  # fmt: skip
 MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
 WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "unknown model"),
-            "limit": (1013, "try again later")}  # fmt: skip
+            "limit": (1013, "try again later"), "unavailable": (1013, "try again later")}  # fmt: skip
 
 
 @serve.deployment
@@ -183,10 +192,7 @@ class Gateway:
             body += part
             if len(body) > limit:
                 raise too_large(f"request body is larger than {limit} bytes", code="request_too_large")
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+        return openai_api.parse_body(bytes(body))
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -277,16 +283,7 @@ class Gateway:
         except OmniError as e:  # headers are gone: report in-band, then end the stream cleanly
             yield line(e.body())
         except Exception as e:
-            yield line(
-                {
-                    "error": {
-                        "message": f"generation failed: {e}",
-                        "type": "server_error",
-                        "param": None,
-                        "code": "stage_failure",
-                    }
-                }
-            )
+            yield line(internal_error(e, "generation failed").body())
         yield "data: [DONE]\n\n"
 
     # ---- Realtime (WebSocket) ------------------------------------------------------------
@@ -347,6 +344,27 @@ class Gateway:
     async def Chat(
         self, request: omni_pb2.ChatRequest, grpc_context=None
     ) -> AsyncIterator[omni_pb2.ChatChunk]:
+        """omni.v1.Omni/Chat. Every failure leaves with a status code and details set here (Serve's
+        proxy would otherwise send INTERNAL with the exception's text)."""
+        try:
+            async for chunk in self._chat(request, grpc_context):
+                yield chunk
+        except Exception as e:
+            err = e if isinstance(e, OmniError) else internal_error(e, "gRPC chat failed")
+            if grpc_context is None:
+                raise err from None
+            grpc_context.set_code(err.grpc_code)
+            # Serve's proxy does not forward a replica's trailing metadata on errors, so the
+            # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
+            headers = "; ".join(f"{k}={v}" for k, v in err.headers.items())
+            grpc_context.set_details(f"{err.message} [{headers}]" if headers else err.message)
+            raise err from None
+
+    async def _chat(self, request: omni_pb2.ChatRequest, grpc_context) -> AsyncIterator[omni_pb2.ChatChunk]:
+        if isinstance(request, Undecodable):
+            raise bad_request(
+                f"request is not an omni.v1.ChatRequest: {request.reason}", code="invalid_protobuf"
+            )
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         with telemetry.request_span("gateway", "gateway.chat", metadata) as span:
@@ -359,40 +377,24 @@ class Gateway:
                 prepared = await self.pipeline.prepare(request, tenant)
             except OmniError as e:
                 self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
-                if grpc_context is None:
-                    raise
-                # Serve keeps a code set on the context when the method then raises.
-                grpc_context.set_code(e.grpc_code)
-                # Serve's proxy does not forward a replica's trailing metadata on errors, so the
-                # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
-                headers = "; ".join(f"{k}={v}" for k, v in e.headers.items())
-                grpc_context.set_details(f"{e.message} [{headers}]" if headers else e.message)
                 raise
             telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
-        try:
-            async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival, span):
-                if ev.progress is not None:
-                    yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
-                if ev.text:
-                    yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
-                if ev.pcm16:
-                    yield omni_pb2.ChatChunk(
-                        id=rid,
-                        model=model,
-                        audio=omni_pb2.AudioDelta(
-                            pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""
-                        ),
-                    )
-                if ev.finish_reason:
-                    yield omni_pb2.ChatChunk(
-                        id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage
-                    )
-        except OmniError as e:  # a document's encoding failed after the stream started
-            if grpc_context is not None:
-                grpc_context.set_code(e.grpc_code)
-                grpc_context.set_details(e.message)
-            raise
+        async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival, span):
+            if ev.progress is not None:
+                yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
+            if ev.text:
+                yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
+            if ev.pcm16:
+                yield omni_pb2.ChatChunk(
+                    id=rid,
+                    model=model,
+                    audio=omni_pb2.AudioDelta(
+                        pcm16=ev.pcm16, sample_rate=ev.sample_rate, transcript=ev.transcript or ""
+                    ),
+                )
+            if ev.finish_reason:
+                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
 
     async def Realtime(
         self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None
@@ -415,7 +417,12 @@ class Gateway:
         async def read() -> None:
             try:
                 async for message in request_stream:
-                    await session.handle(grpc_events.client_event_json(message))
+                    if isinstance(message, Undecodable):  # an error event; the session goes on
+                        await session.handle_invalid(
+                            f"event is not an omni.v1.RealtimeClientEvent: {message.reason}"
+                        )
+                    else:
+                        await session.handle(grpc_events.client_event_json(message))
             finally:
                 await outbox.put(None)  # the client closed its side: the session ends
 

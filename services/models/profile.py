@@ -183,6 +183,10 @@ class LimitsSpec(_Strict):
     max_request_bytes: int = 48 * 1024 * 1024
     max_image_bytes: int = 20 * 1024 * 1024
     max_image_side_px: int = 8000
+    # Pixels of one image (width x height, from its header): 8000 x 8000 would decode to 192 MB.
+    max_image_pixels: int = 40_000_000
+    # Header-derived decoded size of all images and audio of one request together.
+    max_media_decoded_bytes: int = 512 * 1024 * 1024
     max_audio_seconds: float = 120.0
     max_audio_bytes: int = 25 * 1024 * 1024
     max_messages: int = 256

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from services.common import untrusted_json
 from services.realtime.vad import ServerVad
 
 # One append carries at most this much audio (15 s of 24 kHz pcm16, as base64).
 MAX_APPEND_BASE64 = 4 * -(-15 * 24_000 * 2 // 3)
+MAX_ID_CHARS = 128  # event and item ids
+MAX_INSTRUCTIONS_CHARS = 64 * 1024
+MAX_OUTPUT_TOKENS = 2**31 - 1  # the protobuf field's range; the profile's cap is checked on use
+Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"] | None
 
 
 class RealtimeEventError(ValueError):
@@ -30,7 +35,7 @@ class RealtimeEventError(ValueError):
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    event_id: str | None = None
+    event_id: Id | None = None
 
 
 class AudioFormat(BaseModel):
@@ -49,7 +54,7 @@ class AudioInput(BaseModel):
 class AudioOutput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: AudioFormat = Field(default_factory=AudioFormat)
-    voice: str | None = None
+    voice: Annotated[str, Field(max_length=256)] | None = None
 
 
 class AudioConfig(BaseModel):
@@ -63,10 +68,10 @@ class SessionConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: Literal["realtime"] = "realtime"
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"])
+    instructions: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"], max_length=2)
     audio: AudioConfig = Field(default_factory=AudioConfig)
-    max_output_tokens: int | Literal["inf"] | None = None
+    max_output_tokens: OutputTokens = None
 
 
 class SessionUpdate(_Event):
@@ -98,9 +103,9 @@ class InputAudioBufferClear(_Event):
 
 class ResponseConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] | None = None
-    max_output_tokens: int | Literal["inf"] | None = None
+    instructions: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
+    output_modalities: list[Literal["text", "audio"]] | None = Field(default=None, max_length=2)
+    max_output_tokens: OutputTokens = None
 
 
 class ResponseCreate(_Event):
@@ -110,19 +115,19 @@ class ResponseCreate(_Event):
 
 class ResponseCancel(_Event):
     type: Literal["response.cancel"]
-    response_id: str | None = None
+    response_id: Id | None = None
 
 
 class ConversationItemTruncate(_Event):
     type: Literal["conversation.item.truncate"]
-    item_id: str
-    content_index: int = Field(default=0, ge=0)
-    audio_end_ms: int = Field(ge=0)
+    item_id: Id
+    content_index: int = Field(default=0, ge=0, le=MAX_OUTPUT_TOKENS)
+    audio_end_ms: int = Field(ge=0, le=MAX_OUTPUT_TOKENS)
 
 
 class ConversationItemRetrieve(_Event):
     type: Literal["conversation.item.retrieve"]
-    item_id: str
+    item_id: Id
 
 
 class PlaybackProgress(_Event):
@@ -130,8 +135,8 @@ class PlaybackProgress(_Event):
     monitor's playback position; OpenAI's protocol has no client event for it)."""
 
     type: Literal["omniray.playback.progress"]
-    item_id: str
-    played_ms: float = Field(ge=0)
+    item_id: Id
+    played_ms: float = Field(ge=0, le=1e12, allow_inf_nan=False)
 
 
 ClientEvent = Annotated[
@@ -166,15 +171,18 @@ CLIENT_TYPES = {
 def parse_client_event(raw: str | bytes) -> Any:
     """One client event, or RealtimeEventError saying what is wrong with it."""
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RealtimeEventError(f"event is not valid JSON: {e}", code="invalid_json") from None
+        data = untrusted_json.loads(raw)
+    except untrusted_json.JsonLimitError as e:
+        raise RealtimeEventError(f"event: {e.message}", code=e.code) from None
     if not isinstance(data, dict):
         raise RealtimeEventError("event must be a JSON object")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None
+    if event_id is not None and len(event_id) > MAX_ID_CHARS:
+        raise RealtimeEventError(f"event_id is longer than {MAX_ID_CHARS} characters")
     kind = data.get("type")
     if kind not in CLIENT_TYPES:
-        raise RealtimeEventError(f"unknown event type {kind!r}", code="unknown_event", event_id=event_id)
+        shown = kind[:64] if isinstance(kind, str) else kind if kind is None else type(kind).__name__
+        raise RealtimeEventError(f"unknown event type {shown!r}", code="unknown_event", event_id=event_id)
     try:
         return _CLIENT.validate_python(data)
     except ValidationError as e:

@@ -23,7 +23,7 @@ class Refused(Exception):
     Both live in `args`, so the exception survives pickling (Ray carries it to Serve's gRPC proxy)."""
 
     def __init__(self, event: dict, reason: str):
-        super().__init__(event, reason)  # reason: unauthenticated | not_found | limit
+        super().__init__(event, reason)  # reason: unauthenticated | not_found | limit | unavailable
 
     @property
     def event(self) -> dict:
@@ -60,7 +60,7 @@ class RealtimeHub:
             tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
             if e.status != 401:  # the key could not be checked now (quota store unreachable)
-                raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "limit") from None
+                raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "unavailable") from None
             raise Refused(
                 ev.error_event(e.message, e.code or "invalid_api_key", kind="authentication_error"),
                 "unauthenticated",
@@ -73,8 +73,9 @@ class RealtimeHub:
         try:
             await self.quota.open_session(tenant, session_id)
         except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
-            kind = "rate_limit_error" if e.status == 429 else "server_error"
-            raise Refused(ev.error_event(e.message, e.code, kind=kind), "limit") from None
+            if e.status == 429:
+                raise Refused(ev.error_event(e.message, e.code, kind="rate_limit_error"), "limit") from None
+            raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "unavailable") from None
         if not self.admission.try_admit():
             self.stats.rejected.inc()
             await self.quota.close_session(tenant, session_id)

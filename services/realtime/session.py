@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.errors import OmniError
+from services.common.errors import OmniError, internal_error
 from services.gateway import openai_api
 from services.gateway.media import wav_bytes
 from services.realtime import events as ev
@@ -125,6 +125,7 @@ class RealtimeSession:
         self.chunk_bytes = ahead.chunk_ms * PCM_RATE // 1000 * 2 if ahead.enabled else 0
         self.ahead: asyncio.Task | None = None  # the speculative prefill in flight
         self.ahead_chunks = 0  # chunks of the current turn prefilled (or being prefilled) so far
+        self.ahead_paid_s = 0.0  # audio of the current turn debited by speculative prefill
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -137,6 +138,8 @@ class RealtimeSession:
     def _speech_started_at(self, audio_start_ms: float | None) -> None:
         self.speech_start_ms = audio_start_ms
         self.ahead_chunks = 0
+        if audio_start_ms is not None:  # a new turn: its audio is not paid for yet
+            self.ahead_paid_s = 0.0
 
     def _speech_offset(self) -> int:
         """Where the turn being spoken starts in the buffer, in bytes."""
@@ -165,17 +168,34 @@ class RealtimeSession:
         await self.send(ev.server_event("session.created", session=self.describe()))
 
     async def handle(self, raw: str | bytes) -> None:
+        """One client event. Whatever goes wrong is an `error` event and the session goes on."""
+        event = None
         try:
             event = ev.parse_client_event(raw)
             await self._dispatch(event)
         except ev.RealtimeEventError as e:
             await self.send(ev.error_event(str(e), e.code, e.event_id))
+        except OmniError as e:
+            await self.send(
+                ev.error_event(e.message, e.code or "invalid_request", getattr(event, "event_id", None))
+            )
+        except Exception as e:
+            err = internal_error(e, f"realtime session {self.key}: event failed")
+            await self.send(
+                ev.error_event(err.message, err.code, getattr(event, "event_id", None), "server_error")
+            )
+
+    async def handle_invalid(self, why: str) -> None:
+        """A client event the transport could not decode."""
+        await self.send(ev.error_event(why, "invalid_event"))
 
     async def _dispatch(self, event: Any) -> None:
         if isinstance(event, ev.SessionUpdate):
             # As OpenAI's: fields not given keep their values.
             given = event.session.model_dump(exclude_unset=True)
-            self.config = ev.SessionConfig.model_validate(_merge(self.config.model_dump(), given))
+            config = ev.SessionConfig.model_validate(_merge(self.config.model_dump(), given))
+            self._check(config, event.event_id)
+            self.config = config
             self._start_vad()
             await self.send(ev.server_event("session.updated", session=self.describe()))
         elif isinstance(event, ev.InputAudioBufferAppend):
@@ -219,6 +239,22 @@ class RealtimeSession:
                     event_id=event.event_id,
                 )
             self.monitor.played(self.key, event.played_ms)
+
+    def _check(self, config: ev.SessionConfig, event_id: str | None) -> None:
+        """What only this deployment knows (its voices, its token cap): refused at `session.update`,
+        with the session's settings unchanged, not at the next response."""
+        voice, pipe = config.audio.output.voice, self.profile.pipeline
+        if voice is not None and voice not in pipe.voices:
+            raise ev.RealtimeEventError(
+                f"unknown voice {voice[:64]!r}; available: {pipe.voices}",
+                code="invalid_value",
+                event_id=event_id,
+            )
+        cap = self.profile.limits.max_tokens_cap
+        if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
+            raise ev.RealtimeEventError(
+                f"max_output_tokens must be at most {cap}", code="invalid_value", event_id=event_id
+            )
 
     # ---- server VAD and barge-in ---------------------------------------------------------------
 
@@ -295,6 +331,19 @@ class RealtimeSession:
                 code="input_audio_buffer_commit_empty",
                 event_id=event.event_id if event else None,
             )
+        # The turn's audio is debited before it is kept (less what speculative prefill paid for).
+        seconds = len(self.buffer) / (PCM_RATE * 2)
+        try:
+            await self.pipeline.quota.spend_session_audio(
+                self.tenant, self.id, max(0.0, seconds - self.ahead_paid_s)
+            )
+        except OmniError as e:
+            self._drop_buffer()
+            self._speech_started_at(None)
+            raise ev.RealtimeEventError(
+                e.message, code=e.code or "rate_limit_exceeded", event_id=event.event_id if event else None
+            ) from None
+        self.ahead_paid_s = 0.0
         previous = self.items[-1].id if self.items else None
         item = Item(self.next_item_id, "user", audio=self._drop_buffer())
         self.next_item_id = ev.new_id("item")
@@ -336,6 +385,11 @@ class RealtimeSession:
 
     async def _run_ahead(self, pending: Item) -> None:
         try:
+            # Speculation spends the tenant's realtime audio budget as it goes (the turn's commit
+            # then pays only the rest): speaking and clearing cannot buy free prefill.
+            seconds = len(pending.audio) / (PCM_RATE * 2)
+            await self.pipeline.quota.spend_session_audio(self.tenant, self.id, seconds - self.ahead_paid_s)
+            self.ahead_paid_s = seconds
             _, proto = openai_api.parse_request(
                 self._chat_body(ev.ResponseConfig(), pending), self.profile.limits
             )
@@ -444,7 +498,12 @@ class RealtimeSession:
             self.stats.generated(r.item.tokens)
         except Exception as e:  # the stage failed: say so, keep the session
             r.status = "failed"
-            await self.send(ev.error_event(f"response failed: {e}", "response_failed", kind="server_error"))
+            err = (
+                e
+                if isinstance(e, OmniError)
+                else internal_error(e, f"realtime session {self.key}: response failed")
+            )
+            await self.send(ev.error_event(err.message, err.code or "response_failed", kind="server_error"))
         finally:
             if r.status == "completed":  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)

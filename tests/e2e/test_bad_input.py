@@ -32,10 +32,10 @@ def _audio_part(data: bytes, fmt="wav"):
     return {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}
 
 
-def _huge_png_header(side: int) -> bytes:
-    """A valid PNG whose header declares side x side px (1-bit, compresses to almost nothing)."""
+def _huge_png_header(side: int, height: int | None = None) -> bytes:
+    """A valid PNG whose header declares side x height px (1-bit, compresses to almost nothing)."""
     buf = io.BytesIO()
-    Image.new("1", (side, side)).save(buf, format="PNG")
+    Image.new("1", (side, height or side)).save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -157,7 +157,8 @@ def test_rejected_with_openai_error(http, model_name, case):
 
 
 def test_image_at_the_side_limit_is_accepted(http, model_name):
-    """8000 px is allowed (8001 is rejected above): the limit is inclusive."""
-    url = data_url(_huge_png_header(8000))
+    """8000 px per side and 40 M pixels are allowed (8001 px and more pixels are rejected): the
+    limits are inclusive."""
+    url = data_url(_huge_png_header(8000, 5000))
     r = http.post("/v1/chat/completions", json=_chat(model_name, [_image_part(url)]))
     assert r.status_code == 200, r.text[:300]

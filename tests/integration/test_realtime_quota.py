@@ -71,7 +71,7 @@ async def test_stalled_redis_refuses_a_capped_tenant_quickly_and_an_uncapped_one
         with pytest.raises(Refused) as e:
             await hub.open("sk-capped", None, _send)
         elapsed = time.monotonic() - start
-        assert e.value.reason == "limit" and e.value.event["error"]["code"] == "quota_unavailable"
+        assert e.value.reason == "unavailable" and e.value.event["error"]["code"] == "quota_unavailable"
         assert elapsed < 2.0
         session = await hub.open("sk-open", None, _send)  # no cap: no Redis call on the way in
         await hub.close(session)

@@ -13,30 +13,82 @@ from tests.conftest import png_bytes, wav_bytes
 LIMITS = LimitsSpec()
 
 
-def test_image_ok_returns_size():
-    assert media.validate_image(png_bytes(40, 30), LIMITS, param="p") == (40, 30)
+def _refused(call, *args, **kwargs) -> OmniError:
+    with pytest.raises(OmniError) as e:
+        call(*args, **kwargs)
+    return e.value
+
+
+def test_image_header_gives_size():
+    header = media.inspect_image(png_bytes(40, 30), LIMITS, param="p")
+    assert (header.width, header.height, header.decoded_bytes) == (40, 30, 40 * 30 * 3)
+    media.check_image_decodes(png_bytes(40, 30), param="p")
 
 
 @pytest.mark.parametrize("data, status", [(b"\x89PNG garbage", 400), (b"", 400)])
 def test_image_bad(data, status):
-    with pytest.raises(OmniError) as e:
-        media.validate_image(data, LIMITS, param="p")
-    assert e.value.status == status
+    assert _refused(media.inspect_image, data, LIMITS, param="p").status == status
 
 
-def test_truncated_jpeg_is_rejected():
+def test_truncated_jpeg_passes_the_header_but_not_the_decode():
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
-    with pytest.raises(OmniError) as e:
-        media.validate_image(buf.getvalue()[:200], LIMITS, param="p")
-    assert e.value.status == 400
+    truncated = buf.getvalue()[: len(buf.getvalue()) // 2]
+    media.inspect_image(truncated, LIMITS, param="p")
+    assert _refused(media.check_image_decodes, truncated, param="p").code == "invalid_image"
 
 
 def test_image_side_limit():
     small = LimitsSpec(max_image_side_px=32)
-    with pytest.raises(OmniError) as e:
-        media.validate_image(png_bytes(33, 10), small, param="p")
-    assert e.value.status == 413
+    assert _refused(media.inspect_image, png_bytes(33, 10), small, param="p").status == 413
+
+
+def test_pixel_bomb_is_refused_from_its_header():
+    """A 1-bit 7000 x 7000 PNG is a few kB on the wire and 147 MB decoded: refused unread."""
+    buf = io.BytesIO()
+    Image.new("1", (7000, 7000)).save(buf, format="PNG")
+    assert len(buf.getvalue()) < 100_000
+    err = _refused(media.inspect_image, buf.getvalue(), LimitsSpec(max_image_pixels=40_000_000), param="p")
+    assert (err.status, err.code) == (413, "image_too_large")
+
+
+def test_animated_image_is_refused():
+    buf = io.BytesIO()
+    frames = [Image.new("RGB", (8, 8), c) for c in ("red", "blue")]
+    frames[0].save(buf, format="PNG", save_all=True, append_images=frames[1:])
+    assert _refused(media.inspect_image, buf.getvalue(), LIMITS, param="p").code == "invalid_image"
+
+
+def _wav(rate=16000, channels=1, frames=1600, subtype="PCM_16") -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros((frames, channels), np.float32), rate, format="WAV", subtype=subtype)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "wav",
+    [_wav(rate=4000), _wav(rate=192_000), _wav(channels=9), _wav(subtype="ULAW"), _wav(subtype="DOUBLE")],
+    ids=["rate_4k", "rate_192k", "9_channels", "ulaw", "double"],
+)
+def test_wav_header_out_of_range_is_refused(wav):
+    assert _refused(media.inspect_audio, wav, "wav", LIMITS, param="p").code == "invalid_audio"
+
+
+def test_wav_declaring_more_than_it_holds_is_refused():
+    wav = bytearray(_wav(frames=1600))
+    wav[-1000:] = b""  # the header still declares 1600 frames
+    assert _refused(media.inspect_audio, bytes(wav), "wav", LIMITS, param="p").code == "invalid_audio"
+
+
+def test_streamed_wav_with_placeholder_size_is_accepted():
+    wav = bytearray(_wav(frames=1600))
+    wav[40:44] = (0x7FFFF000).to_bytes(4, "little")  # as espeak-ng --stdout writes it
+    assert media.inspect_audio(bytes(wav), "wav", LIMITS, param="p").frames == 1600
+
+
+def test_audio_header_gives_seconds_without_decoding():
+    header = media.inspect_audio(_wav(rate=8000, channels=2, frames=8000), "wav", LIMITS, param="p")
+    assert (header.seconds, header.rate, header.channels) == (1.0, 8000, 2)
 
 
 def test_audio_is_resampled_to_16k_mono():

@@ -1,0 +1,763 @@
+"""The hostile-input suite: a catalog of named bad inputs plus generated ones (hypothesis), sent to
+the running `tiny` system over REST, realtime (WebSocket) and gRPC. Every one must get a clear
+client error — HTTP 4xx with an OpenAI-style body, a realtime `error` event with the session going
+on, gRPC INVALID_ARGUMENT — never a 5xx, a hang or a dropped connection, and no error may carry
+exception text, stack traces or host names. After every batch the server still answers a good
+request. The counts are printed at the end of the module (`pytest -s`)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import struct
+from collections import Counter
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import soundfile
+import websockets.sync.client as ws_client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
+from PIL import Image
+
+from services.quota import LOCAL_API_KEY
+from tests.conftest import AUTH, data_url, grpc_channel, png_bytes, wav_bytes
+
+TALLY: Counter = Counter()
+LEAKS = ("Traceback", 'File "', "ray::", "ActorID", "actor_id", "Exception", "Error:", socket.gethostname())
+FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report():
+    yield
+    print(f"\n[hostile-input] {dict(sorted(TALLY.items()))}")
+
+
+def _no_leak(text: str) -> None:
+    for leak in LEAKS:
+        assert leak not in text, f"error leaks {leak!r}: {text[:300]}"
+
+
+# ---- REST ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def http(omniray):
+    with httpx.Client(base_url=omniray.http_url, timeout=60, headers=AUTH) as client:
+        yield client
+
+
+def _chat(model, content="hi", **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 2, **extra}
+
+
+def _post(http, body, *, path="/v1/chat/completions", headers=None, method="POST") -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode()
+    try:
+        r = http.request(
+            method, path, content=raw, headers={"content-type": "application/json", **(headers or {})}
+        )
+    except httpx.TransportError as e:  # a dropped connection or a hang
+        TALLY["rest_dropped"] += 1
+        raise AssertionError(f"connection dropped or hung: {type(e).__name__}") from None
+    return r
+
+
+def _assert_client_error(r: httpx.Response, status: int | None = None) -> None:
+    TALLY["rest_cases"] += 1
+    TALLY[f"rest_{r.status_code // 100}xx"] += 1
+    assert 400 <= r.status_code < 500, f"{r.status_code}: {r.text[:300]}"
+    if status is not None:
+        assert r.status_code == status, r.text[:300]
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["type"] and "code" in err and "param" in err
+    _no_leak(r.text)
+
+
+def _assert_healthy(http, model) -> None:
+    assert http.get("/health").status_code == 200
+    r = http.post("/v1/chat/completions", json=_chat(model))
+    assert r.status_code == 200, r.text[:300]
+
+
+def _gif() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="GIF")
+    return buf.getvalue()
+
+
+def _png_bomb(side=7000) -> str:
+    buf = io.BytesIO()
+    Image.new("1", (side, side)).save(buf, format="PNG")
+    return data_url(buf.getvalue())
+
+
+def _animated_png() -> str:
+    buf = io.BytesIO()
+    frames = [Image.new("RGB", (8, 8), c) for c in ("red", "blue")]
+    frames[0].save(buf, format="PNG", save_all=True, append_images=frames[1:])
+    return data_url(buf.getvalue())
+
+
+def _wav(rate=16000, channels=1, frames=1600, subtype="PCM_16") -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros((frames, channels), np.float32), rate, format="WAV", subtype=subtype)
+    return buf.getvalue()
+
+
+def _lying_wav() -> bytes:
+    wav = bytearray(_wav(frames=16000))
+    del wav[-20000:]  # the header still declares 16000 frames
+    return bytes(wav)
+
+
+def _audio(data: bytes, fmt="wav") -> list:
+    return [{"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}]
+
+
+def _image(url, **extra) -> list:
+    return [{"type": "image_url", "image_url": {"url": url, **extra}}]
+
+
+def _nested(depth: int) -> str:
+    return '{"model": "m", "messages": ' + "[" * depth + "]" * depth + "}"
+
+
+# name: (body for a model name, expected status or None for any 4xx)
+REST_CASES = {
+    # JSON itself
+    "not_json": (lambda m: b"{not json", 400),
+    "truncated_json": (lambda m: b'{"model": "x", "messages": [', 400),
+    "empty_body": (lambda m: b"", 400),
+    "json_array": (lambda m: b"[]", 400),
+    "json_string": (lambda m: b'"hello"', 400),
+    "json_null": (lambda m: b"null", 400),
+    "invalid_utf8": (lambda m: b'{"model": "\xff\xfe"}', 400),
+    "utf16_body": (lambda m: json.dumps(_chat(m)).encode("utf-16"), 400),
+    "deep_nesting_100k": (lambda m: _nested(100_000).encode(), 400),
+    "deep_nesting_40": (lambda m: _nested(40).encode(), 400),
+    "huge_integer": (lambda m: json.dumps(_chat(m))[:-1].encode() + b', "seed": ' + b"9" * 5000 + b"}", 400),
+    "nan_literal": (lambda m: json.dumps(_chat(m))[:-1].encode() + b', "temperature": NaN}', 400),
+    "infinity_literal": (lambda m: json.dumps(_chat(m))[:-1].encode() + b', "top_p": Infinity}', 400),
+    "float_overflow": (lambda m: json.dumps(_chat(m))[:-1].encode() + b', "temperature": 1e999}', 400),
+    "lone_surrogate_text": (lambda m: json.dumps(_chat(m, "a\ud800b")).encode(), 400),
+    "lone_surrogate_key": (lambda m: json.dumps({**_chat(m), "\udc00": 1}).encode(), 400),
+    "lone_surrogate_model": (lambda m: json.dumps(_chat("\ud83d")).encode(), 400),
+    "nul_bytes_in_json": (lambda m: b'{"model": "\x00"}', 400),
+    "body_over_limit": (lambda m: b"x" * (49 * 1024 * 1024), 413),
+    # top-level fields
+    "missing_model": (lambda m: {"messages": [{"role": "user", "content": "hi"}]}, 422),
+    "model_not_string": (lambda m: _chat(m) | {"model": 5}, 422),
+    "model_too_long": (lambda m: _chat(m) | {"model": "m" * 10_000}, 422),
+    "unknown_model": (lambda m: _chat("gpt-17"), 400),
+    "missing_messages": (lambda m: {"model": m}, 422),
+    "messages_not_list": (lambda m: {"model": m, "messages": "hi"}, 422),
+    "messages_empty": (lambda m: {"model": m, "messages": []}, 422),
+    "message_not_object": (lambda m: {"model": m, "messages": ["hi"]}, 422),
+    "message_bad_role": (lambda m: {"model": m, "messages": [{"role": "root", "content": "x"}]}, 422),
+    "message_role_missing": (lambda m: {"model": m, "messages": [{"content": "x"}]}, 422),
+    "content_number": (lambda m: _chat(m, 5), 422),
+    "content_object": (lambda m: _chat(m, {"text": "x"}), 422),
+    "content_list_of_strings": (lambda m: _chat(m, ["x"]), 422),
+    "too_many_messages": (
+        lambda m: {"model": m, "messages": [{"role": "user", "content": "x"}] * 300, "max_tokens": 2},
+        400,
+    ),
+    # sampling
+    "max_tokens_zero": (lambda m: _chat(m, max_tokens=0), 422),
+    "max_tokens_negative": (lambda m: _chat(m, max_tokens=-1), 422),
+    "max_tokens_over_cap": (lambda m: _chat(m, max_tokens=100_000), 400),
+    "max_tokens_over_int32": (lambda m: _chat(m, max_tokens=2**31), 422),
+    "max_tokens_int64": (lambda m: _chat(m, max_tokens=2**63), 422),
+    "max_tokens_float": (lambda m: _chat(m, max_tokens=1.5), 422),
+    "max_tokens_string": (lambda m: _chat(m, max_tokens="ten"), 422),
+    "max_completion_tokens_negative": (lambda m: _chat(m, max_completion_tokens=-5), 422),
+    "temperature_negative": (lambda m: _chat(m, temperature=-0.1), 422),
+    "temperature_high": (lambda m: _chat(m, temperature=2.01), 422),
+    "temperature_string": (lambda m: _chat(m, temperature="hot"), 422),
+    "temperature_huge": (lambda m: _chat(m, temperature=1e308), 422),
+    "top_p_zero": (lambda m: _chat(m, top_p=0), 422),
+    "top_p_over_one": (lambda m: _chat(m, top_p=1.5), 422),
+    "presence_penalty_high": (lambda m: _chat(m, presence_penalty=3), 422),
+    "frequency_penalty_low": (lambda m: _chat(m, frequency_penalty=-2.5), 422),
+    "seed_over_int64": (lambda m: _chat(m, seed=2**63), 422),
+    "seed_under_int64": (lambda m: _chat(m, seed=-(2**63) - 1), 422),
+    "seed_string": (lambda m: _chat(m, seed="abc"), 422),
+    "stop_empty_string": (lambda m: _chat(m, stop=""), 422),
+    "stop_five": (lambda m: _chat(m, stop=["a", "b", "c", "d", "e"]), 422),
+    "stop_too_long": (lambda m: _chat(m, stop="x" * 10_000), 422),
+    "stop_number": (lambda m: _chat(m, stop=5), 422),
+    "stop_list_of_numbers": (lambda m: _chat(m, stop=[1, 2]), 422),
+    "stop_list_with_empty": (lambda m: _chat(m, stop=["a", ""]), 422),
+    "n_two": (lambda m: _chat(m, n=2), 422),
+    "n_zero": (lambda m: _chat(m, n=0), 422),
+    "top_logprobs_21": (lambda m: _chat(m, logprobs=True, top_logprobs=21), 422),
+    "top_logprobs_negative": (lambda m: _chat(m, top_logprobs=-1), 422),
+    "stream_not_bool": (lambda m: _chat(m, stream="yes please"), 422),
+    "stream_options_string": (lambda m: _chat(m, stream=True, stream_options="x"), 422),
+    "service_tier_unknown": (lambda m: _chat(m, service_tier="platinum"), 422),
+    "user_too_long": (lambda m: _chat(m, user="u" * 1000), 422),
+    # modalities and audio out
+    "modalities_string": (lambda m: _chat(m, modalities="text"), 422),
+    "modalities_video": (lambda m: _chat(m, modalities=["text", "video"]), 400),
+    "modalities_audio_only": (lambda m: _chat(m, modalities=["audio"]), 400),
+    "modalities_repeated": (lambda m: _chat(m, modalities=["text", "text", "text"]), 422),
+    "audio_not_object": (lambda m: _chat(m, modalities=["text", "audio"], audio="loud"), 422),
+    "audio_unknown_voice": (
+        lambda m: _chat(m, modalities=["text", "audio"], audio={"voice": "nobody", "format": "wav"}),
+        400,
+    ),
+    "audio_voice_too_long": (
+        lambda m: _chat(m, modalities=["text", "audio"], audio={"voice": "v" * 999}),
+        422,
+    ),
+    "audio_format_mp3": (lambda m: _chat(m, modalities=["text", "audio"], audio={"format": "mp3"}), 422),
+    # content parts
+    "part_unknown_type": (lambda m: _chat(m, [{"type": "video_url", "video_url": {"url": "x"}}]), 400),
+    "part_type_missing": (lambda m: _chat(m, [{"text": "x"}]), 400),
+    "part_type_number": (lambda m: _chat(m, [{"type": 7}]), 400),
+    "text_part_without_text": (lambda m: _chat(m, [{"type": "text"}]), 400),
+    "text_part_text_number": (lambda m: _chat(m, [{"type": "text", "text": 1}]), 400),
+    "image_part_without_url": (lambda m: _chat(m, [{"type": "image_url", "image_url": {}}]), 400),
+    "image_url_number": (lambda m: _chat(m, _image(5)), 400),
+    "image_remote_url": (lambda m: _chat(m, _image("http://169.254.169.254/latest/meta-data")), 400),
+    "image_file_url": (lambda m: _chat(m, _image("file:///etc/passwd")), 400),
+    "image_data_url_not_base64": (lambda m: _chat(m, _image("data:image/png,raw")), 400),
+    "image_bad_base64": (lambda m: _chat(m, _image("data:image/png;base64,@@@@")), 400),
+    "image_not_an_image": (lambda m: _chat(m, _image(data_url(b"hello world"))), 400),
+    "image_gif": (lambda m: _chat(m, _image(data_url(_gif(), "image/gif"))), 400),
+    "image_animated_png": (lambda m: _chat(m, _image(_animated_png())), 400),
+    "image_truncated_png": (lambda m: _chat(m, _image(data_url(png_bytes()[:60]))), 400),
+    "image_pixel_bomb": (lambda m: _chat(m, _image(_png_bomb())), 413),
+    "image_side_over_limit": (lambda m: _chat(m, _image(_png_bomb(8001))), 413),
+    "image_over_20mb": (lambda m: _chat(m, _image("data:image/png;base64," + "A" * (28 * 1024 * 1024))), 413),
+    "image_detail_unknown": (lambda m: _chat(m, _image(data_url(png_bytes()), detail="ultra")), 400),
+    "image_detail_number": (lambda m: _chat(m, _image(data_url(png_bytes()), detail=3)), 400),
+    "too_many_images": (lambda m: _chat(m, _image(data_url(png_bytes(8, 8))) * 65), 400),
+    "audio_part_without_data": (lambda m: _chat(m, [{"type": "input_audio", "input_audio": {}}]), 400),
+    "audio_data_number": (lambda m: _chat(m, [{"type": "input_audio", "input_audio": {"data": 1}}]), 400),
+    "audio_bad_base64": (lambda m: _chat(m, [{"type": "input_audio", "input_audio": {"data": "%%%"}}]), 400),
+    "audio_format_flac": (lambda m: _chat(m, _audio(wav_bytes(), "flac")), 400),
+    "audio_format_number": (lambda m: _chat(m, _audio(wav_bytes(), 3)), 400),
+    "audio_not_wav": (lambda m: _chat(m, _audio(b"RIFF....WAVEjunk")), 400),
+    "audio_png_as_wav": (lambda m: _chat(m, _audio(png_bytes())), 400),
+    "audio_empty_wav": (lambda m: _chat(m, _audio(_wav(frames=0))), 400),
+    "audio_rate_4k": (lambda m: _chat(m, _audio(_wav(rate=4000))), 400),
+    "audio_rate_192k": (lambda m: _chat(m, _audio(_wav(rate=192_000))), 400),
+    "audio_9_channels": (lambda m: _chat(m, _audio(_wav(channels=9))), 400),
+    "audio_ulaw": (lambda m: _chat(m, _audio(_wav(subtype="ULAW"))), 400),
+    "audio_lying_length": (lambda m: _chat(m, _audio(_lying_wav())), 400),
+    "audio_too_long": (lambda m: _chat(m, _audio(_wav(rate=8000, frames=8000 * 121))), 413),
+    "audio_pcm16_odd_bytes": (lambda m: _chat(m, _audio(b"\x00" * 33, "pcm16")), 400),
+    "audio_pcm16_empty": (lambda m: _chat(m, _audio(b"", "pcm16")), 400),
+    "context_length_exceeded": (lambda m: _chat(m, "word " * 20_000, max_tokens=2), 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REST_CASES))
+def test_rest_catalog(http, model_name, case):
+    make, status = REST_CASES[case]
+    _assert_client_error(_post(http, make(model_name)), status)
+
+
+HEADER_CASES = {
+    "no_key": ({"authorization": ""}, 401),
+    "unknown_key": ({"authorization": "Bearer sk-nobody"}, 401),
+    "basic_auth": ({"authorization": "Basic dXNlcjpwYXNz"}, 401),
+    "key_with_newline_escape": ({"authorization": "Bearer sk-omniray-local%0A"}, 401),
+    "huge_key": ({"authorization": "Bearer " + "k" * 6000}, 401),
+    "unknown_slo_class": ({"x-omniray-slo-class": "urgent"}, 400),
+    "session_id_too_long": ({"x-omniray-session-id": "s" * 200}, 400),
+    "content_length_lies_high": ({"content-length": "999999999999"}, 413),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEADER_CASES))
+def test_rest_headers(http, model_name, case):
+    headers, status = HEADER_CASES[case]
+    if "content-length" in headers:  # declared far more than is sent: refused before reading
+        with socket.create_connection((http.base_url.host, http.base_url.port), timeout=30) as s:
+            body = json.dumps(_chat(model_name)).encode()
+            s.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"authorization: Bearer {LOCAL_API_KEY}\r\ncontent-length: {headers['content-length']}\r\n\r\n".encode()
+                + body
+            )
+            head = s.recv(65536).decode(errors="replace")
+        TALLY["rest_cases"] += 1
+        assert head.startswith(f"HTTP/1.1 {status}"), head[:200]
+        _no_leak(head)
+        return
+    _assert_client_error(_post(http, _chat(model_name), headers=headers), status)
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [("GET", "/v1/chat/completions"), ("POST", "/v1/nothing"), ("DELETE", "/v1/models"), ("POST", "/health")],
+)
+def test_rest_wrong_routes(http, method, path):
+    _assert_client_error(_post(http, b"{}", path=path, method=method))
+
+
+# Generated: one field of a valid request replaced by a value outside its type or range.
+# Strings that no lax parser reads as a number or a boolean; fractions no int accepts.
+_word = st.text(alphabet="xyzq", min_size=2, max_size=8)
+_fraction = st.floats(0.1, 9.9).filter(lambda x: x != int(x))
+_int_out = st.integers(max_value=0) | st.integers(min_value=2**31) | _word | _fraction
+_temp_out = st.floats(min_value=2.0001, max_value=1e30) | st.floats(max_value=-0.0001, min_value=-1e30)
+_top_p_out = st.floats(min_value=1.0001, max_value=1e300) | st.floats(max_value=0.0, min_value=-1e300)
+_penalty_out = st.floats(min_value=2.0001, max_value=1e300) | st.floats(max_value=-2.0001, min_value=-1e300)
+_junk = st.lists(st.integers(), min_size=1, max_size=3) | st.dictionaries(
+    _word, st.integers(), min_size=1, max_size=2
+)
+BAD_FIELDS = {
+    "max_tokens": _int_out | _junk,
+    "max_completion_tokens": _int_out | _junk,
+    "temperature": _temp_out | _word | _junk,
+    "top_p": _top_p_out | _junk,
+    "presence_penalty": _penalty_out | _junk,
+    "frequency_penalty": _penalty_out | _junk,
+    "seed": st.integers(min_value=2**63, max_value=2**70)
+    | st.integers(max_value=-(2**63) - 1, min_value=-(2**70)),
+    "n": st.integers(min_value=2, max_value=2**40) | st.integers(max_value=0, min_value=-(2**40)),
+    "stop": st.lists(st.text(min_size=1, max_size=4), min_size=5, max_size=8) | st.just("") | _junk,
+    "top_logprobs": st.integers(min_value=21) | st.integers(max_value=-1),
+    "messages": st.lists(st.integers() | st.text(max_size=4), max_size=3)
+    | st.text(max_size=5)
+    | st.integers(),
+    "model": st.integers()
+    | st.lists(st.text(max_size=3), max_size=2)
+    | st.text(max_size=12).map(lambda s: "nomodel-" + s),
+    "modalities": st.lists(st.sampled_from(["video", "smell", "image", ""]), min_size=1, max_size=2),
+    "stream": _word | st.integers(min_value=2) | _junk,
+}
+
+
+@FUZZ
+@given(field=st.sampled_from(sorted(BAD_FIELDS)), data=st.data())
+def test_rest_generated_bad_field(http, model_name, field, data):
+    value = data.draw(BAD_FIELDS[field], label=field)
+    _assert_client_error(_post(http, {**_chat(model_name), field: value}))
+
+
+@FUZZ
+@given(body=st.binary(min_size=1, max_size=300))
+def test_rest_generated_bytes(http, body):
+    r = _post(http, body)
+    if r.status_code == 200:  # hypothesis found a valid request: fine, but it must be one
+        TALLY["rest_generated_valid"] += 1
+        return
+    _assert_client_error(r)
+
+
+@FUZZ
+@given(
+    text=st.text(alphabet=st.characters(categories=("Cc", "Lo", "So", "Zs")), min_size=1, max_size=40),
+    surrogate=st.integers(0xD800, 0xDFFF).map(chr),
+    at=st.integers(0, 40),
+)
+def test_rest_generated_text_with_a_lone_surrogate(http, model_name, text, surrogate, at):
+    """Any text with a lone UTF-16 surrogate in it (JSON's escapes allow one): a 400."""
+    r = _post(http, json.dumps(_chat(model_name, text[:at] + surrogate + text[at:])).encode())
+    _assert_client_error(r, 400)
+    assert r.json()["error"]["code"] == "invalid_unicode"
+
+
+def test_rest_still_healthy(http, model_name):
+    _assert_healthy(http, model_name)
+
+
+# ---- realtime (WebSocket) ------------------------------------------------------------------------
+
+
+class Session:
+    """One realtime WebSocket: send an event, read until its `error` event."""
+
+    def __init__(self, url: str):
+        self.conn = ws_client.connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
+            max_size=None,
+            open_timeout=30,
+        )
+        assert self._next()["type"] == "session.created"
+
+    def _next(self) -> dict:
+        try:
+            return json.loads(self.conn.recv(timeout=30))
+        except TimeoutError:
+            TALLY["realtime_hangs"] += 1
+            raise AssertionError("no answer within 30 s") from None
+        except Exception as e:  # the server closed the socket
+            TALLY["realtime_dropped"] += 1
+            raise AssertionError(f"socket dropped: {type(e).__name__}") from None
+
+    def expect_error(self, raw: str | bytes) -> dict:
+        self.conn.send(raw)
+        TALLY["realtime_cases"] += 1
+        while (event := self._next())["type"] != "error":
+            assert event["type"] not in ("session.updated", "response.created"), event
+        TALLY["realtime_error_events"] += 1
+        _no_leak(json.dumps(event))
+        err = event["error"]
+        assert err["message"] and err["code"] and err["type"] == "invalid_request_error", err
+        return err
+
+    def still_works(self) -> None:
+        self.conn.send(json.dumps({"type": "session.update", "session": {"instructions": "ok"}}))
+        while (event := self._next())["type"] != "session.updated":
+            assert event["type"] != "error", event
+
+    def close(self):
+        self.conn.close()
+
+
+@pytest.fixture(scope="module")
+def rt(omniray, model_name):
+    session = Session(f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}")
+    yield session
+    session.close()
+
+
+def _b64(n: int) -> str:
+    return base64.b64encode(b"\x00" * n).decode()
+
+
+REALTIME_CASES = {
+    "not_json": "{nope",
+    "binary_frame": b"\x00\x01\x02",
+    "invalid_utf8_binary": b'{"type": "\xff"}',
+    "json_array": "[1, 2]",
+    "json_number": "42",
+    "no_type": "{}",
+    "type_number": '{"type": 5}',
+    "unknown_type": '{"type": "session.delete"}',
+    "very_long_type": json.dumps({"type": "x" * 100_000}),
+    "deep_nesting": '{"type": "session.update", "session": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    "huge_integer": '{"type": "conversation.item.truncate", "item_id": "i", "audio_end_ms": '
+    + "9" * 5000
+    + "}",
+    "nan": '{"type": "omniray.playback.progress", "item_id": "i", "played_ms": NaN}',
+    "infinity": '{"type": "omniray.playback.progress", "item_id": "i", "played_ms": 1e999}',
+    "lone_surrogate": json.dumps({"type": "session.update", "session": {"instructions": "\udc80"}}),
+    "event_id_too_long": json.dumps({"type": "input_audio_buffer.clear", "event_id": "e" * 1000}),
+    "session_not_object": json.dumps({"type": "session.update", "session": "x"}),
+    "session_type_wrong": json.dumps({"type": "session.update", "session": {"type": "transcription"}}),
+    "modalities_unknown": json.dumps({"type": "session.update", "session": {"output_modalities": ["smell"]}}),
+    "voice_unknown": json.dumps(
+        {"type": "session.update", "session": {"audio": {"output": {"voice": "nobody"}}}}
+    ),
+    "voice_number": json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": 7}}}}),
+    "input_rate_8k": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 8000}}}},
+        }
+    ),
+    "vad_threshold_2": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"threshold": 2}}}}}
+    ),
+    "vad_type_unknown": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {"type": "psychic"}}}}}
+    ),
+    "vad_silence_negative": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"turn_detection": {"silence_duration_ms": -1}}}},
+        }
+    ),
+    "max_output_tokens_zero": json.dumps({"type": "session.update", "session": {"max_output_tokens": 0}}),
+    "max_output_tokens_over_cap": json.dumps(
+        {"type": "session.update", "session": {"max_output_tokens": 10**6}}
+    ),
+    "max_output_tokens_int64": json.dumps(
+        {"type": "session.update", "session": {"max_output_tokens": 2**63}}
+    ),
+    "max_output_tokens_string": json.dumps(
+        {"type": "session.update", "session": {"max_output_tokens": "lots"}}
+    ),
+    "instructions_number": json.dumps({"type": "session.update", "session": {"instructions": 5}}),
+    "instructions_too_long": json.dumps(
+        {"type": "session.update", "session": {"instructions": "i" * 70_000}}
+    ),
+    "append_no_audio": json.dumps({"type": "input_audio_buffer.append"}),
+    "append_audio_number": json.dumps({"type": "input_audio_buffer.append", "audio": 1}),
+    "append_bad_base64": json.dumps({"type": "input_audio_buffer.append", "audio": "@@@@"}),
+    "append_odd_bytes": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(3)}),
+    "append_oversized": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(16 * 24_000 * 2)}),
+    "commit_empty": json.dumps({"type": "input_audio_buffer.commit"}),
+    "response_nothing_committed": json.dumps({"type": "response.create"}),
+    "response_not_object": json.dumps({"type": "response.create", "response": []}),
+    "response_modalities_bad": json.dumps(
+        {"type": "response.create", "response": {"output_modalities": ["x"]}}
+    ),
+    "response_max_tokens_negative": json.dumps(
+        {"type": "response.create", "response": {"max_output_tokens": -3}}
+    ),
+    "truncate_unknown_item": json.dumps(
+        {"type": "conversation.item.truncate", "item_id": "nope", "content_index": 0, "audio_end_ms": 0}
+    ),
+    "truncate_negative_ms": json.dumps(
+        {"type": "conversation.item.truncate", "item_id": "i", "audio_end_ms": -1}
+    ),
+    "truncate_no_item": json.dumps({"type": "conversation.item.truncate", "audio_end_ms": 1}),
+    "truncate_item_id_long": json.dumps(
+        {"type": "conversation.item.truncate", "item_id": "i" * 500, "audio_end_ms": 1}
+    ),
+    "retrieve_unknown_item": json.dumps({"type": "conversation.item.retrieve", "item_id": "nope"}),
+    "retrieve_item_id_object": json.dumps({"type": "conversation.item.retrieve", "item_id": {}}),
+    "progress_unknown_item": json.dumps(
+        {"type": "omniray.playback.progress", "item_id": "x", "played_ms": 1}
+    ),
+    "progress_negative": json.dumps({"type": "omniray.playback.progress", "item_id": "x", "played_ms": -5}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REALTIME_CASES))
+def test_realtime_catalog(rt, case):
+    rt.expect_error(REALTIME_CASES[case])
+
+
+_events = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            sorted(
+                {
+                    "session.update",
+                    "input_audio_buffer.append",
+                    "response.create",
+                    "conversation.item.truncate",
+                    "omniray.playback.progress",
+                    "conversation.item.retrieve",
+                }
+            )
+        )
+    },  # fmt: skip
+    optional={
+        # never a dict of unknown keys: `session` accepts (and echoes) those
+        "session": st.lists(st.integers(), max_size=2)
+        | st.integers()
+        | st.fixed_dictionaries({"max_output_tokens": _int_out}),
+        "audio": st.integers() | st.text(alphabet="@#%", min_size=1, max_size=8),
+        "item_id": st.integers() | _junk,
+        "audio_end_ms": st.integers(max_value=-1),
+        "played_ms": st.floats(max_value=-0.001, min_value=-1e300),
+        "response": st.integers() | st.text(max_size=3),
+    },
+)
+
+
+@FUZZ
+@given(event=_events)
+def test_realtime_generated(rt, event):
+    """Each generated event is wrong in at least one field the type needs (see _events)."""
+    rt.expect_error(json.dumps(event))
+
+
+@FUZZ
+@given(raw=st.binary(min_size=1, max_size=200))
+def test_realtime_generated_bytes(rt, raw):
+    rt.expect_error(raw)
+
+
+def test_realtime_session_still_works(rt):
+    rt.still_works()
+
+
+# ---- gRPC ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grpc_stub(omniray):
+    channel = grpc_channel(omniray.grpc_target)
+    yield omni_pb2_grpc.OmniStub(channel)
+    channel.close()
+
+
+def _grpc_request(model, *parts, sampling=None, **fields) -> omni_pb2.ChatRequest:
+    parts = parts or (omni_pb2.ContentPart(text="hi"),)
+    return omni_pb2.ChatRequest(
+        model=model,
+        messages=[omni_pb2.Message(role="user", content=list(parts))],
+        sampling=sampling or common_pb2.SamplingParams(max_tokens=2),
+        **fields,
+    )
+
+
+def _expect_status(call, code=grpc.StatusCode.INVALID_ARGUMENT) -> None:
+    TALLY["grpc_cases"] += 1
+    with pytest.raises(grpc.RpcError) as e:
+        list(call())
+    got = e.value.code()
+    TALLY[f"grpc_{got.name}"] += 1
+    assert got == code, f"{got}: {e.value.details()}"
+    _no_leak(e.value.details() or "")
+
+
+def _sp(**kw) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(max_tokens=kw.pop("max_tokens", 2), **kw)
+
+
+IMG, AUD = omni_pb2.ImagePart, omni_pb2.AudioPart
+GRPC_CASES = {
+    "unknown_model": lambda m: _grpc_request("gpt-17"),
+    "empty_model": lambda m: _grpc_request(""),
+    "no_messages": lambda m: omni_pb2.ChatRequest(model=m),
+    "bad_role": lambda m: omni_pb2.ChatRequest(model=m, messages=[omni_pb2.Message(role="root")]),
+    "empty_part": lambda m: _grpc_request(m, omni_pb2.ContentPart()),
+    "max_tokens_negative": lambda m: _grpc_request(m, sampling=_sp(max_tokens=-1)),
+    "max_tokens_over_cap": lambda m: _grpc_request(m, sampling=_sp(max_tokens=2**31 - 1)),
+    "temperature_nan": lambda m: _grpc_request(m, sampling=_sp(temperature=float("nan"))),
+    "temperature_inf": lambda m: _grpc_request(m, sampling=_sp(temperature=float("inf"))),
+    "temperature_negative": lambda m: _grpc_request(m, sampling=_sp(temperature=-1)),
+    "temperature_high": lambda m: _grpc_request(m, sampling=_sp(temperature=2.5)),
+    "top_p_negative": lambda m: _grpc_request(m, sampling=_sp(top_p=-0.5)),
+    "top_p_high": lambda m: _grpc_request(m, sampling=_sp(top_p=1.5)),
+    "top_p_nan": lambda m: _grpc_request(m, sampling=_sp(top_p=float("nan"))),
+    "presence_penalty_high": lambda m: _grpc_request(m, sampling=_sp(presence_penalty=9)),
+    "frequency_penalty_nan": lambda m: _grpc_request(m, sampling=_sp(frequency_penalty=float("nan"))),
+    "stop_five": lambda m: _grpc_request(m, sampling=_sp(stop=["a", "b", "c", "d", "e"])),
+    "stop_empty": lambda m: _grpc_request(m, sampling=_sp(stop=[""])),
+    "stop_long": lambda m: _grpc_request(m, sampling=_sp(stop=["x" * 1000])),
+    "modalities_video": lambda m: _grpc_request(m, modalities=["text", "video"]),
+    "modalities_many": lambda m: _grpc_request(m, modalities=["text", "audio", "text"]),
+    "unknown_voice": lambda m: _grpc_request(
+        m, modalities=["text", "audio"], audio=omni_pb2.AudioOutput(voice="x" * 999)
+    ),
+    "unknown_audio_format": lambda m: _grpc_request(
+        m, modalities=["text", "audio"], audio=omni_pb2.AudioOutput(format="mp3")
+    ),
+    "unknown_slo_class": lambda m: _grpc_request(m, slo_class="urgent"),
+    "session_id_long": lambda m: _grpc_request(m, session_id="s" * 500),
+    "image_garbage": lambda m: _grpc_request(m, omni_pb2.ContentPart(image=IMG(data=b"garbage"))),
+    "image_remote_url": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(image=IMG(url="http://169.254.169.254/"))
+    ),
+    "image_bad_detail": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(image=IMG(data=png_bytes(), detail="ultra"))
+    ),
+    "image_pixel_bomb": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(image=IMG(data=base64.b64decode(_png_bomb().split(",", 1)[1])))
+    ),
+    "audio_garbage": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(audio=AUD(data=b"garbage", format="wav"))
+    ),
+    "audio_bad_format": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(audio=AUD(data=wav_bytes(), format="flac"))
+    ),
+    "audio_lying_length": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(audio=AUD(data=_lying_wav(), format="wav"))
+    ),
+    "audio_odd_pcm16": lambda m: _grpc_request(
+        m, omni_pb2.ContentPart(audio=AUD(data=b"\x00" * 3, format="pcm16"))
+    ),
+    "too_many_images": lambda m: _grpc_request(
+        m, *[omni_pb2.ContentPart(image=IMG(data=png_bytes(8, 8)))] * 65
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRPC_CASES))
+def test_grpc_catalog(grpc_stub, model_name, case):
+    request = GRPC_CASES[case](model_name)
+    _expect_status(lambda: grpc_stub.Chat(request, timeout=60))
+
+
+def test_grpc_unauthenticated(omniray, model_name):
+    channel = grpc_channel(omniray.grpc_target, key="sk-nobody")
+    stub = omni_pb2_grpc.OmniStub(channel)
+    _expect_status(lambda: stub.Chat(_grpc_request(model_name), timeout=30), grpc.StatusCode.UNAUTHENTICATED)
+    channel.close()
+
+
+def _string_field(number: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field, written by hand (to put invalid UTF-8 in a string)."""
+    key, length = (number << 3) | 2, len(value)
+    varint = bytearray()
+    while True:
+        byte, length = length & 0x7F, length >> 7
+        varint.append(byte | (0x80 if length else 0))
+        if not length:
+            break
+    return bytes([key]) + bytes(varint) + value
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _string_field(1, b"\xff\xfe"),  # model: invalid UTF-8
+        _string_field(2, _string_field(1, b"\xc3")),  # messages[0].role: truncated UTF-8
+        b"\x0a\xff\xff\xff\xff\x0f",  # a length past the end
+        b"\xff" * 16,  # not protobuf
+        struct.pack("<Q", 2**64 - 1),
+    ],
+    ids=["bad_utf8_model", "bad_utf8_role", "length_overflow", "garbage", "raw_int"],
+)
+def test_grpc_undecodable_request(omniray, raw):
+    """Bytes that are no ChatRequest (invalid UTF-8 in a string field, bad lengths): a status, no hang."""
+    channel = grpc_channel(omniray.grpc_target)
+    call = channel.unary_stream(
+        "/omni.v1.Omni/Chat",
+        request_serializer=lambda b: b,
+        response_deserializer=omni_pb2.ChatChunk.FromString,
+    )
+    TALLY["grpc_cases"] += 1
+    with pytest.raises(grpc.RpcError) as e:
+        list(call(raw, timeout=30))
+    TALLY[f"grpc_{e.value.code().name}"] += 1
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    _no_leak(e.value.details() or "")
+    channel.close()
+
+
+def test_grpc_realtime_undecodable_event_gets_an_error_event(omniray, model_name):
+    """A realtime event that is no RealtimeClientEvent: an `error` event, and the session goes on."""
+    channel = grpc_channel(omniray.grpc_target)
+    call = channel.stream_stream(
+        "/omni.v1.Omni/Realtime",
+        request_serializer=lambda b: b,
+        response_deserializer=omni_pb2.RealtimeServerEvent.FromString,
+    )
+    update = omni_pb2.RealtimeClientEvent(session_update=omni_pb2.RealtimeSessionUpdate()).SerializeToString()
+    sent = iter([_string_field(1, b"\xff\xfe"), update])  # event_id: invalid UTF-8
+    kinds = []
+    for event in call(sent, timeout=60, metadata=[("x-omniray-model", model_name)]):
+        kinds.append(event.type)
+        if event.type == "error":
+            _no_leak(event.error.message)
+        if event.type == "session.updated":
+            break
+    TALLY["grpc_cases"] += 1
+    assert kinds[:3] == ["session.created", "error", "session.updated"], kinds
+    channel.close()
+
+
+_grpc_sampling = st.one_of(
+    st.builds(_sp, temperature=_temp_out),
+    st.builds(
+        _sp, top_p=st.floats(min_value=1.0001, max_value=1e30) | st.floats(max_value=-0.0001, min_value=-1e30)
+    ),
+    st.builds(_sp, presence_penalty=_penalty_out.filter(lambda x: abs(x) < 3e38)),
+    st.builds(_sp, max_tokens=st.integers(min_value=-(2**31), max_value=-1) | st.integers(4097, 2**31 - 1)),
+    st.builds(_sp, stop=st.lists(st.text(max_size=3), min_size=5, max_size=8)),
+    st.just(_sp(temperature=float("nan"))),
+)
+
+
+@FUZZ
+@given(sampling=_grpc_sampling)
+def test_grpc_generated_sampling(grpc_stub, model_name, sampling):
+    request = _grpc_request(model_name, sampling=sampling)
+    _expect_status(lambda: grpc_stub.Chat(request, timeout=60))
+
+
+def test_grpc_still_healthy(grpc_stub, model_name, http):
+    chunks = list(grpc_stub.Chat(_grpc_request(model_name), timeout=60))
+    assert chunks[-1].finish_reason
+    _assert_healthy(http, model_name)
