@@ -27,10 +27,11 @@ import yaml
 
 from services.app import serve_config
 from services.common import redis_config
-from services.models.profile import REPO_ROOT, data_dir
+from services.models.profile import REPO_ROOT, data_dir, load_profile
 
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 RUN_ID_ENV = "OMNIRAY_RUN_ID"
+GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"  # Serve's gRPC proxy: max send/receive bytes
 
 
 def free_port() -> int:
@@ -136,7 +137,7 @@ def start(
     try:
         _start_redis(cluster)
         cluster.save()
-        _start_ray(cluster)
+        _start_ray(cluster, load_profile(profile).limits.max_request_bytes)
         deploy(
             cluster,
             profile,
@@ -234,7 +235,9 @@ def start_redis(port: int, run_dir: Path) -> subprocess.Popen:
     raise RuntimeError(f"redis did not start; see {run_dir / 'redis.log'}")
 
 
-def _start_ray(cluster: LocalCluster) -> None:
+def _start_ray(cluster: LocalCluster, max_request_bytes: int) -> None:
+    """`max_request_bytes`: the gRPC proxy's receive limit, the profile's body limit (Serve reads it
+    from the environment of the processes `ray start` begins; its default is 2 GiB)."""
     subprocess.run(
         [
             _bin("ray"),
@@ -250,7 +253,7 @@ def _start_ray(cluster: LocalCluster) -> None:
             "--disable-usage-stats",
         ],
         check=True,
-        env=_ray_env(cluster),
+        env={**_ray_env(cluster), GRPC_MAX_MESSAGE_ENV: str(max_request_bytes)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

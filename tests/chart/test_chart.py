@@ -14,6 +14,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from services import deploy
 from services.app import DEPLOYMENT_NAMES
+from services.models.profile import load_profile
 from tests.chart.helpers import VALUES_FILES, by_kind, one, validate, values
 
 RENDERS = [*VALUES_FILES, "all-on"]
@@ -142,6 +143,14 @@ def test_pods_get_redis_url_tenants_and_data(rendered, name):
         assert names.index("OMNIRAY_REDIS_PASSWORD") < names.index("OMNIRAY_REDIS_URL")
         assert e["OMNIRAY_REDIS_URL"]["value"] == "redis://:$(OMNIRAY_REDIS_PASSWORD)@omniray-redis:6379/0"
         assert e["OMNIRAY_TENANTS_FILE"]["value"] == "/etc/omniray/tenants/tenants.yaml"
+        profile = yaml.safe_load(one(docs, "RayService")["spec"]["serveConfigV2"])["applications"][0]["args"][
+            "profile"
+        ]
+        # The gRPC proxy takes no larger message than the profile takes as a REST body.
+        assert (
+            int(e["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]["value"])
+            == load_profile(profile).limits.max_request_bytes
+        )
         init = group["template"]["spec"]["initContainers"][0]
         assert (
             init["command"][-1]

@@ -676,6 +676,12 @@ def test_grpc_unauthenticated(omniray, model_name):
     channel.close()
 
 
+def test_grpc_message_over_the_body_limit(grpc_stub, model_name):
+    """The proxy takes no message larger than the profile's body limit (tiny: 48 MiB)."""
+    big = _grpc_request(model_name, omni_pb2.ContentPart(text="x" * (49 * 1024 * 1024)))
+    _expect_status(lambda: grpc_stub.Chat(big, timeout=60), grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
 def _string_field(number: int, value: bytes) -> bytes:
     """A length-delimited protobuf field, written by hand (to put invalid UTF-8 in a string)."""
     key, length = (number << 3) | 2, len(value)

@@ -135,6 +135,8 @@ spec:
           value: /data
         - name: OMNIRAY_TENANTS_FILE
           value: /etc/omniray/tenants/tenants.yaml
+        - name: RAY_SERVE_GRPC_MAX_MESSAGE_SIZE  # the gRPC proxy's receive limit (Serve's default: 2 GiB)
+          value: {{ $root.Values.grpcMaxMessageBytes | int64 | quote }}
         {{- include "omniray.redisEnv" $root | nindent 8 }}
         {{- with $root.Values.otel.endpoint }}
         - name: OTEL_EXPORTER_OTLP_ENDPOINT
