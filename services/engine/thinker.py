@@ -280,6 +280,10 @@ class ThinkerEngine:
                 cached_tokens=out.num_cached_tokens or 0,
             )
 
+    def unfinished_requests(self) -> int:
+        """Requests the engine still holds (a client that went away must leave none behind)."""
+        return self.engine.output_processor.get_num_unfinished_requests()
+
     def prompt_token_sources(self) -> dict[str, float]:
         """vLLM's own counter of where prompt tokens came from (computed / local cache / external KV)."""
         from prometheus_client import REGISTRY

@@ -149,6 +149,7 @@ class Pipeline:
         for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
             telemetry.zero(self.version_mismatches, modality=modality)
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
+        self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
 
     # ---- validation and preparation -----------------------------------------------------
 
@@ -471,6 +472,7 @@ class Pipeline:
             )
             text = []
             async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling):
+                final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
                 if chunk.text:
                     text.append(chunk.text)
                     await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
@@ -539,11 +541,22 @@ class Pipeline:
         finally:
             for t in tasks:
                 t.cancel()
+            # The quota keeps what was used: the whole usage, or — a client that left, a stage that
+            # failed — the prompt and the tokens generated until then; the rest goes back.
             usage = final.get("usage")
-            used = p.lease.cost
-            if usage is not None:
-                used = dataclasses.replace(used, text_tokens=usage.prompt_tokens + usage.completion_tokens)
-            await self.quota.release(p.lease, used)
+            text_tokens = (
+                usage.prompt_tokens + usage.completion_tokens
+                if usage is not None
+                else p.prompt_tokens + final.get("generated", 0)
+            )
+            # Its own task, awaited through a shield: a client that left cancels this generator and
+            # every await in it, but not the release.
+            release = asyncio.create_task(
+                self.quota.release(p.lease, dataclasses.replace(p.lease.cost, text_tokens=text_tokens))
+            )
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+            await asyncio.shield(release)
 
     async def _vocode(
         self,

@@ -31,6 +31,7 @@ from services.gateway.playback import Playback
 from services.gateway.prompt import PromptBuilder
 from services.models.profile import load_profile
 from services.quota import quota_service
+from services.realtime import events as realtime_events
 from services.realtime import grpc_events
 from services.realtime.hub import RealtimeHub, Refused
 
@@ -188,10 +189,20 @@ class Gateway:
         if declared and declared.isdigit() and int(declared) > limit:
             raise too_large(f"request body is larger than {limit} bytes", code="request_too_large")
         body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise too_large(f"request body is larger than {limit} bytes", code="request_too_large")
+        try:
+            async with asyncio.timeout(self.profile.limits.body_read_timeout_s):
+                async for part in request.stream():
+                    body += part
+                    if len(body) > limit:
+                        raise too_large(
+                            f"request body is larger than {limit} bytes", code="request_too_large"
+                        )
+        except TimeoutError:
+            raise OmniError(
+                408,
+                f"request body not received within {self.profile.limits.body_read_timeout_s:g} s",
+                code="request_timeout",
+            ) from None
         return openai_api.parse_body(bytes(body))
 
     @api.post("/v1/chat/completions")
@@ -309,7 +320,10 @@ class Gateway:
         self.metrics.requests.inc(tags={"api": "realtime", "code": "ok"})
         try:
             while True:
-                message = await ws.receive()
+                message = await self._next_client_event(session, ws.receive)
+                if message is None:
+                    await ws.close(code=1000, reason="idle")
+                    break
                 if message["type"] == "websocket.disconnect":
                     break
                 await session.handle(message.get("text") or message.get("bytes") or b"")
@@ -317,6 +331,27 @@ class Gateway:
             pass
         finally:
             await self.realtime_hub.close(session)
+
+    async def _next_client_event(self, session, receive):
+        """The client's next event; None once the session has been idle too long (told so with an
+        `error` event). Waiting while a response plays out is not idling."""
+        idle_s = self.profile.realtime.idle_timeout_s
+        # One receive for the whole wait: cancelling a stream's read half-way can break the stream.
+        pending = asyncio.ensure_future(receive())
+        try:
+            while True:
+                done, _ = await asyncio.wait({pending}, timeout=idle_s)
+                if done:
+                    return pending.result()
+                if not session.busy:
+                    await session.send(
+                        realtime_events.error_event(
+                            f"no client event for {idle_s:g} s: the session is closed", "session_idle_timeout"
+                        )
+                    )
+                    return None
+        finally:
+            pending.cancel()
 
     @api.get("/v1/models")
     async def models(self):
@@ -415,8 +450,11 @@ class Gateway:
         self.metrics.requests.inc(tags={"api": "grpc_realtime", "code": "ok"})
 
         async def read() -> None:
+            messages = aiter(request_stream)
             try:
-                async for message in request_stream:
+                while (
+                    message := await self._next_client_event(session, lambda: anext(messages, None))
+                ) is not None:
                     if isinstance(message, Undecodable):  # an error event; the session goes on
                         await session.handle_invalid(
                             f"event is not an omni.v1.RealtimeClientEvent: {message.reason}"

@@ -23,6 +23,9 @@ class _Thinker(Stage):
         """vLLM's count of prompt tokens by source; `external_kv_transfer` is KV loaded from the store."""
         return self.engine.prompt_token_sources()
 
+    async def unfinished_requests(self) -> int:
+        return self.engine.unfinished_requests()
+
     async def kv_store_totals(self) -> dict[str, float]:
         """The KV store's metrics as this replica has replayed them (also exported through Ray)."""
         return self.engine.kv_store_totals()
