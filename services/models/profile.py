@@ -135,9 +135,18 @@ class SpeculativePrefillSpec(_Strict):
 class RealtimeSpec(_Strict):
     """Realtime voice sessions (docs/realtime.md)."""
 
+    # A session with no client event for this long, and no response in flight, gets an `error`
+    # event (`session_idle_timeout`) and is closed: an abandoned socket frees its admission slot.
+    idle_timeout_s: float = Field(default=300.0, gt=0)
+
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     speculative_prefill: SpeculativePrefillSpec = Field(default_factory=SpeculativePrefillSpec)
+    # The conversation a response sends (services/realtime/history.py): at most this many turns,
+    # and within `limits.max_media_items`, `limits.max_messages` and the context length; once over
+    # one, the oldest turns go until the rest is within `history_retention_ratio` of each limit.
+    max_history_turns: int = Field(default=32, ge=1, le=1024)
+    history_retention_ratio: float = Field(default=0.75, gt=0, le=1)
 
 
 class ModelsSpec(_Strict):
@@ -192,6 +201,9 @@ class LimitsSpec(_Strict):
     max_messages: int = 256
     max_media_items: int = 64
     max_tokens_cap: int = 4096
+    # A request body (REST) must arrive within this long once its headers did: a client that stalls
+    # or sends less than it declared gets a 408 instead of holding a connection and a task.
+    body_read_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class RequestRouterSpec(_Strict):
@@ -205,6 +217,11 @@ class RequestRouterSpec(_Strict):
 
 class StageSpec(_Strict):
     """Serve deployment options; passed through to the Serve config for this stage."""
+
+    # A replica being stopped (scale-down, a new config, a rolling update) takes no new requests
+    # and keeps serving those it has for up to this long, so responses in flight finish (Serve's
+    # default, 20 s, cuts a long spoken reply).
+    graceful_shutdown_timeout_s: float = Field(default=120.0, ge=0)
 
     num_replicas: int | None = None
     autoscaling_config: dict[str, Any] | None = None

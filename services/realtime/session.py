@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from services.common.errors import OmniError, internal_error
 from services.gateway import openai_api
 from services.gateway.media import wav_bytes
 from services.realtime import events as ev
+from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
 from services.sessions.admission import AimdAdmission
@@ -35,7 +37,10 @@ log = logging.getLogger(__name__)
 class Item:
     id: str
     role: str  # "user" (audio) or "assistant" (its transcript)
+    # user: pcm16 at PCM_RATE, kept while the turn is in the conversation window (the thinker is
+    # stateless: every response sends the conversation again), freed with the item when it leaves.
     audio: bytes = b""
+    audio_tokens: int | None = None  # user: prompt tokens of its audio, once measured in a prompt
     text: str = ""  # assistant: what the conversation keeps (all of it, or what was played)
     tokens: int = 0  # assistant: tokens generated
     generated: str = ""  # assistant: all text generated
@@ -44,6 +49,19 @@ class Item:
     @property
     def audio_ms(self) -> float:
         return sum(ms for _, ms in self.spoken)
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / 2 / PCM_RATE
+
+    @property
+    def kept_tokens(self) -> int:
+        """assistant: the generated tokens of the text kept (all, or the played share of a cut)."""
+        return round(self.tokens * len(self.text) / len(self.generated)) if self.generated else 0
+
+    def clips(self, chunk_bytes: int = 0) -> int:
+        """user: the audio clips `message(chunk_bytes)` sends."""
+        return -(-len(self.audio) // chunk_bytes) if chunk_bytes else int(bool(self.audio))
 
     def cut(self, audio_end_ms: float) -> None:
         """Keep the text spoken in the first `audio_end_ms` of audio: whole pieces played, and of
@@ -114,8 +132,13 @@ class RealtimeSession:
         self.send = send
         self.config = ev.SessionConfig()
         self.buffer = bytearray()
-        self.buffer_start_ms = 0.0  # position of buffer[0] in the session's input audio
-        self.items: list[Item] = []
+        self.buffer_start = 0  # position of buffer[0] in the session's input audio, in samples
+        self.items: list[Item] = []  # the conversation window: turns out of it are dropped
+        # What the prompts are made of, measured on the last response's (see _measure): tokens before
+        # the first turn (template, instructions), template tokens per turn, tokens per audio second.
+        self.head_tokens = 0
+        self.turn_overhead = 0
+        self.audio_rate = 0.0
         self.response: Response | None = None
         self.next_item_id = ev.new_id("item")  # the user item speech will become
         self.vad: SileroStream | None = None
@@ -141,20 +164,25 @@ class RealtimeSession:
         if audio_start_ms is not None:  # a new turn: its audio is not paid for yet
             self.ahead_paid_s = 0.0
 
+    def _offset(self, ms: float) -> int:
+        """Where input position `ms` is in the buffer, in bytes (within the buffer)."""
+        samples = int(ms * PCM_RATE // 1000) - self.buffer_start
+        return min(max(samples, 0) * 2, len(self.buffer))
+
     def _speech_offset(self) -> int:
         """Where the turn being spoken starts in the buffer, in bytes."""
-        return max(0, int((self.speech_start_ms - self.buffer_start_ms) / 1000 * PCM_RATE)) * 2
+        return self._offset(self.speech_start_ms)
 
     @property
     def input_ms(self) -> float:
-        return self.buffer_start_ms + len(self.buffer) / 2 / PCM_RATE * 1000
+        return (self.buffer_start + len(self.buffer) // 2) / PCM_RATE * 1000
 
     def _drop_buffer(self, upto: int | None = None) -> bytes:
         """Take the buffer's first `upto` bytes (all by default) out of it."""
         upto = len(self.buffer) if upto is None else upto
         taken = bytes(self.buffer[:upto])
         del self.buffer[:upto]
-        self.buffer_start_ms += upto / 2 / PCM_RATE * 1000
+        self.buffer_start += upto // 2
         return taken
 
     # ---- events ---------------------------------------------------------------------------------
@@ -184,6 +212,11 @@ class RealtimeSession:
             await self.send(
                 ev.error_event(err.message, err.code, getattr(event, "event_id", None), "server_error")
             )
+
+    @property
+    def busy(self) -> bool:
+        """A response is in flight (a client may listen without sending anything meanwhile)."""
+        return self.response is not None and self.response.status == "in_progress"
 
     async def handle_invalid(self, why: str) -> None:
         """A client event the transport could not decode."""
@@ -265,6 +298,11 @@ class RealtimeSession:
                 await self._speech_started(found.audio_ms)
             else:
                 await self._speech_stopped(found.audio_ms)
+        if not self.turns.speaking:
+            # Audio before the earliest place a coming speech start can reach back to (its window
+            # less the prefix padding) can never be part of a turn: an open microphone in a quiet
+            # room keeps only the padding's worth, however long it stays open.
+            self._drop_buffer(self._offset(self.turns.earliest_start_ms))
 
     async def _speech_started(self, audio_start_ms: int) -> None:
         """The user talks. Over a response (barge-in) the response stops before anything else is
@@ -318,21 +356,24 @@ class RealtimeSession:
         if started:  # what came before the speech (and its padding) is not the turn
             self._drop_buffer(self._speech_offset())
         self._speech_started_at(None)
-        if len(self.buffer) < PCM_RATE * 2 // 10:
-            return  # a blip: nothing worth a turn
-        await self._commit(None)
+        end = self._offset(audio_end_ms)  # nor is the silence after it
+        if end < PCM_RATE * 2 // 10:
+            return  # a blip: nothing worth a turn (dropped with the silence around it)
+        await self._commit(None, end)
         if td.create_response and (self.response is None or self.response.status != "in_progress"):
             await self._create_response(ev.ResponseCreate(type="response.create"))
 
-    async def _commit(self, event: ev.InputAudioBufferCommit | None) -> None:
-        if len(self.buffer) < PCM_RATE * 2 // 10:  # OpenAI's rule: at least 100 ms
+    async def _commit(self, event: ev.InputAudioBufferCommit | None, upto: int | None = None) -> None:
+        """The buffer's first `upto` bytes (all by default) become a user item."""
+        upto = len(self.buffer) if upto is None else upto
+        if upto < PCM_RATE * 2 // 10:  # OpenAI's rule: at least 100 ms
             raise ev.RealtimeEventError(
-                f"input audio buffer holds {len(self.buffer) / (PCM_RATE * 2) * 1000:.0f} ms; commit needs 100 ms",
+                f"input audio buffer holds {upto / (PCM_RATE * 2) * 1000:.0f} ms; commit needs 100 ms",
                 code="input_audio_buffer_commit_empty",
                 event_id=event.event_id if event else None,
             )
         # The turn's audio is debited before it is kept (less what speculative prefill paid for).
-        seconds = len(self.buffer) / (PCM_RATE * 2)
+        seconds = upto / (PCM_RATE * 2)
         try:
             await self.pipeline.quota.spend_session_audio(
                 self.tenant, self.id, max(0.0, seconds - self.ahead_paid_s)
@@ -345,7 +386,7 @@ class RealtimeSession:
             ) from None
         self.ahead_paid_s = 0.0
         previous = self.items[-1].id if self.items else None
-        item = Item(self.next_item_id, "user", audio=self._drop_buffer())
+        item = Item(self.next_item_id, "user", audio=self._drop_buffer(upto))
         self.next_item_id = ev.new_id("item")
         self._speech_started_at(None)
         self.items.append(item)
@@ -370,8 +411,9 @@ class RealtimeSession:
             return
         if self.ahead is not None and not self.ahead.done():
             return
-        start = self._speech_offset()
-        chunks = (len(self.buffer) - start) // self.chunk_bytes
+        # Only chunks the VAD has heard as speech: the silence after the speech is not the turn's.
+        start, end = self._speech_offset(), self._offset(self.turns.speech_end_ms)
+        chunks = (end - start) // self.chunk_bytes
         if chunks <= self.ahead_chunks:
             return
         self.ahead_chunks = chunks
@@ -390,9 +432,8 @@ class RealtimeSession:
             seconds = len(pending.audio) / (PCM_RATE * 2)
             await self.pipeline.quota.spend_session_audio(self.tenant, self.id, seconds - self.ahead_paid_s)
             self.ahead_paid_s = seconds
-            _, proto = openai_api.parse_request(
-                self._chat_body(ev.ResponseConfig(), pending), self.profile.limits
-            )
+            body, _ = self._chat_body(ev.ResponseConfig(), pending)
+            _, proto = openai_api.parse_request(body, self.profile.limits)
             proto.session_id = self.id
             tokens = await self.pipeline.prefill_ahead(proto, self.tenant)
             self.stats.prefilled_ahead("done", tokens)
@@ -403,16 +444,101 @@ class RealtimeSession:
             log.warning("session %s: speculative prefill failed: %s", self.key, e)
             self.stats.prefilled_ahead("failed", 0)
 
+    # ---- the conversation window (services/realtime/history.py) -------------------------------
+
+    def _turns(self, pending: Item | None = None) -> list[list[Item]]:
+        """The conversation in turns: a user item and the replies after it (with `pending`: a turn
+        still being spoken, last)."""
+        turns: list[list[Item]] = []
+        for item in self.items + ([pending] if pending is not None else []):
+            if item.role == "user" or not turns:
+                turns.append([item])
+            else:
+                turns[-1].append(item)
+        return turns
+
+    def _cost(self, turn: list[Item]) -> TurnCost:
+        """What a turn adds to a request; its audio tokens estimated until a prompt measured them."""
+        user, replies = turn[0], [item for item in turn[1:] if item.text]
+        audio = user.audio_tokens
+        if audio is None:
+            audio = math.ceil(user.seconds * self.audio_rate)
+        return TurnCost(
+            clips=user.clips(self.chunk_bytes),
+            messages=1 + len(replies),
+            tokens=audio + sum(item.kept_tokens for item in replies) + self.turn_overhead,
+        )
+
+    def _fit_history(self, instructions: str | None, max_output: int, pending: Item | None) -> None:
+        """Drop the oldest turns that the next request (with `pending`) cannot carry, and with them
+        their items and audio: what a request may hold is the profile's media-item and message
+        limits, `realtime.max_history_turns`, and the context length less the reply's tokens."""
+        rt, limits = self.profile.realtime, self.profile.limits
+        budget = HistoryLimits(
+            turns=rt.max_history_turns,
+            clips=limits.max_media_items,
+            messages=limits.max_messages - (1 if instructions else 0),
+            tokens=self.profile.engine.max_model_len - max_output - self.head_tokens,
+            retention=rt.history_retention_ratio,
+        )
+        self._drop_turns(turns_to_drop([self._cost(turn) for turn in self._turns(pending)], budget))
+
+    def _drop_turns(self, n: int) -> None:
+        """Drop the `n` oldest turns of the conversation."""
+        if n > 0:
+            del self.items[: sum(len(turn) for turn in self._turns()[:n])]
+            self.stats.history_trimmed(n)
+
+    def _measure(self, turns: list[list[Item]], prepared) -> None:
+        """Learn from the prompt the pipeline built for `turns` what the next windows are fitted
+        with: each user turn's audio tokens (its clips' embeddings, in order), the tokens before
+        the first clip (template, instructions) and the rest spread over the turns. A cascade's
+        encoder gives text, not embeddings: its transcripts count in the per-turn rest."""
+        if prepared.prompt is None or not turns:
+            return
+        users = [turn[0] for turn in turns]
+        clips = [user.clips(self.chunk_bytes) for user in users]
+        at, embedded = 0, []  # (position, rows) of each embedding segment
+        for segment in prepared.prompt.segments:
+            if segment.HasField("embeddings"):
+                embedded.append((at, segment.embeddings.shape[0]))
+                at += segment.embeddings.shape[0]
+            else:
+                at += len(segment.tokens.ids)
+        if embedded and len(embedded) == sum(clips):
+            self.head_tokens, k = embedded[0][0], 0
+            for user, n in zip(users, clips, strict=True):
+                user.audio_tokens = sum(rows for _, rows in embedded[k : k + n])
+                k += n
+            seconds = sum(user.seconds for user in users)
+            if seconds > 0:
+                audio = sum(user.audio_tokens for user in users)
+                self.audio_rate = max(self.audio_rate, audio / seconds)
+        known = (
+            self.head_tokens
+            + sum(user.audio_tokens or 0 for user in users)
+            + sum(item.kept_tokens for turn in turns for item in turn[1:] if item.text)
+        )
+        self.turn_overhead = max(0, math.ceil((prepared.prompt_tokens - known) / len(turns)))
+
     # ---- responses ------------------------------------------------------------------------------
 
-    def _chat_body(self, config: ev.ResponseConfig, pending: Item | None = None) -> dict:
-        """The conversation as a chat request (with `pending`: a turn still being spoken, last)."""
+    def _chat_body(
+        self, config: ev.ResponseConfig, pending: Item | None = None
+    ) -> tuple[dict, list[list[Item]]]:
+        """The conversation as a chat request (with `pending`: a turn still being spoken, last), once
+        the turns it cannot carry are dropped; and the turns it holds."""
         modalities = config.output_modalities or self.config.output_modalities
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
-        items = self.items + ([pending] if pending is not None else [])
+        max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
+        self._fit_history(instructions, max_output, pending)
+        turns = self._turns(pending)
         messages = ([{"role": "system", "content": instructions}] if instructions else []) + [
-            item.message(self.chunk_bytes) for item in items if item.role == "user" or item.text
+            item.message(self.chunk_bytes)
+            for turn in turns
+            for item in turn
+            if item.role == "user" or item.text
         ]
         body: dict[str, Any] = {"model": self.profile.served_model_name, "messages": messages}
         if "audio" in modalities:
@@ -421,7 +547,7 @@ class RealtimeSession:
             body["audio"] = {"voice": voice, "format": "pcm16"}
         if isinstance(limit, int):
             body["max_tokens"] = limit
-        return body
+        return body, turns
 
     async def _create_response(self, event: ev.ResponseCreate) -> None:
         if self.response is not None and self.response.status == "in_progress":
@@ -434,16 +560,25 @@ class RealtimeSession:
             raise ev.RealtimeEventError(
                 "nothing to respond to: commit some input audio first", event_id=event.event_id
             )
-        try:
-            _, proto = openai_api.parse_request(self._chat_body(event.response), self.profile.limits)
-            proto.session_id = self.id
-            prepared = await self.pipeline.prepare(proto, self.tenant)
-        except OmniError as e:
-            err = e.body()["error"]
-            await self.send(
-                ev.error_event(err["message"], err.get("code") or "invalid_request", event.event_id)
-            )
-            return
+        while True:
+            body, turns = self._chat_body(event.response)
+            try:
+                _, proto = openai_api.parse_request(body, self.profile.limits)
+                proto.session_id = self.id
+                prepared = await self.pipeline.prepare(proto, self.tenant)
+                break
+            except OmniError as e:
+                if e.code == "context_length_exceeded" and len(turns) > 1:
+                    # The window's token estimate fell short (a turn not measured yet, new
+                    # instructions): one turn less, and again. Each pass drops a turn, so it ends.
+                    self._drop_turns(1)
+                    continue
+                err = e.body()["error"]
+                await self.send(
+                    ev.error_event(err["message"], err.get("code") or "invalid_request", event.event_id)
+                )
+                return
+        self._measure(turns, prepared)
         response = Response(ev.new_id("resp"), Item(ev.new_id("item"), "assistant"))
         self.response = response
         await self.send(ev.server_event("response.created", response=self._describe(response)))

@@ -53,6 +53,12 @@ class RealtimeStats:
             zero(self.ahead, outcome=outcome)
         zero(self.ahead_tokens)
 
+        self.history_dropped = metrics.Counter(
+            "omniray_realtime_history_turns_dropped_total",
+            description="Oldest conversation turns dropped so that a response's request fits its limits.",
+        )
+        zero(self.history_dropped)
+
     def prefilled_ahead(self, outcome: str, tokens: int) -> None:
         self.ahead.inc(tags={"outcome": outcome})
         if tokens > 0:
@@ -66,3 +72,7 @@ class RealtimeStats:
     def generated(self, tokens: int) -> None:
         if tokens > 0:
             self.generated_tokens.inc(tokens)
+
+    def history_trimmed(self, turns: int) -> None:
+        if turns > 0:
+            self.history_dropped.inc(turns)

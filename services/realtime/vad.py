@@ -118,6 +118,15 @@ class TurnSegmenter:
         self.silent_windows = 0
         self.speech_end_ms = 0.0
 
+    @property
+    def earliest_start_ms(self) -> int | None:
+        """The earliest position a speech start not seen yet can report: the next window's start less
+        the prefix padding (None while speech is on). Input before it can never join a turn."""
+        if self.speaking:
+            return None
+        next_ms = self.origin_ms + self.windows * self.window_ms
+        return int(max(self.origin_ms, next_ms - self.params.prefix_padding_ms))
+
     def push(self, probs: np.ndarray) -> list[VadEvent]:
         out: list[VadEvent] = []
         low = max(self.params.threshold - 0.15, 0.01)
