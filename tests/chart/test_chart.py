@@ -146,6 +146,9 @@ def test_pods_get_redis_url_tenants_and_data(rendered, name):
         profile = yaml.safe_load(one(docs, "RayService")["spec"]["serveConfigV2"])["applications"][0]["args"][
             "profile"
         ]
+        # A terminated pod waits longer than its replicas' graceful shutdown.
+        grace = max(stage.graceful_shutdown_timeout_s for stage in load_profile(profile).stages.values())
+        assert group["template"]["spec"]["terminationGracePeriodSeconds"] > grace
         # The gRPC proxy takes no larger message than the profile takes as a REST body.
         assert (
             int(e["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]["value"])

@@ -104,6 +104,9 @@ metadata:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 spec:
+  # Longer than the stages' graceful_shutdown_timeout_s (120 s): a pod being terminated lets its
+  # replicas finish the responses they are serving.
+  terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
   {{- with $root.Values.serviceAccountName }}
   serviceAccountName: {{ . }}
   {{- end }}
