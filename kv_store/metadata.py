@@ -63,10 +63,12 @@ class Breaker:
     def closed(self) -> bool:
         return self._open_until is None or self.clock() >= self._open_until
 
-    def failed(self) -> None:
+    def failed(self, cause: BaseException | None = None) -> None:
         if self._open_until is None:
             log.warning(
-                "KV metadata: Redis unreachable; lookups and saves skipped (recomputed) until it answers"
+                "KV metadata: Redis unreachable (%s: %s); lookups and saves skipped (recomputed) until it answers",
+                type(cause).__name__,
+                cause,
             )
         self._open_until = self.clock() + self.cooldown_s
 
@@ -246,7 +248,7 @@ class KvMetadata:
         try:
             yield
         except UNAVAILABLE as e:
-            self.breaker.failed()
+            self.breaker.failed(e)
             self._unavailable(op)
             raise MetadataUnavailable(f"{op}: {type(e).__name__}") from e
         self.breaker.succeeded()

@@ -10,7 +10,7 @@ def test_breaker_opens_for_its_cooldown_and_closes_on_success():
     now = [0.0]
     breaker = Breaker(1.0, clock=lambda: now[0])
     assert breaker.closed
-    breaker.failed()
+    breaker.failed(None)
     now[0] = 0.99
     assert not breaker.closed
     now[0] = 1.0
