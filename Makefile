@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-long-sessions loadtest lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-long-sessions loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -120,6 +120,13 @@ LOADTEST_TIME ?= 75s
 loadtest: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m loadtest.locust_run --profile tiny --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME)
+
+# Soak: the Locust mix for SOAK_MINUTES with a replica killed and Redis restarted; RSS growth and
+# lost requests (docs/benchmarks.md). Not part of `make test`.
+SOAK_MINUTES ?= 30
+soak: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.soak --profile tiny --users $(LOADTEST_USERS) --minutes $(SOAK_MINUTES)
 
 # The Helm chart's generated files (each profile's Serve config, the dev tenant) and k8s/ rendered
 # from the chart; tests/chart fails when they differ from a fresh run.

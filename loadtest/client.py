@@ -28,6 +28,9 @@ class Result:
 
     def add(self, msg: dict, now: float) -> None:
         """One parsed SSE chunk that arrived `now` seconds after the request was sent."""
+        if isinstance(msg.get("error"), dict):  # the server ended the stream with an error chunk
+            self.error = f"stream error {msg['error'].get('code')}: {msg['error'].get('message', '')[:200]}"
+            return
         if msg.get("usage"):
             self.completion_tokens = msg["usage"]["completion_tokens"]
         if not msg.get("choices"):
@@ -64,7 +67,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, body: dict) -> Result
                 if not line.startswith("data: {"):
                     continue
                 res.add(json.loads(line[6:]), time.perf_counter() - t0)
-        res.ok = True
+        res.ok = not res.error
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = repr(e)
     finally:

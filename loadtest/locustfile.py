@@ -383,7 +383,11 @@ class VoiceUser(TenantUser):
                 self._answered(rid, t_stop)
             else:
                 self._interrupt(how, rid, item, played)
-            errors = [e["error"]["message"] for _, e in s.events[mark:] if e["type"] == "error"]
+            errors = [
+                f"{e['error'].get('code')}: {e['error']['message']}"
+                for _, e in s.events[mark:]
+                if e["type"] == "error"
+            ]
             if errors:
                 raise RuntimeError(f"error events: {errors[:3]}")
         except (TimeoutError, RuntimeError, websocket.WebSocketException, OSError) as e:
