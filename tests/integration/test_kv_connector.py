@@ -150,7 +150,9 @@ async def test_dead_holder_means_recompute_not_a_wrong_answer(engines, redis_url
     _, survivor = engines
     turn1 = [(i * 17) % 1500 + 3 for i in range(320)]
     parent, child = multiprocessing.get_context("spawn").Pipe()
-    proc = multiprocessing.get_context("spawn").Process(target=_holder, args=(patient(redis_url), turn1, child))
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_holder, args=(patient(redis_url), turn1, child)
+    )
     proc.start()
     try:
         assert parent.poll(240), "holder did not answer turn 1"
