@@ -3,7 +3,8 @@
 A store inside vLLM's engine-core process cannot talk to Ray's metrics agent (that process is not a
 Ray worker). There a `Recorder` accumulates the same calls; the connector ships the accumulated
 values with vLLM's KV-connector stats to the engine's front end (a Serve replica), which replays them
-into `StoreMetrics` (Ray metrics, exported as ray_omniray_kv_*). Every method is (labels..., value).
+into its metrics sink (services/extensions/vllm/engine_metrics.py: Ray metrics, exported as
+ray_omniray_kv_*). Every method is (labels..., value). Nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -71,20 +72,6 @@ SPEC: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "Requests whose pages could not be loaded (provider dead, transfer failed) and were recomputed.",
         ("reason",),
     ),
-    # Engine-process metrics of the interaction-aware scheduler (services/engine/scheduler.py): the
-    # scheduler runs in the same engine-core process and its metrics ride the same channel.
-    "decision": (
-        "histogram",
-        "omniray_scheduler_decision_seconds",
-        "Time the scheduler's urgency policy takes per scheduling round (ranking running requests).",
-        ("policy",),
-    ),
-    "ranked": (
-        "counter",
-        "omniray_scheduler_ranked_total",
-        "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",
-        ("urgency",),
-    ),
 }
 # The metadata operations (KvMetadata's Redis calls: its Lua scripts and plain commands).
 REDIS_OPS = ("match", "publish", "append_chain", "chain", "providers", "address", "advertise", "heartbeat",
@@ -96,7 +83,6 @@ ZERO_AT_START = {
     "prefetch": [(o,) for o in ("hit", "done", "late", "skipped", "cancelled", "refused")],
 }
 TRANSFER_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
-DECISION_BUCKETS = [0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01]
 
 
 class Metrics(Protocol):
@@ -111,103 +97,62 @@ class Metrics(Protocol):
     def error(self, op: str, n: float = 1) -> None: ...
     def redis_error(self, op: str, n: float = 1) -> None: ...
     def fallback(self, reason: str, n: float = 1) -> None: ...
-    def decision(self, policy: str, seconds: float) -> None: ...
-    def ranked(self, urgency: str, n: float = 1) -> None: ...
 
 
 class _Calls:
-    """Implements every method of `Metrics` by calling `self._record(method, labels, value)`."""
+    """Implements every method of `Metrics` by calling `self.record(method, labels, value)`."""
 
-    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+    def record(self, method: str, labels: tuple[str, ...], value: float) -> None:
         raise NotImplementedError
 
     def occupancy(self, tier: str, ratio: float) -> None:
-        self._record("occupancy", (tier,), ratio)
+        self.record("occupancy", (tier,), ratio)
 
     def lookup(self, result: str, n: float = 1) -> None:
-        self._record("lookup", (result,), n)
+        self.record("lookup", (result,), n)
 
     def eviction(self, policy: str, to: str, n: float = 1) -> None:
-        self._record("eviction", (policy, to), n)
+        self.record("eviction", (policy, to), n)
 
     def prefetch(self, outcome: str, n: float = 1) -> None:
-        self._record("prefetch", (outcome,), n)
+        self.record("prefetch", (outcome,), n)
 
     def moved(self, path: str, n_bytes: float) -> None:
-        self._record("moved", (path,), n_bytes)
+        self.record("moved", (path,), n_bytes)
 
     def transfer(self, path: str, seconds: float) -> None:
-        self._record("transfer", (path,), seconds)
+        self.record("transfer", (path,), seconds)
 
     def reload(self, kind: str, seconds: float) -> None:
-        self._record("reload", (kind,), seconds)
+        self.record("reload", (kind,), seconds)
 
     def request(self, kind: str, result: str, tokens: float) -> None:
-        self._record("request", (kind, result), tokens)
+        self.record("request", (kind, result), tokens)
 
     def error(self, op: str, n: float = 1) -> None:
-        self._record("error", (op,), n)
+        self.record("error", (op,), n)
 
     def redis_error(self, op: str, n: float = 1) -> None:
-        self._record("redis_error", (op,), n)
+        self.record("redis_error", (op,), n)
 
     def fallback(self, reason: str, n: float = 1) -> None:
-        self._record("fallback", (reason,), n)
-
-    def decision(self, policy: str, seconds: float) -> None:
-        self._record("decision", (policy,), seconds)
-
-    def ranked(self, urgency: str, n: float = 1) -> None:
-        self._record("ranked", (urgency,), n)
+        self.record("fallback", (reason,), n)
 
 
-class StoreMetrics(_Calls):
-    """Ray metrics (the serving process's sink)."""
-
-    def __init__(self):
-        from ray.util import metrics
-
-        from services.common.telemetry import Gauge
-
-        self._metrics = {}
-        for method, (kind, name, help_, labels) in SPEC.items():
-            if kind == "gauge":  # re-sent every few seconds: Ray drops a gauge not reported lately
-                m = Gauge(name, description=help_, tag_keys=labels)
-            elif kind == "counter":
-                m = metrics.Counter(name, description=help_, tag_keys=labels)
-            else:
-                buckets = DECISION_BUCKETS if method == "decision" else TRANSFER_BUCKETS
-                m = metrics.Histogram(name, description=help_, boundaries=buckets, tag_keys=labels)
-            self._metrics[method] = (kind, m, labels)
-        # Failures and prefetches may not happen for a long while: their series exist at 0 so
-        # dashboards and alerts see a healthy store (Ray's Counter.inc refuses 0; _record is what inc calls).
-        for method, label_sets in ZERO_AT_START.items():
-            _, m, names = self._metrics[method]
-            for labels in label_sets:
-                m._record(0, tags=dict(zip(names, labels, strict=True)))
-
-    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
-        kind, m, names = self._metrics[method]
-        tags = dict(zip(names, labels, strict=True))
-        if kind == "gauge":
-            m.set(value, tags=tags)
-        elif kind == "counter":
-            if value:
-                m.inc(value, tags=tags)
-            else:  # a 0 (see KvStore's evictions) creates the series; Ray's inc refuses 0
-                m._record(0, tags=tags)
-        else:
-            m.observe(value, tags=tags)
+Spec = dict[str, tuple[str, str, str, tuple[str, ...]]]
 
 
 class Recorder(_Calls):
-    """Accumulates calls (counter sums, last gauge values, histogram observations) until drained."""
+    """Accumulates calls (counter sums, last gauge values, histogram observations) until drained.
+    `spec`: the metrics it records (the store's SPEC by default; other engine-process components
+    record theirs the same way)."""
 
-    def __init__(self):
+    def __init__(self, spec: Spec = SPEC):
+        self.spec = spec
         self._values: dict[str, dict[tuple[str, ...], list[float]]] = defaultdict(lambda: defaultdict(list))
 
-    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
-        kind = SPEC[method][0]
+    def record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        kind = self.spec[method][0]
         slot = self._values[method][labels]
         if kind == "counter" and slot:
             slot[0] += value
@@ -225,11 +170,11 @@ class Recorder(_Calls):
         return out
 
 
-def merge(a: dict, b: dict) -> dict:
+def merge(a: dict, b: dict, spec: Spec = SPEC) -> dict:
     """Two drained recordings as one (counters add, gauges keep the later value)."""
     out = {m: {tuple(labels): list(vals) for labels, vals in per} for m, per in a.items()}
     for m, per in b.items():
-        kind = SPEC[m][0]
+        kind = spec[m][0]
         slots = out.setdefault(m, {})
         for labels, vals in per:
             key = tuple(labels)
@@ -242,25 +187,27 @@ def merge(a: dict, b: dict) -> dict:
     return {m: [(list(k), v) for k, v in per.items()] for m, per in out.items()}
 
 
-def replay(drained: dict, into: Metrics) -> None:
+def replay(drained: dict, into: _Calls) -> None:
     for method, per in drained.items():
         for labels, values in per:
             for value in values:
-                getattr(into, method)(*labels, value)
+                into.record(method, tuple(labels), value)
 
 
 class Totals(_Calls):
     """Running totals in the serving process, readable by the stage (tests, health): counters summed,
     gauges last, histograms as (count, sum)."""
 
-    def __init__(self):
+    def __init__(self, spec: Spec = SPEC):
+        self.spec = spec
         self.values: dict[str, float] = defaultdict(float)
 
-    def _record(self, method: str, labels: tuple[str, ...], value: float) -> None:
-        key = SPEC[method][1] + "{" + ",".join(labels) + "}"
-        if SPEC[method][0] == "gauge":
+    def record(self, method: str, labels: tuple[str, ...], value: float) -> None:
+        kind, name = self.spec[method][:2]
+        key = name + "{" + ",".join(labels) + "}"
+        if kind == "gauge":
             self.values[key] = value
-        elif SPEC[method][0] == "counter":
+        elif kind == "counter":
             self.values[key] += value
         else:
             self.values[key + "_count"] += 1

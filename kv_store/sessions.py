@@ -1,7 +1,7 @@
 """Live session signals in the store (LiveServe's next-use KV and speech-triggered preload).
 
 The gateway's session monitor reaches the engine processes through the session board (Redis; read by
-a `reader` with `views()` — services/sessions/board.py, configured by import path so this package
+a `reader` with `views()` — services/playback/board.py, configured by import path so this package
 depends on no service code). Each `step`:
 
 - **Next use.** Every page of a session this process has held gets a predicted time of next use:

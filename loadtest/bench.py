@@ -1,11 +1,12 @@
-"""`make bench`: serving figures for a profile, each compared against a baseline from the same run.
+"""`make bench`: serving figures for a profile, each against a baseline measured in the same run.
 
-1. Bare vLLM engine (no Serve, no HTTP) on the thinker: req/s and TTFT at each concurrency.
-2. The whole service (Serve, gateway, prefill -> NIXL -> decode), text out: req/s, TTFT; the
-   overhead against (1): throughput ratio and added per-request latency.
-3. Audio out with async chunk: audio TTFP, RTF, req/s.
-4. Audio out without async chunk (each stage waits for the whole previous output): audio TTFP,
-   and the ratio to (3).
+1. Text out, omniray vs vLLM's own OpenAI server (loadtest/vllm_server.py: the same thinker with the
+   decode engine's arguments) driven by the same streaming client with the same requests, in
+   interleaved rounds (A B, B A, ...) at each concurrency: req/s, TTFT, their ratios (medians over
+   rounds), and where the CPU went (CPU ms per request of every process group, loadtest/process_cpu.py).
+2. Audio out with async chunk: audio TTFP, RTF, req/s.
+3. Audio out without async chunk (each stage waits for the whole previous output): audio TTFP, and
+   the ratio to (2).
 
 Results print as tables and go to loadtest/results/bench-<profile>-<time>.json.
 """
@@ -14,19 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-from omni.v1 import omni_pb2
-
-from loadtest import baseline_vllm, results
+from loadtest import process_cpu, results, vllm_server
 from loadtest.client import Result, run_closed_loop
 from loadtest.workload import chat_prompts
 from services import runtime
-from services.gateway.prompt import PromptBuilder
-from services.models.profile import REPO_ROOT, load_profile
+from services.common.paths import REPO_ROOT
+from services.models.profile import load_profile
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -53,6 +57,7 @@ def _summary(results: list[Result], wall: float) -> dict:
         "ttfp_p90": _pct(ttfp, 0.9),
         "rtf_p50": _pct(rtf, 0.5),
         "e2e_p50": _pct([r.e2e for r in ok], 0.5),
+        "error_sample": sorted({r.error for r in results if not r.ok})[:3],
     }
 
 
@@ -83,35 +88,67 @@ def _requests_for(c: int, per_level: int) -> int:
     return max(per_level, 3 * c)
 
 
-async def _bare(profile, token_prompts, max_tokens, levels, per_level) -> dict:
-    engine = baseline_vllm.make_engine(profile)
-    try:
-        await baseline_vllm.run(engine, token_prompts[:4], max_tokens, 2)  # warm-up
-        out = {}
+# vLLM's engine processes spin on their shared-memory queue for 1 s after their last step, and an
+# idle engine still polls: while one server is measured, the other's engine processes are stopped
+# (SIGSTOP) and the round starts once what ran before has gone quiet.
+SETTLE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    idle: Callable[[], list]  # the processes to stop while another target is measured
+
+
+def _round(url: str, bodies: list[dict], c: int, roots: dict[int, str]) -> tuple[dict, dict[str, float]]:
+    time.sleep(SETTLE_S)
+    before = process_cpu.snapshot(roots)
+    res, wall = asyncio.run(run_closed_loop(url, bodies, c))
+    return _summary(res, wall), process_cpu.between(before, process_cpu.snapshot(roots))
+
+
+def _versus(targets: dict[str, Target], bodies: list[dict], levels, per_level, rounds, roots) -> dict:
+    """Interleaved rounds of the same requests against each server; medians per server and level."""
+    for t in targets.values():  # warm-up
+        asyncio.run(run_closed_loop(t.url, bodies[:8], 4))
+    runs: dict[str, dict[int, list]] = {name: {c: [] for c in levels} for name in targets}
+    for r in range(rounds):
+        order = list(targets) if r % 2 == 0 else list(reversed(targets))
         for c in levels:
-            n = _requests_for(c, per_level)
-            ttfts, wall = await baseline_vllm.run(engine, token_prompts[:n], max_tokens, c)
-            out[c] = {
-                "n": n,
-                "req_per_s": n / wall,
-                "ttft_p50": _pct(ttfts, 0.5),
-                "ttft_p90": _pct(ttfts, 0.9),
+            for name in order:
+                others = [p for other, t in targets.items() if other != name for p in t.idle()]
+                with process_cpu.paused(others):
+                    s, cpu = _round(targets[name].url, bodies[: _requests_for(c, per_level)], c, roots)
+                runs[name][c].append({**s, "cpu_s": cpu})
+                print(
+                    f"  round {r} c={c:<3} {name:8s} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
+                    f"  errors {s['errors']} {s['error_sample']}",
+                    flush=True,
+                )
+    out: dict = {}
+    for name, by_level in runs.items():
+        out[name] = {}
+        for c, rs in by_level.items():
+            requests = sum(x["n"] - x["errors"] for x in rs)
+            cpu: dict[str, float] = {}
+            for x in rs:
+                for label, s in x["cpu_s"].items():
+                    cpu[label] = cpu.get(label, 0.0) + s
+            out[name][c] = {
+                "rounds": rs,
+                "req_per_s": statistics.median(x["req_per_s"] for x in rs),
+                "ttft_p50": statistics.median(x["ttft_p50"] for x in rs if x["ttft_p50"] is not None),
+                "cpu_ms_per_request": {k: 1000 * v / max(requests, 1) for k, v in cpu.items()},
             }
-            print(
-                f"  bare vLLM   c={c:<3} req/s {n / wall:7.2f}  TTFT p50 {_ms(out[c]['ttft_p50'])} ms",
-                flush=True,
-            )
-        return out
-    finally:
-        engine.shutdown()
+    return out
 
 
-async def _service(url: str, bodies: list[dict], levels, per_level, label: str) -> dict:
-    await run_closed_loop(url, bodies[:4], 2)  # warm-up
+def _service(url: str, bodies: list[dict], levels, per_level, label: str) -> dict:
+    asyncio.run(run_closed_loop(url, bodies[:4], 2))  # warm-up
     out = {}
     for c in levels:
-        results, wall = await run_closed_loop(url, bodies[: _requests_for(c, per_level)], c)
-        s = out[c] = _summary(results, wall)
+        res, wall = asyncio.run(run_closed_loop(url, bodies[: _requests_for(c, per_level)], c))
+        s = out[c] = _summary(res, wall)
         print(
             f"  {label:11s} c={c:<3} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
             f"  TTFP mean {_ms(s['ttfp_mean'])} p90 {_ms(s['ttfp_p90'])} ms  RTF p50 {_ratio(s['rtf_p50'])}"
@@ -121,88 +158,95 @@ async def _service(url: str, bodies: list[dict], levels, per_level, label: str) 
     return out
 
 
+def _print_cpu(text: dict, c: int) -> None:
+    print(f"\n[bench] CPU ms per request at c={c} (all rounds), by process")
+    for name in text:
+        cpu = text[name][c]["cpu_ms_per_request"]
+        top = sorted(cpu.items(), key=lambda kv: -kv[1])
+        shown = [(k, v) for k, v in top if v >= 0.5]
+        print(f"  {name}: total {sum(cpu.values()):.1f}")
+        for label, ms in shown:
+            print(f"    {ms:7.1f}  {label}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="tiny")
     ap.add_argument("--levels", default="1,4,16")
     ap.add_argument(
-        "--per-level", type=int, default=16, help="requests per concurrency level (at least 3x c)"
+        "--per-level", type=int, default=32, help="requests per concurrency level and round (at least 3x c)"
     )
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of omniray vs vLLM's server")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--audio-max-tokens", type=int, default=48)
+    ap.add_argument("--no-audio", action="store_true", help="text only (skip phases 2 and 3)")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     profile = load_profile(args.profile)
     model, voice = profile.served_model_name, profile.pipeline.default_voice
     n_max = _requests_for(max(levels), args.per_level)
-    prompts = chat_prompts(n_max, seed=0, max_tokens=args.max_tokens)
-    audio_prompts = chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens)
-
-    builder = PromptBuilder(str(profile.model_path(profile.models.thinker)))
-    token_prompts = []
-    for p in prompts:
-        rendered = builder.render(
-            [omni_pb2.Message(role="user", content=[omni_pb2.ContentPart(text=p.text)])], []
-        )
-        token_prompts.append([t for s in rendered.segments for t in s.tokens.ids])
+    text_bodies = _bodies(model, chat_prompts(n_max, seed=0, max_tokens=args.max_tokens), False, voice)
+    audio_bodies = _bodies(model, chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens), True, voice)
 
     report: dict = {
         "profile": args.profile,
         "levels": levels,
+        "rounds": args.rounds,
         "max_tokens": args.max_tokens,
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
         ).stdout.strip(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     print(f"[bench] profile {args.profile}, levels {levels}, commit {report['commit']}", flush=True)
-    print("[bench] 1/4 bare vLLM engine", flush=True)
-    report["bare"] = asyncio.run(_bare(profile, token_prompts, args.max_tokens, levels, args.per_level))
-
-    with runtime.temporary(args.profile, prefix="omniray-bench-", app_args={"async_chunk": True}) as cluster:
+    log = Path(tempfile.mkdtemp(prefix="omniray-bench-")) / "vllm-server.log"
+    with (
+        runtime.temporary(args.profile, prefix="omniray-bench-", app_args={"async_chunk": True}) as cluster,
+        vllm_server.running(profile, runtime.free_port(), log) as vllm,
+    ):
+        vllm_url = f"{vllm.url}/v1/chat/completions"
         url = f"{cluster.http_url}/v1/chat/completions"
-        print("[bench] 2/4 service, text out", flush=True)
-        report["service_text"] = asyncio.run(
-            _service(url, _bodies(model, prompts, False, voice), levels, args.per_level, "service")
-        )
-        print("[bench] 3/4 service, audio out, async chunk", flush=True)
-        report["audio_async"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True, voice), levels, args.per_level, "async chunk")
-        )
-        print("[bench] 4/4 service, audio out, no async chunk (redeploying)", flush=True)
-        runtime.deploy(cluster, args.profile, app_args={"async_chunk": False}, timeout_s=600)
-        report["audio_sync"] = asyncio.run(
-            _service(url, _bodies(model, audio_prompts, True, voice), levels, args.per_level, "no async")
-        )
+        roots = {vllm.pid: "vllm server", os.getpid(): "client"}
+        print(f"[bench] 1/3 text out: omniray vs vLLM's OpenAI server, {args.rounds} interleaved rounds")
+        targets = {
+            "vllm": Target(vllm_url, lambda: vllm.processes()),
+            "omniray": Target(url, lambda: process_cpu.engines(runtime.processes(cluster.run_id))),
+        }
+        report["text"] = _versus(targets, text_bodies, levels, args.per_level, args.rounds, roots)
+        if not args.no_audio:
+            print("[bench] 2/3 service, audio out, async chunk", flush=True)
+            report["audio_async"] = _service(url, audio_bodies, levels, args.per_level, "async chunk")
+            print("[bench] 3/3 service, audio out, no async chunk (redeploying)", flush=True)
+            runtime.deploy(cluster, args.profile, app_args={"async_chunk": False}, timeout_s=600)
+            report["audio_sync"] = _service(url, audio_bodies, levels, args.per_level, "no async")
 
-    print("\n[bench] summary (same run, same machine)")
+    print("\n[bench] summary (same run, same machine; medians over rounds)")
     print(
-        f"{'c':>3} | {'bare req/s':>10} | {'svc req/s':>9} | {'thru ratio':>10} | {'+TTFT ms':>8} | "
-        f"{'TTFP async':>10} | {'TTFP sync':>9} | {'sync/async':>10} | {'RTF':>6}"
+        f"{'c':>3} | {'vLLM req/s':>10} | {'omniray req/s':>13} | {'ratio':>5} | {'vLLM TTFT':>9} | {'+TTFT ms':>8}"
     )
     report["comparison"] = {}
+    text = report["text"]
     for c in levels:
-        b, s, a, y = (
-            report["bare"][c],
-            report["service_text"][c],
-            report["audio_async"][c],
-            report["audio_sync"][c],
-        )
-        ratio = s["req_per_s"] / b["req_per_s"]
-        added = (s["ttft_p50"] - b["ttft_p50"]) if s["ttft_p50"] and b["ttft_p50"] else None
-        speedup = (y["ttfp_mean"] / a["ttfp_mean"]) if a["ttfp_mean"] and y["ttfp_mean"] else None
-        report["comparison"][c] = {
-            "throughput_ratio": ratio,
-            "added_ttft_s": added,
-            "ttfp_sync_over_async": speedup,
-        }
+        v, o = text["vllm"][c], text["omniray"][c]
+        ratio = o["req_per_s"] / v["req_per_s"]
+        added = o["ttft_p50"] - v["ttft_p50"]
+        report["comparison"][c] = {"throughput_ratio": ratio, "added_ttft_s": added}
         print(
-            f"{c:>3} | {b['req_per_s']:>10.2f} | {s['req_per_s']:>9.2f} | {ratio:>10.2f} | {_ms(added):>8} | "
-            f"{_ms(a['ttfp_mean']):>10} | {_ms(y['ttfp_mean']):>9} | "
-            f"{'-' if speedup is None else f'{speedup:.1f}x':>10} | "
-            f"{_ratio(a['rtf_p50']):>6}"
+            f"{c:>3} | {v['req_per_s']:>10.2f} | {o['req_per_s']:>13.2f} | {ratio:>5.2f} | "
+            f"{_ms(v['ttft_p50']):>9} | {_ms(added):>8}"
         )
+    _print_cpu(text, max(levels))
+    if not args.no_audio:
+        print(f"\n{'c':>3} | {'TTFP async':>10} | {'TTFP sync':>9} | {'sync/async':>10} | {'RTF':>6}")
+        for c in levels:
+            a, y = report["audio_async"][c], report["audio_sync"][c]
+            speedup = (y["ttfp_mean"] / a["ttfp_mean"]) if a["ttfp_mean"] and y["ttfp_mean"] else None
+            report["comparison"][c]["ttfp_sync_over_async"] = speedup
+            print(
+                f"{c:>3} | {_ms(a['ttfp_mean']):>10} | {_ms(y['ttfp_mean']):>9} | "
+                f"{'-' if speedup is None else f'{speedup:.1f}x':>10} | {_ratio(a['rtf_p50']):>6}"
+            )
     print(f"\n[bench] wrote {results.write('bench', args.profile, report)}")
     return 0
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
+import hashlib
 import math
 import platform
 import statistics
@@ -19,27 +19,24 @@ import time
 
 import numpy as np
 from omni.v1 import common_pb2, stages_pb2
-from PIL import Image
 
 from loadtest import results
-from services.common import tensors
+from services.dataplane import tensors
 from services.models.profile import load_profile
 from services.router.tiles import TILE_POLICY_VERSION, tile_grid
 from services.stages.tile_scheduler import TileScheduler
 
 
-def _image(seed: int, size: tuple[int, int]) -> bytes:
-    arr = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(arr).save(buf, "PNG")
-    return buf.getvalue()
+def _image(seed: int, size: tuple[int, int]) -> np.ndarray:
+    """Decoded pixels, as the gateway hands them to the encoder."""
+    return np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
 
 
-def _item(data: bytes, size: tuple[int, int], profile) -> stages_pb2.MediaItem:
+def _item(pixels: np.ndarray, size: tuple[int, int], profile) -> stages_pb2.MediaItem:
     g = tile_grid(*size, "high", profile.tiling.tile_px, profile.tiling.max_tiles)
     return stages_pb2.MediaItem(
         modality="image",
-        data=tensors.describe_bytes(data),
+        data=tensors.describe(pixels, content_hash=hashlib.sha256(pixels.tobytes()).hexdigest()),
         detail="high",
         tiles=stages_pb2.TileGrid(
             cols=g.cols, rows=g.rows, tile_px=g.tile_px, policy_version=TILE_POLICY_VERSION

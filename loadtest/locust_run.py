@@ -23,7 +23,8 @@ import httpx
 from loadtest import locust_report
 from loadtest.results import RESULTS
 from services import runtime
-from services.models.profile import REPO_ROOT, load_profile
+from services.common.paths import REPO_ROOT
+from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 
 TENANTS = REPO_ROOT / "configs" / "tenants" / "loadtest.yaml"

@@ -12,7 +12,7 @@ vLLM's KV usage of the engine (the `omniray_kv_pool_occupancy_ratio{tier="engine
 Parts (each on a fresh engine, the tiny profile's thinker, one core):
   unbounded  full KV: occupancy grows at N·(C+D)/B tokens/s until the pool is full, then requests
              are preempted and frames stall; predicted t_sat = (pool − ρ0)/(N·r) vs measured.
-  bounded    sinks + window (services/engine/session_kv.py): occupancy plateaus.
+  bounded    sinks + window (services/extensions/vllm/session_kv.py): occupancy plateaus.
   sweep      bounded, N in --sweep: p95 frame latency per N; N* = the largest N with p95 ≤ B.
   aimd       bounded, sessions arrive every --arrival-s and live --life-s; the realtime hub's
              AimdAdmission (fed each frame's latency / B) admits or refuses them; where its limit
@@ -36,8 +36,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loadtest import results
-from services.models.profile import SessionKvSpec, load_profile
-from services.sessions.admission import AdmissionParams, AimdAdmission
+from services.extensions.vllm.specs import SessionKvSpec
+from services.models.profile import load_profile
+from services.policies.admission import AdmissionParams, AimdAdmission
 
 
 @dataclass
@@ -70,43 +71,38 @@ class Run:
     stalled: int = 0
 
 
-class _Stats:
-    """vLLM stat logger of the bench: occupancy samples come from the engine's PoolOccupancy gauge;
-    this one counts preemptions."""
+def _preemptions() -> float:
+    """vLLM's own count of preempted requests in this process (its Prometheus stat logger)."""
+    from prometheus_client import REGISTRY
 
-    run: Run | None = None
-
-    def __init__(self, vllm_config, engine_index: int = 0):
-        pass
-
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
-        if iteration_stats is not None and _Stats.run is not None:
-            _Stats.run.preempted += iteration_stats.num_preempted_reqs
-
-    def log_engine_initialized(self):
-        pass
-
-    def log(self):
-        pass
+    return sum(
+        sample.value
+        for metric in REGISTRY.collect()
+        if metric.name == "vllm:num_preemptions"
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
 
 
 def _engine(shape: Shape, bounded: bool, max_num_seqs: int):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
-    from vllm.v1.metrics.loggers import StatLoggerBase
 
-    from services.engine import session_kv
-    from services.engine.occupancy import PoolOccupancy
+    from services.extensions.vllm import session_kv
+    from services.extensions.vllm.specs import EnginePayload
+    from services.extensions.vllm.stat_logger import EngineStatLogger
 
-    StatLoggerBase.register(_Stats)
     profile = load_profile("tiny")
     path = profile.model_path(profile.models.thinker)
     extra = {"enable_prefix_caching": False}
     if bounded:
         layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
-        extra = session_kv.engine_args(
-            SessionKvSpec(sink_tokens=shape.sinks, window_tokens=shape.window), layers
-        )
+        spec = SessionKvSpec(sink_tokens=shape.sinks, window_tokens=shape.window)
+        extra = {
+            **session_kv.engine_args(spec, layers),
+            "scheduler_cls": "services.extensions.vllm.scheduler.OmnirayScheduler",
+            "additional_config": EnginePayload(session_kv=spec).additional_config(),
+        }
     args = AsyncEngineArgs(
         model=str(path),
         dtype="float32",
@@ -116,11 +112,10 @@ def _engine(shape: Shape, bounded: bool, max_num_seqs: int):
         max_num_seqs=max_num_seqs,
         block_size=shape.block,
         num_gpu_blocks_override=shape.pool_blocks,
-        scheduler_cls="services.engine.session_kv.BoundedKvScheduler",
         disable_log_stats=False,
         **extra,
     )
-    return AsyncLLM.from_engine_args(args, stat_loggers=[PoolOccupancy, _Stats])
+    return AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
 
 
 async def _session(
@@ -163,12 +158,11 @@ async def _session(
 
 
 async def _sample(run: Run, stop: asyncio.Event, admission: AimdAdmission | None = None) -> None:
-    from kv_store.connector import connector
-    from services.engine import occupancy
+    from services.extensions.vllm import engine_metrics, stat_logger
 
     while not stop.is_set():
         now = time.perf_counter() - run.t0
-        run.occupancy.append((now, connector.TOTALS.values.get(occupancy.key(), 0.0)))
+        run.occupancy.append((now, engine_metrics.TOTALS.values.get(stat_logger.occupancy_key(), 0.0)))
         if admission is not None:
             run.active.append((now, admission.active, admission.limit))
         await asyncio.sleep(0.1)
@@ -178,7 +172,7 @@ async def _fixed(shape: Shape, n: int, seconds: float, bounded: bool) -> Run:
     """N sessions for `seconds` on a fresh engine."""
     engine = _engine(shape, bounded, max_num_seqs=max(n, 8))
     run = Run()
-    _Stats.run = run
+    preempted = _preemptions()
     try:
         await _warm(engine, shape)
         run.t0 = time.perf_counter() + 0.5
@@ -199,8 +193,8 @@ async def _fixed(shape: Shape, n: int, seconds: float, bounded: bool) -> Run:
         stop.set()
         await sampler
     finally:
+        run.preempted = int(_preemptions() - preempted)
         engine.shutdown()
-        _Stats.run = None
     return run
 
 
@@ -222,7 +216,7 @@ async def _aimd(
     admission = AimdAdmission(params)
     engine = _engine(shape, True, max_num_seqs=int(params.max))
     run = Run()
-    _Stats.run = run
+    preempted = _preemptions()
     try:
         await _warm(engine, shape)
         run.t0 = time.perf_counter()
@@ -259,8 +253,8 @@ async def _aimd(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        run.preempted = int(_preemptions() - preempted)
         engine.shutdown()
-        _Stats.run = None
     return run
 
 

@@ -30,7 +30,7 @@ from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 from loadtest import results
 from services import runtime
-from services.sessions.board import BoardView
+from services.playback.board import BoardView
 
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 dims; vLLM CPU blocks of 32 tokens; float32.
 LAYOUT = PageLayout(num_layers=30, num_kv_heads=3, head_dim=64, page_tokens=32, dtype="float32")

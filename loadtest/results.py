@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from services.models.profile import REPO_ROOT
+from services.common.paths import REPO_ROOT
 
 RESULTS = REPO_ROOT / "loadtest" / "results"
 

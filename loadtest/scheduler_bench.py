@@ -1,5 +1,6 @@
 """Decision overhead of the interaction-aware scheduler per scheduling round: the scheduler's own
-ranking step (`InteractionAwareScheduler._rank`: read the board copy, build candidates, rank, reorder)
+ranking step (`UrgencyOrder._rank` of services/extensions/vllm/scheduler.py: read the board copy, build
+candidates, rank, reorder)
 over N running requests of N live sessions with mixed states. LiveServe reports 0.093 ms average /
 0.222 ms P90 at 256 sessions.
 
@@ -14,9 +15,11 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from services.engine import urgency
-from services.engine.scheduler import SESSION_ARG, InteractionAwareScheduler
-from services.sessions.board import BoardView
+from kv_store.metrics import Recorder
+from services.extensions.vllm import engine_metrics
+from services.extensions.vllm.scheduler import SESSION_ARG, UrgencyOrder
+from services.playback.board import BoardView
+from services.policies import urgency
 
 
 def _fixture(n: int, policy: str, seed: int = 0):
@@ -32,19 +35,18 @@ def _fixture(n: int, policy: str, seed: int = 0):
         extra = {SESSION_ARG: sid} if rng.random() < 0.95 else {}
         running.append(SimpleNamespace(arrival_time=now - rng.uniform(0, 60), num_computed_tokens=rng.randint(100, 8000), num_output_tokens=rng.randint(0, 300),
                                        sampling_params=SimpleNamespace(extra_args=extra)))  # fmt: skip
-    board = SimpleNamespace(views=lambda: views)
-    return SimpleNamespace(running=running, board=board, urgency=urgency.create(policy), recorder=None,
-                           kv_cache_manager=SimpleNamespace(usage=0.6))  # fmt: skip
+    order = UrgencyOrder(urgency.create(policy), lambda: views, Recorder(engine_metrics.ENGINE_SPEC))
+    return order, SimpleNamespace(running=running, kv_cache_manager=SimpleNamespace(usage=0.6))
 
 
 def measure(n: int, rounds: int, policy: str) -> list[float]:
-    sched = _fixture(n, policy)
+    order, sched = _fixture(n, policy)
     original = list(sched.running)
     times = []
     for _ in range(rounds):
         sched.running = list(original)
         t = time.perf_counter()
-        held = InteractionAwareScheduler._rank(sched)
+        held = order._rank(sched)
         times.append(time.perf_counter() - t)
         sched.running.extend(held)
     return times

@@ -16,6 +16,14 @@ from services.models.profile import STAGES, load_profile
 APP_NAME = "omniray"
 REPLICA_GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 GRPC_SERVICER = "services.gateway.grpc_wire.add_omni_servicer_to_server"
+# How Ray runs Serve for omniray, in every process (`ray start`'s environment; the chart's pods): Ray's
+# documented high-throughput mode. HAProxy takes the HTTP and gRPC ports and forwards to the gateway
+# replicas' own servers (direct ingress: no Python proxy on the token path); handles use Serve's gRPC
+# transport; replica code and routers run on the replica's main event loop.
+SERVE_ENV = {
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+}
 DEPLOYMENT_NAMES = {
     "gateway": "Gateway",
     "encoder": "Encoder",
@@ -69,12 +77,15 @@ def serve_config(
             continue
         options = spec.model_dump(exclude_none=True, exclude={"request_router"})
         if spec.request_router is not None:
-            from services.router.scorers import ScorerPipeline
+            from services.policies.scorers import ScorerPipeline
 
             ScorerPipeline.from_config(spec.request_router.scorers)  # unknown scorer: fail here
             options["request_router_config"] = {
-                "request_router_class": "services.router.replica_router:ScoredRequestRouter",
-                "request_router_kwargs": {"scorers": spec.request_router.scorers},
+                "request_router_class": "services.extensions.ray.request_router:ScoredRequestRouter",
+                "request_router_kwargs": {
+                    "scorers": spec.request_router.scorers,
+                    "deployment": DEPLOYMENT_NAMES[stage],
+                },
                 "request_routing_stats_period_s": spec.request_router.stats_period_s,
             }
         options.update((stage_overrides or {}).get(stage, {}))

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 
 from services.app import serve_config
-from services.models.profile import CONFIG_DIR, REPO_ROOT, load_profile
+from services.common.paths import REPO_ROOT
+from services.models.profile import CONFIG_DIR, load_profile
 
 CHART_DIR = REPO_ROOT / "helm" / "omniray"
 K8S_DIR = REPO_ROOT / "k8s"

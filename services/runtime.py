@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
-from services.app import serve_config
+from services.app import SERVE_ENV, serve_config
 from services.common import redis_config
-from services.models.profile import REPO_ROOT, data_dir, load_profile
+from services.common.paths import REPO_ROOT, data_dir
+from services.models.profile import load_profile
 
 DEFAULT_RUN_DIR = REPO_ROOT / ".run"
 RUN_ID_ENV = "OMNIRAY_RUN_ID"
@@ -48,6 +49,10 @@ def _bin(name: str) -> str:
 def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     env = dict(os.environ)
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMNIRAY_DATA=str(data_dir()))
+    env.update(SERVE_ENV)
+    # HAProxy here reloads in milliseconds: a gateway replica being stopped need not stay up the
+    # 30 s a cloud load balancer takes to deregister it.
+    env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
     env[RUN_ID_ENV] = cluster.run_id
     return env
 
@@ -283,13 +288,13 @@ def _wait_ready(cluster: LocalCluster, timeout_s: float) -> None:
     raise TimeoutError(f"application not RUNNING after {timeout_s:.0f}s (last status {last!r})")
 
 
-def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
-    """End every process of this run — Ray's, the replicas' and the engines' — and nothing else:
-    they all carry the run id in their environment (`ray stop` would end every Ray on the machine)."""
+def processes(run_id: str) -> list:
+    """Every process of this run — Ray's, the replicas' and the engines' — and nothing else: they all
+    carry the run id in their environment (psutil.Process objects)."""
     import psutil
 
     if not run_id:
-        return
+        return []
     tag = f"{RUN_ID_ENV}={run_id}".encode()
     procs = []
     for proc in psutil.process_iter(["pid"]):
@@ -299,6 +304,14 @@ def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
                     procs.append(proc)
         except OSError:
             continue
+    return procs
+
+
+def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
+    """End every process of this run (`ray stop` would end every Ray on the machine)."""
+    import psutil
+
+    procs = processes(run_id)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.terminate()

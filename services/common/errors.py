@@ -6,12 +6,8 @@ import logging
 import uuid
 
 import grpc
-from ray.exceptions import ActorUnavailableError, RayActorError
-from ray.serve.exceptions import DeploymentUnavailableError
 
 log = logging.getLogger("ray.serve")
-# A stage replica's process died or is unreachable (a handle call raises one of these).
-STAGE_GONE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError)
 
 
 class OmniError(Exception):
@@ -80,15 +76,8 @@ def too_large(message: str, *, code: str, param: str | None = None) -> OmniError
 
 def internal_error(e: BaseException, what: str = "request failed") -> OmniError:
     """Our fault, not the client's: logged in full under an id; the client gets only the id (no
-    exception text, host names, actor ids or stack traces). A stage replica that died or cannot be
-    reached is a 503 (gRPC UNAVAILABLE): the request may be retried once Serve replaces it."""
+    exception text, host names, actor ids or stack traces). (A stage replica that died is a 503,
+    raised as such where stages are called: services/pipeline/pipeline.py stage_calls.)"""
     error_id = f"err_{uuid.uuid4().hex[:16]}"
     log.error("%s [%s]", what, error_id, exc_info=e)
-    if isinstance(e, STAGE_GONE):
-        return OmniError(
-            503,
-            f"a model stage is unavailable; retry shortly (error id {error_id})",
-            code="stage_unavailable",
-            headers={"retry-after": "1"},
-        )
     return OmniError(500, f"internal error; quote {error_id} when reporting it", code="internal_error")

@@ -21,9 +21,11 @@ import numpy as np
 import torch
 from omni.v1 import common_pb2, stages_pb2
 
-from services.common import tensors
+from services.common.paths import data_dir
 from services.common.redis_config import redis_url
-from services.models.profile import Profile, data_dir
+from services.dataplane import tensors
+from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
+from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
 Role = Literal["prefill", "decode"]
@@ -64,11 +66,35 @@ class DecodeDelta:
         )
 
 
+def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
+    """The engine arguments of this role's extensions (their payload included)."""
+    args: dict = {}
+    urgency_payload = session_kv_spec = None
+    if role == "decode":  # realtime urgency applies where tokens stream to listeners
+        spec = profile.realtime.scheduler
+        urgency_payload = UrgencyPayload(
+            policy=spec.policy, params=spec.params, board_url=redis_url(), poll_s=spec.board_interval_s
+        )
+        session_kv_spec = profile.engine.session_kv
+    if session_kv_spec is not None:
+        from services.extensions.vllm import session_kv
+
+        layers = json.loads((model_path / "config.json").read_text())["num_hidden_layers"]
+        args.update(session_kv.engine_args(session_kv_spec, layers))
+    payload = EnginePayload(urgency=urgency_payload, session_kv=session_kv_spec)
+    if payload.urgency or payload.session_kv:  # else vLLM's own scheduler
+        args["scheduler_cls"] = "services.extensions.vllm.scheduler.OmnirayScheduler"
+        args["additional_config"] = payload.additional_config()
+    return args
+
+
 class ThinkerEngine:
     def __init__(self, profile: Profile, role: Role):
         from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from services.extensions.vllm.stat_logger import EngineStatLogger
 
         os.environ.update(_engine_env(profile, role))
         self.role = role
@@ -81,7 +107,7 @@ class ThinkerEngine:
             l3_dir = Path(kv.l3_dir) if Path(kv.l3_dir).is_absolute() else data_dir() / kv.l3_dir
             kv_config = KVTransferConfig(
                 kv_connector="OmniKvConnector",
-                kv_connector_module_path="kv_store.connector.connector",
+                kv_connector_module_path="services.extensions.vllm.kv_connector",
                 kv_role="kv_both",
                 # A page that cannot be loaded is recomputed, never an error.
                 kv_load_failure_policy="recompute",
@@ -94,38 +120,12 @@ class ThinkerEngine:
                     "policy": kv.policy,
                     "policy_params": kv.policy_params,
                     "transfer_timeout_s": kv.transfer_timeout_s,
-                    "session_board": "services.sessions.board:BoardReader" if kv.session_signals else "",
+                    "session_board": "services.playback.board:BoardReader" if kv.session_signals else "",
                     "board_interval_s": profile.realtime.scheduler.board_interval_s,
                     "follower": kv.follower,
                 },
             )
-        from services.engine.scheduler import CONFIG_KEY
-
-        sched = {}
-        if role == "decode":  # realtime urgency applies where tokens stream to listeners
-            spec = profile.realtime.scheduler
-            sched = {
-                "scheduler_cls": "services.engine.scheduler.InteractionAwareScheduler",
-                "additional_config": {
-                    CONFIG_KEY: {
-                        "policy": spec.policy,
-                        "params": spec.params,
-                        "redis_url": redis_url(),
-                        "poll_s": spec.board_interval_s,
-                    }  # fmt: skip
-                },
-            }
-        stat_loggers = []
-        if role == "decode":
-            from services.engine import session_kv
-            from services.engine.occupancy import PoolOccupancy
-
-            stat_loggers.append(PoolOccupancy)
-            if profile.engine.session_kv is not None:
-                layers = json.loads((self.model_path / "config.json").read_text())["num_hidden_layers"]
-                bounded = session_kv.engine_args(profile.engine.session_kv, layers)
-                sched["additional_config"].update(bounded.pop("additional_config"))
-                sched.update(bounded)
+        extensions = _extensions(profile, role, self.model_path)
         args = AsyncEngineArgs(
             model=str(self.model_path),
             served_model_name=profile.served_model_name,
@@ -137,10 +137,10 @@ class ThinkerEngine:
             enable_prompt_embeds=True,
             block_size=profile.engine.block_size,
             kv_transfer_config=kv_config,
-            **sched,
+            **extensions,
             **profile.engine.extra,
         )
-        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=stat_loggers or None)
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
         self._embed_table: torch.Tensor | None = None
 
     # -- prompts --------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class ThinkerEngine:
 
     @staticmethod
     def kv_params(segments: list | None, ctx: common_pb2.RequestContext, kind: str, **extra) -> dict:
-        """kv_transfer_params for the store's connector (see kv_store/connector/connector.py). Pages
+        """kv_transfer_params for the store's connector (see services/extensions/vllm/kv_connector.py). Pages
         are salted with the tenant: one tenant's cache hits reveal nothing about another's prompts."""
         omniray: dict = {"kind": kind, "salt": ctx.tenant}
         if segments is not None:
@@ -218,7 +218,7 @@ class ThinkerEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        from services.engine.scheduler import SESSION_ARG
+        from services.extensions.vllm.scheduler import SESSION_ARG
 
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         if session_id:  # the scheduler's key into the session board
@@ -299,7 +299,7 @@ class ThinkerEngine:
     @staticmethod
     def kv_store_totals() -> dict[str, float]:
         """The store's metrics replayed in this process (see kv_store/metrics.py)."""
-        from kv_store.connector.connector import TOTALS
+        from services.extensions.vllm.engine_metrics import TOTALS
 
         return dict(TOTALS.values)
 

@@ -1,5 +1,6 @@
-"""omni.v1.Omni registered with Serve's gRPC proxy, with request bytes that fail to decode kept as a
-value instead of an exception.
+"""The gRPC wire: omni.v1.ChatRequest into the pipeline's typed Turn (`chat_turn`), and omni.v1.Omni
+registered with Serve's gRPC server, with request bytes that fail to decode kept as a value instead
+of an exception.
 
 grpcio answers a request its deserializer cannot parse (invalid UTF-8 in a string field, a length
 past the end) with UNKNOWN and the parser's exception text. Here the generated handlers are
@@ -13,7 +14,17 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf.message import DecodeError
-from omni.v1 import omni_pb2_grpc
+from omni.v1 import omni_pb2, omni_pb2_grpc
+
+from services.common.errors import bad_request
+from services.models.profile import LimitsSpec
+from services.pipeline import media
+from services.pipeline.turn import Message, Part, Sampling, Turn, speech_out
+
+ROLES = ("system", "developer", "user", "assistant")
+IMAGE_DETAILS = ("auto", "low", "high")
+SLO_HEADER = "x-omniray-slo-class"
+SESSION_HEADER = "x-omniray-session-id"
 
 
 @dataclass(frozen=True)
@@ -60,3 +71,62 @@ class _LenientServer:
 
 def add_omni_servicer_to_server(servicer, server) -> None:
     omni_pb2_grpc.add_OmniServicer_to_server(servicer, _LenientServer(server))
+
+
+def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[str, str]) -> Turn:
+    """omni.v1.ChatRequest as the pipeline's Turn (its SLO class and session from the message, else
+    the x-omniray-* metadata)."""
+    messages = []
+    for i, m in enumerate(request.messages):
+        if m.role not in ROLES:
+            raise bad_request(f"unknown role {m.role[:32]!r}", param=f"messages.{i}.role")
+        messages.append(
+            Message(
+                role="system" if m.role == "developer" else m.role,
+                parts=tuple(
+                    _part(part, f"messages.{i}.content.{j}", limits) for j, part in enumerate(m.content)
+                ),
+            )
+        )
+    s = request.sampling
+    sampling = (
+        Sampling(
+            max_tokens=s.max_tokens or None,
+            temperature=s.temperature,
+            top_p=s.top_p if s.top_p > 0 else 1.0,  # 0: not set in proto3
+            seed=s.seed or None,
+            stop=tuple(s.stop),
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+        )
+        if request.HasField("sampling")
+        else Sampling()
+    )
+    if request.HasField("sampling") and s.max_tokens < 0:
+        raise bad_request("max_tokens must be positive", param="max_tokens")
+    return Turn(
+        model=request.model,
+        messages=tuple(messages),
+        sampling=sampling,
+        speech=speech_out(list(request.modalities), request.audio.voice, request.audio.format),
+        session=request.session_id or metadata.get(SESSION_HEADER, ""),
+        slo_class=request.slo_class or metadata.get(SLO_HEADER, ""),
+        service_tier=request.service_tier,
+    )
+
+
+def _part(part: omni_pb2.ContentPart, param: str, limits: LimitsSpec) -> Part:
+    kind = part.WhichOneof("part")
+    if kind == "text":
+        return part.text
+    if kind == "image":
+        detail = part.image.detail or "auto"
+        if detail not in IMAGE_DETAILS:
+            raise bad_request(f"detail must be one of {IMAGE_DETAILS}", param=f"{param}.image_url.detail")
+        data = part.image.data or media.data_url_bytes(
+            part.image.url, param=param, limit=limits.max_image_bytes
+        )
+        return media.image_input(data, detail, limits, param=param)
+    if kind == "audio":
+        return media.audio_clip(part.audio.data, part.audio.format or "wav", limits, param=param)
+    raise bad_request("empty content part", param=param)

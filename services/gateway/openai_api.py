@@ -1,5 +1,5 @@
-"""OpenAI Chat Completions wire format: request parsing into the shared ChatRequest proto, and
-response / SSE chunk rendering. The pipeline behind it is the same one gRPC uses."""
+"""OpenAI Chat Completions wire format: request parsing into the pipeline's typed Turn, and response /
+SSE chunk rendering. The pipeline behind it is the same one gRPC and realtime use."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import base64
 import time
 from typing import Annotated, Any, Literal
 
-from omni.v1 import common_pb2, omni_pb2
+from omni.v1 import common_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.common import untrusted_json
-from services.common.errors import OmniError, bad_request
-from services.gateway import media
-from services.gateway.pipeline import MAX_STOP, MAX_STOP_CHARS
+from services.common.errors import OmniError, bad_request, too_large
 from services.models.profile import LimitsSpec
+from services.pipeline import media
+from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
+from services.pipeline.turn import Message, Part, Sampling, Turn, speech_out
 
 INT32_MAX = 2**31 - 1
 INT64 = 2**63
@@ -87,7 +88,9 @@ def parse_body(raw: bytes) -> Any:
         raise bad_request(f"request body: {e.message}", code=e.code) from None
 
 
-def parse_request(body: Any, limits: LimitsSpec) -> tuple[ChatCompletionRequest, omni_pb2.ChatRequest]:
+def parse_request(
+    body: Any, limits: LimitsSpec, *, session: str = "", slo_class: str = ""
+) -> tuple[ChatCompletionRequest, Turn]:
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     try:
@@ -96,37 +99,48 @@ def parse_request(body: Any, limits: LimitsSpec) -> tuple[ChatCompletionRequest,
         first = e.errors()[0]
         param = ".".join(str(p) for p in first["loc"])
         raise OmniError(422, f"{param}: {first['msg']}", code="invalid_value", param=param) from None
-    proto = omni_pb2.ChatRequest(
+    turn = Turn(
         model=req.model,
-        modalities=req.modalities or ["text"],
-        service_tier=req.service_tier or "",
-        sampling=common_pb2.SamplingParams(
-            max_tokens=req.max_completion_tokens or req.max_tokens or 0,
+        messages=tuple(
+            Message(
+                role="system" if m.role == "developer" else m.role,
+                parts=tuple(
+                    _part(part, f"messages.{i}.content.{j}", limits)
+                    for j, part in enumerate(
+                        [{"type": "text", "text": m.content}]
+                        if isinstance(m.content, str)
+                        else (m.content or [])
+                    )
+                ),
+            )
+            for i, m in enumerate(req.messages)
+        ),
+        sampling=Sampling(
+            max_tokens=req.max_completion_tokens or req.max_tokens,
             temperature=req.temperature,
             top_p=req.top_p,
-            seed=req.seed or 0,
-            stop=[req.stop] if isinstance(req.stop, str) else (req.stop or []),
+            seed=req.seed,
+            stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
         ),
+        speech=speech_out(
+            req.modalities or [], req.audio and req.audio.voice, req.audio and req.audio.format
+        ),
+        session=session,
+        slo_class=slo_class,
+        service_tier=req.service_tier or "",
     )
-    if req.audio is not None:
-        proto.audio.voice, proto.audio.format = req.audio.voice, req.audio.format
-    for i, m in enumerate(req.messages):
-        msg = proto.messages.add(role=m.role)
-        parts = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else (m.content or [])
-        for j, part in enumerate(parts):
-            _add_part(msg, part, f"messages.{i}.content.{j}", limits)
-    return req, proto
+    return req, turn
 
 
-def _add_part(msg: omni_pb2.Message, part: dict, param: str, limits: LimitsSpec) -> None:
+def _part(part: dict, param: str, limits: LimitsSpec) -> Part:
     kind = part.get("type")
     if kind == "text":
         if not isinstance(part.get("text"), str):
             raise bad_request("text part needs a string 'text'", param=param)
-        msg.content.add(text=part["text"])
-    elif kind == "image_url":
+        return part["text"]
+    if kind == "image_url":
         image = part.get("image_url")
         url = image.get("url") if isinstance(image, dict) else image
         if not isinstance(url, str):
@@ -137,8 +151,8 @@ def _add_part(msg: omni_pb2.Message, part: dict, param: str, limits: LimitsSpec)
                 f"image_url.detail must be one of {IMAGE_DETAILS}", param=f"{param}.image_url.detail"
             )
         data = media.data_url_bytes(url, param=param, limit=limits.max_image_bytes)
-        msg.content.add(image=omni_pb2.ImagePart(data=data, detail=detail))
-    elif kind == "input_audio":
+        return media.image_input(data, detail, limits, param=param)
+    if kind == "input_audio":
         audio = part.get("input_audio")
         if not isinstance(audio, dict) or not isinstance(audio.get("data"), str):
             raise bad_request("input_audio part needs input_audio.data (base64)", param=param)
@@ -149,14 +163,16 @@ def _add_part(msg: omni_pb2.Message, part: dict, param: str, limits: LimitsSpec)
                 code="invalid_audio_format",
                 param=f"{param}.input_audio.format",
             )
-        data = media.b64decode(audio["data"], param=param)
-        msg.content.add(audio=omni_pb2.AudioPart(data=data, format=fmt))
-    else:
-        raise bad_request(
-            "unsupported content part type; supported: text, image_url, input_audio",
-            code="unsupported_content_type",
-            param=param,
-        )
+        if len(audio["data"]) * 3 // 4 > limits.max_audio_bytes:
+            raise too_large(
+                f"audio is larger than {limits.max_audio_bytes} bytes", code="audio_too_large", param=param
+            )
+        return media.audio_clip(media.b64decode(audio["data"], param=param), fmt, limits, param=param)
+    raise bad_request(
+        "unsupported content part type; supported: text, image_url, input_audio",
+        code="unsupported_content_type",
+        param=param,
+    )
 
 
 # ---- responses ----

@@ -23,22 +23,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import telemetry
 from services.common.errors import OmniError, bad_request, internal_error, too_large
-from services.common.telemetry import LATENCY_BUCKETS_S, zero
-from services.gateway import openai_api
-from services.gateway.grpc_wire import Undecodable
-from services.gateway.pipeline import Event, Pipeline, StageHandles
+from services.common.telemetry import LATENCY_BUCKETS_S
+from services.extensions.ray.metrics import zero
+from services.gateway import grpc_wire, openai_api
+from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
-from services.gateway.prompt import PromptBuilder
+from services.gateway.quota import quota_service
 from services.models.profile import load_profile
-from services.quota import quota_service
+from services.pipeline.pipeline import Event, Pipeline, StageHandles
+from services.pipeline.prompt import PromptBuilder
 from services.realtime import events as realtime_events
 from services.realtime import grpc_events
 from services.realtime.hub import RealtimeHub, Refused
 
 logger = logging.getLogger("ray.serve")
 
-SLO_HEADER = "x-omniray-slo-class"
-SESSION_HEADER = "x-omniray-session-id"
 RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
 
 
@@ -156,7 +155,7 @@ class Gateway:
         try:
             async for ev in events:
                 now = time.perf_counter()
-                if ev.text and first_text:
+                if (ev.is_text or ev.text) and first_text:
                     first_text = False
                     self.metrics.ttft.observe(now - arrival)
                 if ev.pcm16 and ev.sample_rate:
@@ -212,10 +211,13 @@ class Gateway:
             try:
                 tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
                 body = await self._read_json(request)
-                req, proto = openai_api.parse_request(body, self.profile.limits)
-                proto.slo_class = request.headers.get(SLO_HEADER, "")
-                proto.session_id = request.headers.get(SESSION_HEADER, "")
-                prepared = await self.pipeline.prepare(proto, tenant)
+                req, turn = openai_api.parse_request(
+                    body,
+                    self.profile.limits,
+                    session=request.headers.get(SESSION_HEADER, ""),
+                    slo_class=request.headers.get(SLO_HEADER, ""),
+                )
+                prepared = await self.pipeline.prepare(turn, tenant)
             except OmniError as e:
                 self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
                 raise
@@ -266,8 +268,9 @@ class Gateway:
                 if ev.progress is not None:
                     # Documents: encoder progress as a chunk with no choices (OpenAI SDKs skip those).
                     yield line(openai_api.progress_chunk(rid, model, created, ev.progress))
-                if ev.text:
-                    # As OpenAI: with audio out the words stream as the audio's transcript.
+                if ev.is_text or ev.text:
+                    # As OpenAI: with audio out the words stream as the audio's transcript. Tokens
+                    # whose text is empty go out too (as vLLM's server sends them).
                     delta = (
                         {"audio": {"id": audio_id, "transcript": ev.text}} if speak else {"content": ev.text}
                     )
@@ -405,11 +408,8 @@ class Gateway:
         with telemetry.request_span("gateway", "gateway.chat", metadata) as span:
             try:
                 tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
-                if not request.slo_class:
-                    request.slo_class = metadata.get(SLO_HEADER, "")
-                if not request.session_id:
-                    request.session_id = metadata.get(SESSION_HEADER, "")
-                prepared = await self.pipeline.prepare(request, tenant)
+                turn = grpc_wire.chat_turn(request, self.profile.limits, metadata)
+                prepared = await self.pipeline.prepare(turn, tenant)
             except OmniError as e:
                 self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
                 raise
@@ -460,7 +460,7 @@ class Gateway:
                             f"event is not an omni.v1.RealtimeClientEvent: {message.reason}"
                         )
                     else:
-                        await session.handle(grpc_events.client_event_json(message))
+                        await session.handle(grpc_events.client_event(message))
             finally:
                 await outbox.put(None)  # the client closed its side: the session ends
 

@@ -5,7 +5,6 @@ One file is the single source of truth for the local run, the tests and the Helm
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -13,9 +12,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.sessions.admission import AdmissionParams
+from services.common.paths import REPO_ROOT, data_dir
+from services.extensions.vllm.specs import SessionKvSpec
+from services.policies.admission import AdmissionParams
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 STAGES = ("gateway", "encoder", "prefill", "decode", "talker", "vocoder")
 
@@ -42,14 +42,6 @@ class VocoderSpec(ModelSpec):
     # (the vocoder's receptive field, measured for trained weights). The gateway keeps them.
     context_frames: int = Field(default=0, ge=0)
     lookahead_frames: int = Field(default=0, ge=0)
-
-
-class SessionKvSpec(_Strict):
-    """Bounded per-session KV of the decode engine (services/engine/session_kv.py): resident KV =
-    the first `sink_tokens` + the last `window_tokens`; attention over [0, S) ∪ [t−W, t]."""
-
-    sink_tokens: int = Field(ge=0)
-    window_tokens: int = Field(ge=1)
 
 
 class EngineSpec(_Strict):
@@ -105,7 +97,7 @@ class KvStoreSpec(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    """The decode engine's urgency policy (services/engine/urgency/) and its session board."""
+    """The decode engine's urgency policy (services/policies/urgency/) and its session board."""
 
     policy: Literal["fcfs", "liveserve"] = "liveserve"
     params: dict[str, float] = Field(default_factory=dict)
@@ -115,7 +107,7 @@ class SchedulerSpec(_Strict):
 
     @model_validator(mode="after")
     def _policy_params(self):
-        from services.engine import urgency
+        from services.policies import urgency
 
         urgency.create(self.policy, self.params)  # unknown or out-of-range parameters fail here
         return self
@@ -208,7 +200,7 @@ class LimitsSpec(_Strict):
 
 class RequestRouterSpec(_Strict):
     """Replica selection for calls into this stage: a weighted pipeline of scorers
-    (services/router/scorers/), run by services/router/replica_router.py."""
+    (services/policies/scorers/), run by services/extensions/ray/request_router.py."""
 
     scorers: list[dict[str, Any]] = Field(min_length=1)
     # How often replicas report their routing stats (e.g. the encoder's pending tiles).
@@ -256,10 +248,6 @@ class Profile(_Strict):
         if missing := talker.missing() + vocoder.missing():
             return f"speech output needs {', '.join(missing)} on this host (optional system package)"
         return None
-
-
-def data_dir() -> Path:
-    return Path(os.environ.get("OMNIRAY_DATA", REPO_ROOT / ".data")).resolve()
 
 
 def load_profile(name_or_path: str) -> Profile:

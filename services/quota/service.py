@@ -59,7 +59,9 @@ class Lease:
     headers: dict[str, str] = field(default_factory=dict)
     levels: dict[str, float] = field(default_factory=dict)  # remaining / limit per budget
     queued_s: float = 0.0
-    metered: bool = True  # False: admitted without a debit while Redis was unreachable (fail_open)
+    # False: nothing in Redis to end — a tenant with no budget and no concurrency cap, or one
+    # admitted without a debit while Redis was unreachable (fail_open)
+    metered: bool = True
 
 
 def _fmt_s(seconds: float) -> str:
@@ -132,6 +134,11 @@ class QuotaService:
             if getattr(limits, m) is not None
         }
         start = time.monotonic()
+        if not costs and tenant.max_concurrent is None:  # nothing to count: no Redis round trip
+            lease = Lease(tenant, request_id, slo_class, cost, metered=False)
+            if self.metrics:
+                self.metrics.admitted(lease)
+            return lease
         queued = False
         try:
             while True:

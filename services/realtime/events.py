@@ -168,12 +168,16 @@ CLIENT_TYPES = {
 }
 
 
-def parse_client_event(raw: str | bytes) -> Any:
-    """One client event, or RealtimeEventError saying what is wrong with it."""
-    try:
-        data = untrusted_json.loads(raw)
-    except untrusted_json.JsonLimitError as e:
-        raise RealtimeEventError(f"event: {e.message}", code=e.code) from None
+def parse_client_event(raw: str | bytes | dict) -> Any:
+    """One client event — JSON text (WebSocket) or the fields a transport decoded itself (gRPC) —
+    or RealtimeEventError saying what is wrong with it."""
+    if isinstance(raw, dict):
+        data = raw
+    else:
+        try:
+            data = untrusted_json.loads(raw)
+        except untrusted_json.JsonLimitError as e:
+            raise RealtimeEventError(f"event: {e.message}", code=e.code) from None
     if not isinstance(data, dict):
         raise RealtimeEventError("event must be a JSON object")
     event_id = data.get("event_id") if isinstance(data.get("event_id"), str) else None

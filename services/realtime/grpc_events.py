@@ -1,6 +1,7 @@
 """Realtime events between protobuf (`omni.v1.RealtimeClientEvent` / `RealtimeServerEvent`) and the
-JSON shapes of OpenAI Realtime, so the gRPC stream and the WebSocket drive one session class and one
-event parser (`services/realtime/events.py`)."""
+event shapes of OpenAI Realtime, so the gRPC stream and the WebSocket drive one session class and one
+event model (`services/realtime/events.py`): a client event's fields go to the typed parser as they
+are (no JSON text in between)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ _CLIENT_TYPES = {
 }
 
 
-def client_event_json(msg: omni_pb2.RealtimeClientEvent) -> str:
-    """The client event as the WebSocket would carry it (an event without a oneof is unknown)."""
+def client_event(msg: omni_pb2.RealtimeClientEvent) -> dict:
+    """The client event's fields as the WebSocket's JSON would carry them (an event without a oneof
+    is unknown)."""
     which = msg.WhichOneof("event")
     fields = json_format.MessageToDict(
         getattr(msg, which), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -37,7 +39,7 @@ def client_event_json(msg: omni_pb2.RealtimeClientEvent) -> str:
     event = {"type": _CLIENT_TYPES.get(which, "unknown"), **fields}
     if msg.event_id:
         event["event_id"] = msg.event_id
-    return json.dumps(event)
+    return event
 
 
 def _session(update: omni_pb2.RealtimeSessionUpdate) -> dict:

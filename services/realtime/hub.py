@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
+from services.playback.board import BoardWriter
+from services.playback.monitor import SessionMonitor
+from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
-from services.sessions.admission import AimdAdmission
-from services.sessions.board import BoardWriter
-from services.sessions.monitor import SessionMonitor
 
 
 class Refused(Exception):

@@ -4,7 +4,9 @@ talker → vocoder) with the session's turns as its messages.
 
 Transport-free: `handle` takes a raw client event and `send` (given by the WebSocket or gRPC
 endpoint) takes server events as dicts. A malformed or unknown event gets an `error` event; the
-session goes on.
+session goes on. The conversation is kept typed: a user turn is its audio as decoded clips
+(services/pipeline/turn.py), each resampled, hashed and encoded once — a response sends the pipeline
+the session's items as they are, so a turn costs the audio it adds, not the whole history again.
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import OmniError, internal_error
-from services.gateway import openai_api
-from services.gateway.media import wav_bytes
+from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, Turn
+from services.playback.monitor import SessionMonitor
+from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
-from services.sessions.admission import AimdAdmission
-from services.sessions.monitor import SessionMonitor
 
 PCM_RATE = 24_000  # realtime audio in: pcm16 mono at 24 kHz
 log = logging.getLogger(__name__)
@@ -37,9 +38,10 @@ log = logging.getLogger(__name__)
 class Item:
     id: str
     role: str  # "user" (audio) or "assistant" (its transcript)
-    # user: pcm16 at PCM_RATE, kept while the turn is in the conversation window (the thinker is
-    # stateless: every response sends the conversation again), freed with the item when it leaves.
-    audio: bytes = b""
+    # user: the turn's audio as clips (a streaming encoder's chunks, or one), kept while the turn is
+    # in the conversation window (the thinker is stateless: every response sends the conversation
+    # again), freed with the item when it leaves.
+    clips: list[AudioClip] = field(default_factory=list)
     audio_tokens: int | None = None  # user: prompt tokens of its audio, once measured in a prompt
     text: str = ""  # assistant: what the conversation keeps (all of it, or what was played)
     tokens: int = 0  # assistant: tokens generated
@@ -52,16 +54,12 @@ class Item:
 
     @property
     def seconds(self) -> float:
-        return len(self.audio) / 2 / PCM_RATE
+        return sum(clip.seconds for clip in self.clips)
 
     @property
     def kept_tokens(self) -> int:
         """assistant: the generated tokens of the text kept (all, or the played share of a cut)."""
         return round(self.tokens * len(self.text) / len(self.generated)) if self.generated else 0
-
-    def clips(self, chunk_bytes: int = 0) -> int:
-        """user: the audio clips `message(chunk_bytes)` sends."""
-        return -(-len(self.audio) // chunk_bytes) if chunk_bytes else int(bool(self.audio))
 
     def cut(self, audio_end_ms: float) -> None:
         """Keep the text spoken in the first `audio_end_ms` of audio: whole pieces played, and of
@@ -88,18 +86,10 @@ class Item:
         return {"id": self.id, "type": "message", "object": "realtime.item", "role": self.role,
                 "status": status, "content": [content]}  # fmt: skip
 
-    def message(self, chunk_bytes: int = 0) -> dict:
-        """As a chat message. With `chunk_bytes`, user audio goes as consecutive clips of that size
-        (a streaming encoder's chunks): the first clips of a turn are then the same media items
-        whether the turn is complete or still being spoken."""
-        if self.role == "user":
-            step = chunk_bytes or len(self.audio)
-            return {"role": "user", "content": [
-                {"type": "input_audio", "input_audio": {
-                    "data": base64.b64encode(wav_bytes(self.audio[k : k + step], PCM_RATE)).decode(),
-                    "format": "wav"}}
-                for k in range(0, len(self.audio), step)]}  # fmt: skip
-        return {"role": "assistant", "content": self.text}
+    def message(self) -> Message:
+        return (
+            Message("user", tuple(self.clips)) if self.role == "user" else Message("assistant", (self.text,))
+        )
 
 
 @dataclass
@@ -149,6 +139,9 @@ class RealtimeSession:
         self.ahead: asyncio.Task | None = None  # the speculative prefill in flight
         self.ahead_chunks = 0  # chunks of the current turn prefilled (or being prefilled) so far
         self.ahead_paid_s = 0.0  # audio of the current turn debited by speculative prefill
+        # The current turn's audio chunks made into clips so far (speculative prefill): chunk k of
+        # the turn, reused by the committed turn, so each chunk is resampled and encoded once.
+        self.turn_clips: dict[int, tuple[bytes, AudioClip]] = {}
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -161,8 +154,9 @@ class RealtimeSession:
     def _speech_started_at(self, audio_start_ms: float | None) -> None:
         self.speech_start_ms = audio_start_ms
         self.ahead_chunks = 0
-        if audio_start_ms is not None:  # a new turn: its audio is not paid for yet
+        if audio_start_ms is not None:  # a new turn: its audio is not paid for yet, nor encoded
             self.ahead_paid_s = 0.0
+            self.turn_clips = {}
 
     def _offset(self, ms: float) -> int:
         """Where input position `ms` is in the buffer, in bytes (within the buffer)."""
@@ -185,6 +179,22 @@ class RealtimeSession:
         self.buffer_start += upto // 2
         return taken
 
+    def _clips(self, pcm: bytes | bytearray) -> list[AudioClip]:
+        """A turn's audio (from its start) as clips: chunks of the streaming encoder's size when
+        speculative prefill is on — its first chunks are then the same clips (the same objects, so
+        encoded once) whether the turn is complete or still being spoken — else one clip."""
+        step = self.chunk_bytes or len(pcm)
+        clips = []
+        for k, at in enumerate(range(0, len(pcm), step)):
+            chunk = bytes(pcm[at : at + step])
+            seen, clip = self.turn_clips.get(k, (b"", None))
+            if clip is None or seen != chunk:
+                clip = AudioClip.from_pcm16(chunk, PCM_RATE, keep=True)
+                if len(chunk) == step:  # only whole chunks recur
+                    self.turn_clips[k] = (chunk, clip)
+            clips.append(clip)
+        return clips
+
     # ---- events ---------------------------------------------------------------------------------
 
     def describe(self) -> dict:
@@ -195,7 +205,7 @@ class RealtimeSession:
         self.monitor.open(self.key)
         await self.send(ev.server_event("session.created", session=self.describe()))
 
-    async def handle(self, raw: str | bytes) -> None:
+    async def handle(self, raw: str | bytes | dict) -> None:
         """One client event. Whatever goes wrong is an `error` event and the session goes on."""
         event = None
         try:
@@ -249,6 +259,7 @@ class RealtimeSession:
         elif isinstance(event, ev.InputAudioBufferClear):
             self._drop_buffer()
             self._speech_started_at(None)
+            self.turn_clips = {}
             await self.send(ev.server_event("input_audio_buffer.cleared"))
         elif isinstance(event, ev.ResponseCreate):
             await self._create_response(event)
@@ -386,7 +397,8 @@ class RealtimeSession:
             ) from None
         self.ahead_paid_s = 0.0
         previous = self.items[-1].id if self.items else None
-        item = Item(self.next_item_id, "user", audio=self._drop_buffer(upto))
+        item = Item(self.next_item_id, "user", clips=self._clips(self._drop_buffer(upto)))
+        self.turn_clips = {}
         self.next_item_id = ev.new_id("item")
         self._speech_started_at(None)
         self.items.append(item)
@@ -417,7 +429,9 @@ class RealtimeSession:
         if chunks <= self.ahead_chunks:
             return
         self.ahead_chunks = chunks
-        pending = Item("pending", "user", audio=bytes(self.buffer[start : start + chunks * self.chunk_bytes]))
+        pending = Item(
+            "pending", "user", clips=self._clips(self.buffer[start : start + chunks * self.chunk_bytes])
+        )
         self.ahead = asyncio.create_task(self._run_ahead(pending))
 
     def _ahead_wanted(self) -> bool:
@@ -429,13 +443,11 @@ class RealtimeSession:
         try:
             # Speculation spends the tenant's realtime audio budget as it goes (the turn's commit
             # then pays only the rest): speaking and clearing cannot buy free prefill.
-            seconds = len(pending.audio) / (PCM_RATE * 2)
+            seconds = pending.seconds
             await self.pipeline.quota.spend_session_audio(self.tenant, self.id, seconds - self.ahead_paid_s)
             self.ahead_paid_s = seconds
-            body, _ = self._chat_body(ev.ResponseConfig(), pending)
-            _, proto = openai_api.parse_request(body, self.profile.limits)
-            proto.session_id = self.id
-            tokens = await self.pipeline.prefill_ahead(proto, self.tenant)
+            turn, _ = self._turn(ev.ResponseConfig(), pending)
+            tokens = await self.pipeline.prefill_ahead(turn, self.tenant)
             self.stats.prefilled_ahead("done", tokens)
         except asyncio.CancelledError:
             self.stats.prefilled_ahead("cancelled", 0)
@@ -464,7 +476,7 @@ class RealtimeSession:
         if audio is None:
             audio = math.ceil(user.seconds * self.audio_rate)
         return TurnCost(
-            clips=user.clips(self.chunk_bytes),
+            clips=len(user.clips),
             messages=1 + len(replies),
             tokens=audio + sum(item.kept_tokens for item in replies) + self.turn_overhead,
         )
@@ -497,7 +509,7 @@ class RealtimeSession:
         if prepared.prompt is None or not turns:
             return
         users = [turn[0] for turn in turns]
-        clips = [user.clips(self.chunk_bytes) for user in users]
+        clips = [len(user.clips) for user in users]
         at, embedded = 0, []  # (position, rows) of each embedding segment
         for segment in prepared.prompt.segments:
             if segment.HasField("embeddings"):
@@ -523,31 +535,29 @@ class RealtimeSession:
 
     # ---- responses ------------------------------------------------------------------------------
 
-    def _chat_body(
-        self, config: ev.ResponseConfig, pending: Item | None = None
-    ) -> tuple[dict, list[list[Item]]]:
-        """The conversation as a chat request (with `pending`: a turn still being spoken, last), once
-        the turns it cannot carry are dropped; and the turns it holds."""
+    def _turn(self, config: ev.ResponseConfig, pending: Item | None = None) -> tuple[Turn, list[list[Item]]]:
+        """The conversation as the pipeline's Turn (with `pending`: a turn still being spoken, last),
+        once the turns it cannot carry are dropped; and the turns it holds."""
         modalities = config.output_modalities or self.config.output_modalities
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
         max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
         self._fit_history(instructions, max_output, pending)
         turns = self._turns(pending)
-        messages = ([{"role": "system", "content": instructions}] if instructions else []) + [
-            item.message(self.chunk_bytes)
-            for turn in turns
-            for item in turn
-            if item.role == "user" or item.text
+        messages = ([Message("system", (instructions,))] if instructions else []) + [
+            item.message() for turn in turns for item in turn if item.role == "user" or item.text
         ]
-        body: dict[str, Any] = {"model": self.profile.served_model_name, "messages": messages}
+        speech = None
         if "audio" in modalities:
-            voice = self.config.audio.output.voice or self.profile.pipeline.default_voice
-            body["modalities"] = ["text", "audio"]
-            body["audio"] = {"voice": voice, "format": "pcm16"}
-        if isinstance(limit, int):
-            body["max_tokens"] = limit
-        return body, turns
+            speech = SpeechOut(self.config.audio.output.voice or self.profile.pipeline.default_voice, "pcm16")
+        turn = Turn(
+            model=self.profile.served_model_name,
+            messages=tuple(messages),
+            sampling=Sampling(max_tokens=limit if isinstance(limit, int) else None),
+            speech=speech,
+            session=self.id,
+        )
+        return turn, turns
 
     async def _create_response(self, event: ev.ResponseCreate) -> None:
         if self.response is not None and self.response.status == "in_progress":
@@ -561,11 +571,9 @@ class RealtimeSession:
                 "nothing to respond to: commit some input audio first", event_id=event.event_id
             )
         while True:
-            body, turns = self._chat_body(event.response)
+            turn, turns = self._turn(event.response)
             try:
-                _, proto = openai_api.parse_request(body, self.profile.limits)
-                proto.session_id = self.id
-                prepared = await self.pipeline.prepare(proto, self.tenant)
+                prepared = await self.pipeline.prepare(turn, self.tenant)
                 break
             except OmniError as e:
                 if e.code == "context_length_exceeded" and len(turns) > 1:

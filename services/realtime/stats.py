@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ray.util import metrics
 
-from services.common.telemetry import Gauge, zero
+from services.common.telemetry import Gauge
+from services.extensions.ray.metrics import zero
 
 
 class RealtimeStats:

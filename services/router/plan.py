@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from omni.v1 import omni_pb2, stages_pb2
-
 from services.quota.tenants import SLO_CLASSES, SloClass, TenantSpec
 
 RequestClass = Literal["text", "image", "document", "audio"]
@@ -34,25 +32,24 @@ class StagePlan:
         return self.n_images if self.request_class == "document" else 0
 
 
-def plan(request: omni_pb2.ChatRequest, items: list[stages_pb2.MediaItem]) -> StagePlan:
-    """Classification is total: every request gets exactly one class."""
-    images = [i for i in items if i.modality == "image"]
-    audio = [i for i in items if i.modality == "audio"]
-    if audio or "audio" in request.modalities:
+def plan(speak: bool, image_tiles: list[int], audio_seconds: list[float]) -> StagePlan:
+    """From what a request carries (the tiles of each image, the length of each audio clip) and
+    whether it asks for speech. Classification is total: every request gets exactly one class."""
+    if audio_seconds or speak:
         cls: RequestClass = "audio"
-    elif len(images) >= DOCUMENT_MIN_IMAGES:
+    elif len(image_tiles) >= DOCUMENT_MIN_IMAGES:
         cls = "document"
-    elif images:
+    elif image_tiles:
         cls = "image"
     else:
         cls = "text"
     return StagePlan(
         request_class=cls,
-        n_images=len(images),
-        n_audio=len(audio),
-        speak="audio" in request.modalities,
-        tiles=sum(i.tiles.cols * i.tiles.rows for i in images),
-        audio_seconds=sum(i.audio_seconds for i in audio),
+        n_images=len(image_tiles),
+        n_audio=len(audio_seconds),
+        speak=speak,
+        tiles=sum(image_tiles),
+        audio_seconds=sum(audio_seconds),
     )
 
 

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 from omni.v1 import common_pb2
 
-from services.common.telemetry import StageMetrics, stage_span
+from services.common.telemetry import LATENCY_BUCKETS_S, Gauge, stage_span
+from services.extensions.ray.metrics import zero
 from services.models.profile import ModelSpec, Profile, load_profile
 from services.models.registry import adapter_module
 
@@ -45,3 +46,45 @@ class Stage:
             finally:
                 self.metrics.finished()
                 self.metrics.observe(op, time.perf_counter() - start)
+
+
+class StageMetrics:
+    """Per-stage request latency, errors and in-flight calls, tagged by stage and operation."""
+
+    def __init__(self, stage: str):
+        from ray.util import metrics
+
+        self.stage = stage
+        self.latency = metrics.Histogram(
+            "omniray_stage_latency_seconds",
+            description="Processing time of one stage call (whole stream for streaming calls).",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("stage", "op"),
+        )
+        self.errors = metrics.Counter(
+            "omniray_stage_errors_total", description="Stage calls that raised.", tag_keys=("stage", "op")
+        )
+        self.inflight = Gauge(
+            "omniray_stage_inflight_requests",
+            description="Calls a replica is processing now (for an engine stage: its running batch).",
+            tag_keys=("stage",),
+        )
+        self._inflight = 0
+        self._ops: set[str] = set()
+
+    def observe(self, op: str, seconds: float) -> None:
+        if op not in self._ops:  # the error series exists (at 0) once the operation has run
+            self._ops.add(op)
+            zero(self.errors, stage=self.stage, op=op)
+        self.latency.observe(seconds, tags={"stage": self.stage, "op": op})
+
+    def error(self, op: str) -> None:
+        self.errors.inc(tags={"stage": self.stage, "op": op})
+
+    def started(self) -> None:
+        self._inflight += 1
+        self.inflight.set(self._inflight, tags={"stage": self.stage})
+
+    def finished(self) -> None:
+        self._inflight -= 1
+        self.inflight.set(self._inflight, tags={"stage": self.stage})

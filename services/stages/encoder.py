@@ -10,7 +10,6 @@ version and tile grid. Every feature tensor carries the encoder/projector/LLM ve
 from __future__ import annotations
 
 import asyncio
-import io
 import uuid
 from collections.abc import AsyncIterator
 
@@ -19,8 +18,8 @@ from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
 
-from services.common import tensors
 from services.common.telemetry import Gauge
+from services.dataplane import tensors
 from services.models.base import EncoderOutput
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
@@ -132,7 +131,8 @@ class Encoder(Stage):
         return cache_key(tenant, item.data.content_hash, self.versions[item.modality], shape)
 
     def _tiles(self, item: stages_pb2.MediaItem) -> list[np.ndarray]:
-        image = Image.open(io.BytesIO(tensors.materialize(item.data).tobytes())).convert("RGB")
+        """The image's pixels (uint8 RGB [height, width, 3], decoded by the gateway) in tiles."""
+        image = Image.fromarray(tensors.materialize(item.data))
         return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
 
     async def _encode_images(

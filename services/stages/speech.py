@@ -12,10 +12,10 @@ import numpy as np
 from omni.v1 import stages_pb2
 from ray import serve
 
-from services.common import tensors
 from services.common.redis_config import redis_url
-from services.engine import urgency
-from services.sessions.board import BoardReader
+from services.dataplane import tensors
+from services.playback.board import BoardReader
+from services.policies import urgency
 from services.stages._stage import Stage
 from services.stages.urgency_gate import UrgencyGate
 

@@ -2,7 +2,7 @@
 
 A talker or vocoder replica runs at most `slots` model steps at once (more only fight over the same
 cores); when a step ends, the waiting step whose session is most urgent goes next, ranked by the
-same urgency policy and session board as the decode engine's scheduler (services/engine/urgency/):
+same urgency policy and session board as the decode engine's scheduler (services/policies/urgency/):
 a session whose client is about to run dry (U0) before a first reply (U1) before a well-buffered one
 (U2). Steps of requests without a realtime session rank by arrival, as U1. Nothing is held back
 here: generation far ahead of playback is held at decode, before it reaches these stages.
@@ -15,8 +15,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
-from services.engine.urgency.base import Candidate, UrgencyPolicy
-from services.sessions.board import BoardView
+from services.playback.board import BoardView
+from services.policies.urgency.base import Candidate, UrgencyPolicy
 
 
 class UrgencyGate:

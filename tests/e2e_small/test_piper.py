@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.vocoder_window import VocoderWindow
 from services.models.profile import load_profile
+from services.pipeline.vocoder_window import VocoderWindow
 from tests.conftest import load_adapter
 
 PROFILE = load_profile("small")

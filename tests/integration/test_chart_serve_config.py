@@ -16,7 +16,7 @@ import httpx
 import yaml
 
 from services import deploy, runtime
-from services.models.profile import data_dir
+from services.common.paths import data_dir
 from tests.conftest import AUTH
 
 POOLS = sorted(set(deploy.STAGE_POOLS.values()))

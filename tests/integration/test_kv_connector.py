@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from kv_store.connector import connector as kv_connector
+from services.extensions.vllm import engine_metrics
 
 BLOCK = 32  # tiny's engine.block_size
 
@@ -70,7 +70,7 @@ def _delta(engine, before: dict) -> dict:
 
 
 def _totals(key: str) -> float:
-    return sum(v for k, v in kv_connector.TOTALS.values.items() if k.startswith(key))
+    return sum(v for k, v in engine_metrics.TOTALS.values.items() if k.startswith(key))
 
 
 async def _wait_totals(key: str, above: float, timeout: float = 10.0) -> float:

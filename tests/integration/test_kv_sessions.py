@@ -15,7 +15,7 @@ from kv_store.layout import PageLayout
 from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
-from services.sessions.board import BoardView
+from services.playback.board import BoardView
 
 LAYOUT = PageLayout(num_layers=1, num_kv_heads=1, head_dim=32, page_tokens=16, dtype="float16")
 NOW = 1_000_000.0

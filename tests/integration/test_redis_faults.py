@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 import pytest
 
-from kv_store.connector.agent import AgentConfig, StoreAgent
+from kv_store.agent import AgentConfig, StoreAgent
 from kv_store.eviction import create
 from kv_store.layout import PageLayout
 from kv_store.metadata import COOLDOWN_S, KvMetadata, MetadataUnavailable, connect
@@ -22,11 +22,11 @@ from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
+from services.playback.board import BoardReader, BoardWriter
+from services.playback.monitor import SessionMonitor
 from services.quota.buckets import Buckets
 from services.quota.service import Cost, QuotaService
 from services.quota.tenants import Limits, RealtimeLimits, Tenants, TenantSpec, key_digest, put_tenant
-from services.sessions.board import BoardReader, BoardWriter
-from services.sessions.monitor import SessionMonitor
 
 BOUND_S = 2.0  # the bound for an answer while Redis is away
 LAYOUT = PageLayout(num_layers=1, num_kv_heads=1, head_dim=32, page_tokens=16, dtype="float16")

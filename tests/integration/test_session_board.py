@@ -9,8 +9,8 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from services.sessions.board import BoardReader, BoardWriter
-from services.sessions.monitor import SessionMonitor
+from services.playback.board import BoardReader, BoardWriter
+from services.playback.monitor import SessionMonitor
 
 
 def _wait(predicate, timeout=5.0):

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from kernels.sink_attention import allowed_keys
-from kv_store.connector import connector
-from services.engine import occupancy, session_kv
+from services.extensions.vllm import engine_metrics, session_kv, stat_logger
 
 SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
 PROMPT = [(i * 37) % 2000 + 5 for i in range(100)]
@@ -26,7 +25,8 @@ def engine(redis_url):
     import os
 
     from services.engine.thinker import ThinkerEngine
-    from services.models.profile import SessionKvSpec, load_profile
+    from services.extensions.vllm.specs import SessionKvSpec
+    from services.models.profile import load_profile
 
     os.environ["OMNIRAY_REDIS_URL"] = redis_url
     tiny = load_profile("tiny")
@@ -51,7 +51,7 @@ async def _generate(engine) -> tuple[list[int], list[float], int]:
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=1)
     most = 0.0
     async for out in engine.engine.generate({"prompt_token_ids": PROMPT}, params, request_id="sw"):
-        most = max(most, connector.TOTALS.values.get(occupancy.key(), 0.0))
+        most = max(most, engine_metrics.TOTALS.values.get(stat_logger.occupancy_key(), 0.0))
         final = out
     c = final.outputs[0]
     logprobs = [step[t].logprob for t, step in zip(c.token_ids, c.logprobs, strict=True)]

@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from services import runtime
+from services.common.paths import data_dir
 from services.models.build import MANIFEST, prepare
-from services.models.profile import data_dir, load_profile
+from services.models.profile import load_profile
 from tests.conftest import AUTH, data_url, local_cluster, png_bytes
 
 

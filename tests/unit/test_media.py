@@ -6,8 +6,8 @@ import soundfile
 from PIL import Image
 
 from services.common.errors import OmniError
-from services.gateway import media
 from services.models.profile import LimitsSpec
+from services.pipeline import media
 from tests.conftest import png_bytes, wav_bytes
 
 LIMITS = LimitsSpec()
@@ -22,7 +22,8 @@ def _refused(call, *args, **kwargs) -> OmniError:
 def test_image_header_gives_size():
     header = media.inspect_image(png_bytes(40, 30), LIMITS, param="p")
     assert (header.width, header.height, header.decoded_bytes) == (40, 30, 40 * 30 * 3)
-    media.check_image_decodes(png_bytes(40, 30), param="p")
+    image = media.image_input(png_bytes(40, 30), "auto", LIMITS, param="p")
+    assert image.pixels().shape == (30, 40, 3) and image.pixels().dtype == np.uint8
 
 
 @pytest.mark.parametrize("data, status", [(b"\x89PNG garbage", 400), (b"", 400)])
@@ -34,8 +35,8 @@ def test_truncated_jpeg_passes_the_header_but_not_the_decode():
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
     truncated = buf.getvalue()[: len(buf.getvalue()) // 2]
-    media.inspect_image(truncated, LIMITS, param="p")
-    assert _refused(media.check_image_decodes, truncated, param="p").code == "invalid_image"
+    image = media.image_input(truncated, "auto", LIMITS, param="p")  # the header is fine
+    assert _refused(image.pixels).code == "invalid_image"
 
 
 def test_image_side_limit():
@@ -92,25 +93,28 @@ def test_audio_header_gives_seconds_without_decoding():
 
 
 def test_audio_is_resampled_to_16k_mono():
-    wave = media.decode_audio(wav_bytes(seconds=1.0, rate=22050), "wav", LIMITS, param="p")
+    clip = media.audio_clip(wav_bytes(seconds=1.0, rate=22050), "wav", LIMITS, param="p")
+    assert not clip.decoded and clip.seconds == 1.0  # from the header alone
+    wave = clip.for_encoder()
     assert wave.dtype == np.float32 and abs(len(wave) - 16000) <= 1
+    assert clip.for_encoder() is wave  # resampled once
 
 
 def test_stereo_wav_is_mixed_down():
     buf = io.BytesIO()
     soundfile.write(buf, np.zeros((800, 2), dtype=np.float32), 8000, format="WAV")
-    assert media.decode_audio(buf.getvalue(), "wav", LIMITS, param="p").shape == (1600,)
+    assert media.audio_clip(buf.getvalue(), "wav", LIMITS, param="p").for_encoder().shape == (1600,)
 
 
 def test_pcm16_input():
     pcm = (np.ones(16000) * 1000).astype("<i2").tobytes()
-    wave = media.decode_audio(pcm, "pcm16", LIMITS, param="p")
+    wave = media.audio_clip(pcm, "pcm16", LIMITS, param="p").for_encoder()
     assert len(wave) == 16000 and np.allclose(wave, 1000 / 32768)
 
 
 def test_audio_too_long():
     with pytest.raises(OmniError) as e:
-        media.decode_audio(wav_bytes(seconds=3.0), "wav", LimitsSpec(max_audio_seconds=2), param="p")
+        media.audio_clip(wav_bytes(seconds=3.0), "wav", LimitsSpec(max_audio_seconds=2), param="p")
     assert e.value.status == 413
 
 

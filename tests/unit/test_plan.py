@@ -3,49 +3,47 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from omni.v1 import omni_pb2, stages_pb2
 
 from services.common.errors import OmniError
 from services.quota.tenants import SLO_CLASSES, TenantSpec
 from services.router.plan import DOCUMENT_MIN_IMAGES, plan, slo_class
 
 
-def _req(modalities=("text",)):
-    return omni_pb2.ChatRequest(messages=[omni_pb2.Message(role="user")], modalities=modalities)
+def _plan(speak=False, items=()):
+    """items: ("image", tiles) / ("audio", seconds)."""
+    return plan(speak, [n for k, n in items if k == "image"], [s for k, s in items if k == "audio"])
 
 
 def _image(cols=1, rows=1):
-    return stages_pb2.MediaItem(
-        modality="image", tiles=stages_pb2.TileGrid(cols=cols, rows=rows, tile_px=128)
-    )
+    return ("image", cols * rows)
 
 
 def _audio(seconds=2.0):
-    return stages_pb2.MediaItem(modality="audio", audio_seconds=seconds)
+    return ("audio", seconds)
 
 
 def test_text_only_skips_encoder_and_speech():
-    p = plan(_req(), [])
+    p = _plan()
     assert (p.request_class, p.encode, p.speak, p.tiles) == ("text", False, False, 0)
 
 
 def test_audio_out_plans_talker_and_vocoder():
-    p = plan(_req(("text", "audio")), [])
+    p = _plan(True)
     assert p.speak and p.request_class == "audio"
 
 
 def test_classes_and_costs():
-    assert plan(_req(), [_image(2, 3)]).request_class == "image"
-    doc = plan(_req(), [_image(2, 2)] * 5)
+    assert _plan(False, [_image(2, 3)]).request_class == "image"
+    doc = _plan(False, [_image(2, 2)] * 5)
     assert (doc.request_class, doc.tiles, doc.pages) == ("document", 20, 5)
-    mixed = plan(_req(), [_image(), _audio(3.5)])
+    mixed = _plan(False, [_image(), _audio(3.5)])
     assert (mixed.request_class, mixed.audio_seconds, mixed.encode) == ("audio", 3.5, True)
 
 
 @given(st.lists(st.sampled_from(["image", "audio"]), max_size=12), st.booleans())
 def test_classification_is_total_and_consistent(kinds, speak):
     items = [_image() if k == "image" else _audio() for k in kinds]
-    p = plan(_req(("text", "audio") if speak else ("text",)), items)
+    p = _plan(speak, items)
     expected = (
         "audio"
         if "audio" in kinds or speak

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.text_chunker import TextChunker
+from services.pipeline.text_chunker import TextChunker
 
 
 def _run(chunker, deltas):

@@ -3,8 +3,8 @@
 import numpy as np
 from PIL import Image
 
-from services.common.vocoder_window import VocoderWindow
 from services.models.profile import load_profile
+from services.pipeline.vocoder_window import VocoderWindow
 from tests.conftest import load_adapter
 
 PROFILE = load_profile("tiny")

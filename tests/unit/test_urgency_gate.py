@@ -9,8 +9,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.engine import urgency
-from services.sessions.board import BoardView
+from services.playback.board import BoardView
+from services.policies import urgency
 from services.stages.urgency_gate import UrgencyGate
 
 

@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common.vocoder_window import VocoderWindow
+from services.pipeline.vocoder_window import VocoderWindow
 
 
 @given(

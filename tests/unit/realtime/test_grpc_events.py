@@ -10,7 +10,7 @@ import pytest
 from omni.v1 import omni_pb2
 
 from services.realtime import events as ev
-from services.realtime.grpc_events import client_event_json, server_event_proto
+from services.realtime.grpc_events import client_event, server_event_proto
 
 E = omni_pb2.RealtimeClientEvent
 
@@ -41,19 +41,19 @@ E = omni_pb2.RealtimeClientEvent
 )  # fmt: skip
 def test_client_messages_parse_as_the_websocket_events(message, kind, check):
     message.event_id = "e1"
-    event = ev.parse_client_event(client_event_json(message))
+    event = ev.parse_client_event(client_event(message))
     assert isinstance(event, kind) and event.event_id == "e1"
     assert check is None or check(event)
 
 
 def test_session_update_leaves_unset_fields_out():
-    session = json.loads(client_event_json(E(session_update=omni_pb2.RealtimeSessionUpdate())))["session"]
+    session = client_event(E(session_update=omni_pb2.RealtimeSessionUpdate()))["session"]
     assert session == {"type": "realtime"}  # merged into the session: nothing changes
 
 
 def test_a_message_without_an_event_is_an_unknown_event():
     with pytest.raises(ev.RealtimeEventError) as e:
-        ev.parse_client_event(client_event_json(E(event_id="e9")))
+        ev.parse_client_event(client_event(E(event_id="e9")))
     assert e.value.code == "unknown_event" and e.value.event_id == "e9"
 
 

@@ -7,7 +7,6 @@ that builds prompts of the real shape (one embedding segment per audio clip)."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import math
 import shutil
@@ -15,16 +14,16 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import soundfile
 from omni.v1 import common_pb2, stages_pb2
 
 from loadtest.speech import speech
 from services.common.errors import bad_request
-from services.gateway.pipeline import Event, prompt_tokens
 from services.models.profile import load_profile
+from services.pipeline.pipeline import Event, prompt_tokens
+from services.pipeline.turn import AudioClip
+from services.playback.monitor import SessionMonitor
+from services.policies.admission import AimdAdmission
 from services.realtime.session import PCM_RATE, RealtimeSession
-from services.sessions.admission import AimdAdmission
-from services.sessions.monitor import SessionMonitor
 
 BYTES_PER_MS = PCM_RATE * 2 // 1000
 HEADER = 4  # template tokens around each message in the stand-in's prompts
@@ -48,18 +47,17 @@ class Pipeline:
         self.ahead: list = []
         self.refused = 0
 
-    def _prompt(self, req) -> stages_pb2.Prompt:
+    def _prompt(self, turn) -> stages_pb2.Prompt:
         prompt, ids = stages_pb2.Prompt(), [1] * HEADER
-        for message in req.messages:
-            for part in message.content:
-                if part.WhichOneof("part") == "audio":
+        for message in turn.messages:
+            for part in message.parts:
+                if isinstance(part, AudioClip):
                     prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=ids))
-                    frames = soundfile.info(io.BytesIO(part.audio.data)).frames
-                    rows = max(1, math.ceil(frames / PCM_RATE * ROWS_PER_S))
+                    rows = max(1, math.ceil(part.seconds * ROWS_PER_S))
                     prompt.segments.add(embeddings=common_pb2.TensorDescriptor(shape=[rows, 8]))
                     ids = []
                 else:
-                    ids += [1] * len(part.text.split())
+                    ids += [1] * len(part.split())
             ids += [1] * HEADER
         prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=ids))
         return prompt
@@ -99,6 +97,12 @@ class Stats:
 
     def generated(self, tokens: int) -> None:
         pass
+
+
+def _pcm16(item) -> bytes:
+    """A user item's audio as the pcm16 the client sent (clips hold it as exact float32 samples)."""
+    samples = np.concatenate([clip.samples() for clip in item.clips]) if item.clips else np.zeros(0)
+    return np.round(samples * 32768.0).astype("<i2").tobytes()
 
 
 def _profile(**realtime):
@@ -188,7 +192,7 @@ async def test_a_turn_is_its_speech_and_padding_at_the_reported_positions(two_se
     assert _errors(sent) == [] and len(started) == len(stopped) == len(committed) == 2
     assert 1500 <= started[0] <= 2100  # the speech starts at 2 s (less the 300 ms padding)
     for item, begin, end in zip(s.items, started, stopped, strict=True):
-        assert item.audio == pcm[begin * BYTES_PER_MS : end * BYTES_PER_MS]
+        assert _pcm16(item) == pcm[begin * BYTES_PER_MS : end * BYTES_PER_MS]
     assert stopped[0] < (2000 + len(first) / BYTES_PER_MS) + 200  # not the 1.5 s of silence after
     assert len(s.buffer) <= (300 + 33) * BYTES_PER_MS
 
@@ -207,11 +211,12 @@ async def test_speculative_clips_are_a_prefix_of_the_committed_turn(two_sentence
             await s.ahead  # one at a time, as its speed allows
     await s.response.task
     assert _errors(sent) == [] and pipeline.ahead
-    turn = [p.audio.data for p in pipeline.prepared[-1].request.messages[-1].content]
+    turn = list(pipeline.prepared[-1].request.messages[-1].parts)
     assert len(turn) >= 3  # a turn of 3 s and more: whole 1 s chunks and the rest
     for req in pipeline.ahead:
-        clips = [p.audio.data for p in req.messages[-1].content]
-        assert clips == turn[: len(clips)]
+        clips = list(req.messages[-1].parts)
+        assert all(a is b for a, b in zip(clips, turn, strict=False))  # the same clips: encoded once
+        assert len(clips) <= len(turn)
 
 
 # ---- the conversation window -----------------------------------------------------------------------
@@ -242,7 +247,7 @@ async def test_the_oldest_turns_go_in_batches_and_their_items_and_audio_with_the
         first_user = first_user or s.items[0].id
     assert carried == [1, 2, 3, 4, 3, 4, 3, 4, 3, 4]
     assert _errors(sent) == [] and s.stats.dropped == 6
-    assert len(s.items) == 8 and sum(len(i.audio) for i in s.items) == 4 * 500 * BYTES_PER_MS
+    assert len(s.items) == 8 and sum(len(_pcm16(i)) for i in s.items) == 4 * 500 * BYTES_PER_MS
     await s.handle(json.dumps({"type": "conversation.item.retrieve", "item_id": first_user}))
     assert _errors(sent)[-1]["code"] == "item_not_found"
 
@@ -256,7 +261,7 @@ async def test_media_items_bound_the_window():
     assert carried == [1, 2, 1, 2, 1, 2]  # 3 turns = 21 clips > 16; 2 = 14 > 0.75 x 16: 1 kept
     assert _errors(sent) == []
     for p in s.pipeline.prepared:
-        assert sum(len(m.content) for m in p.request.messages if m.role == "user") <= 16
+        assert sum(len(m.parts) for m in p.request.messages if m.role == "user") <= 16
 
 
 async def test_the_context_length_bounds_the_window_by_measured_tokens():

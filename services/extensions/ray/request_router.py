@@ -1,0 +1,93 @@
+"""The Serve request router behind every stage deployment that configures `request_router`:
+candidates ranked by a weighted pipeline of scorers (services/policies/scorers/), from the profile.
+
+Serve calls `choose_replicas` in the caller's process (the gateway) with the replicas that can take
+the request; we return them ranked, one per rank, so Serve tries the best first and falls back when a
+replica is full.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from omni.v1 import common_pb2
+from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+
+from services.common import telemetry
+from services.policies.scorers import ScorerPipeline
+from services.policies.scorers.base import Candidate, RoutedRequest
+
+
+def routed_request(pending) -> RoutedRequest:
+    """What the scorers need from a pending Serve request (its first argument is a stage proto)."""
+    meta = pending.metadata
+    tiles = 0
+    if pending.args and (items := getattr(pending.args[0], "items", None)) is not None:
+        tiles = sum(i.tiles.cols * i.tiles.rows for i in items if i.modality == "image")
+    return RoutedRequest(request_id=meta.internal_request_id, session_id=meta.session_id or "", tiles=tiles)
+
+
+class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    def initialize_state(
+        self, scorers: list[dict[str, Any]] | None = None, deployment: str = "", **_: Any
+    ) -> None:
+        from ray.util import metrics
+
+        self.pipeline = ScorerPipeline.from_config(scorers or [{"name": "queue_length"}])
+        self._tags = {"deployment": deployment}
+        self._decision = metrics.Histogram(
+            "omniray_router_decision_seconds",
+            description="Time to rank a stage's replicas for one request (the scorer pipeline).",
+            boundaries=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
+            tag_keys=("deployment",),
+        )
+        self._first_choice = metrics.Counter(
+            "omniray_router_first_choice_total",
+            description="Requests routed to the replica the pipeline ranked first (vs a fallback).",
+            tag_keys=("deployment", "outcome"),
+        )
+        self._ranked_first: dict[str, str] = {}
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        replicas = self.select_available_replicas(candidate_replicas) or list(candidate_replicas)
+        if not replicas:
+            return []
+        by_id = {r.replica_id.unique_id: r for r in replicas}
+        candidates = [
+            Candidate(rid, self.replica_queue_len_cache.get(r.replica_id), dict(r.routing_stats or {}))
+            for rid, r in by_id.items()
+        ]
+        request = routed_request(pending_request) if pending_request is not None else RoutedRequest("")
+        ctx = (
+            getattr(pending_request.args[0], "ctx", None)
+            if pending_request and pending_request.args
+            else None
+        )
+        with telemetry.stage_span(
+            "router", "router.choose_replica", ctx or common_pb2.RequestContext()
+        ) as span:
+            span.set_attribute("omniray.deployment", self._tags["deployment"])
+            span.set_attribute("omniray.candidates", len(candidates))
+            start = time.perf_counter()
+            ranked = self.pipeline.rank(request, candidates)
+            self._decision.observe(time.perf_counter() - start, tags=self._tags)
+        if request.request_id:
+            if len(self._ranked_first) > 10_000:  # requests cancelled before routing leave entries
+                self._ranked_first.clear()
+            self._ranked_first[request.request_id] = ranked[0]
+        return [[by_id[rid]] for rid in ranked]
+
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        request = routed_request(pending_request)
+        self.pipeline.on_routed(request, replica_id.unique_id)
+        if (first := self._ranked_first.pop(request.request_id, None)) is not None:
+            outcome = "first" if first == replica_id.unique_id else "fallback"
+            self._first_choice.inc(tags={**self._tags, "outcome": outcome})
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        self.pipeline.on_completed(internal_request_id, replica_id.unique_id)
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.pipeline.forget_replica(replica_id.unique_id)

@@ -1,0 +1,49 @@
+"""What the engine core receives from omniray: one validated payload (`EnginePayload`), carried in
+vLLM's `additional_config["omniray"]`. The profile (services/models/profile.py) validates every value
+at load, so a bad setting fails there with its field path, never first inside an engine process; the
+engine core parses the same model again (typed access, no defaults of its own: every default lives in
+the profile spec that feeds it). Pure pydantic: importing this module imports no vLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONFIG_KEY = "omniray"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SessionKvSpec(_Strict):
+    """Bounded per-session KV of the decode engine (services/extensions/vllm/session_kv.py): resident
+    KV = the first `sink_tokens` + the last `window_tokens`; attention over [0, S) ∪ [t−W, t]."""
+
+    sink_tokens: int = Field(ge=0)
+    window_tokens: int = Field(ge=1)
+
+
+class UrgencyPayload(_Strict):
+    """The interaction-aware order of running requests (services/extensions/vllm/scheduler.py): an
+    urgency policy (services/policies/urgency/) fed by the playback board in Redis."""
+
+    policy: str
+    params: dict[str, float]
+    board_url: str  # the playback board's Redis
+    poll_s: float = Field(gt=0)
+
+
+class EnginePayload(_Strict):
+    """The extensions an engine runs (None: off)."""
+
+    urgency: UrgencyPayload | None = None
+    session_kv: SessionKvSpec | None = None
+
+    @classmethod
+    def of(cls, vllm_config: Any) -> EnginePayload:
+        return cls.model_validate((vllm_config.additional_config or {}).get(CONFIG_KEY) or {})
+
+    def additional_config(self) -> dict[str, Any]:
+        return {CONFIG_KEY: self.model_dump()}

@@ -1,0 +1,101 @@
+"""The quota service of a gateway replica, and its metrics (exported through Ray's metrics agent,
+`ray_` prefix). The quota package itself is Ray-free: it reports to whatever sink it is given."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from services.common.redis_config import async_client
+from services.common.telemetry import LATENCY_BUCKETS_S, Gauge
+from services.extensions.ray.metrics import zero
+from services.quota import DEFAULT_TENANTS_FILE
+from services.quota.buckets import Buckets
+from services.quota.service import QuotaService
+from services.quota.tenants import Tenants
+
+# Quota calls that need Redis (the `op` label of omniray_quota_redis_errors_total).
+REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio", "session_close")
+
+
+class QuotaMetrics:
+    def __init__(self):
+        from ray.util import metrics
+
+        self._rejections = metrics.Counter(
+            "omniray_quota_rejections_total",
+            description="Requests refused by the quota service (429/401), by what ran out.",
+            tag_keys=("tenant", "modality", "reason", "slo_class"),
+        )
+        self._admitted = metrics.Counter(
+            "omniray_quota_admitted_total", description="Requests admitted.", tag_keys=("tenant", "slo_class")
+        )
+        self._remaining = Gauge(
+            "omniray_quota_bucket_remaining_ratio",
+            description="Bucket level after the last admission, as a share of its capacity (burst).",
+            tag_keys=("tenant", "modality"),
+        )
+        self._queue = Gauge(
+            "omniray_quota_batch_queue_depth",
+            description="Over-budget batch requests waiting in this gateway replica.",
+            tag_keys=("tenant",),
+        )
+        self._wait = metrics.Histogram(
+            "omniray_quota_queue_wait_seconds",
+            description="Time an admitted request waited for budget (0 for most).",
+            boundaries=LATENCY_BUCKETS_S,
+            tag_keys=("slo_class",),
+        )
+        self._redis_errors = metrics.Counter(
+            "omniray_quota_redis_errors_total",
+            description="Quota calls that found Redis down or stalled (answered 503, or admitted "
+            "unmetered for fail_open tenants; a release's refund is lost).",
+            tag_keys=("op",),
+        )
+        self._unmetered = metrics.Counter(
+            "omniray_quota_unmetered_total",
+            description="Requests and realtime session calls admitted without a debit because Redis "
+            "was unreachable (tenants with fail_open).",
+            tag_keys=("tenant", "slo_class"),
+        )
+        self._reload_errors = metrics.Counter(
+            "omniray_quota_tenants_reload_errors_total",
+            description="Tenants-file versions that could not be loaded (the last good one stays).",
+        )
+        for op in REDIS_OPS:
+            zero(self._redis_errors, op=op)
+        zero(self._reload_errors)
+
+    def rejected(self, tenant: str, modality: str, reason: str, slo_class: str = "none") -> None:
+        self._rejections.inc(
+            tags={"tenant": tenant, "modality": modality, "reason": reason, "slo_class": slo_class}
+        )
+
+    def admitted(self, lease) -> None:
+        self._admitted.inc(tags={"tenant": lease.tenant.id, "slo_class": lease.slo_class})
+        self._wait.observe(lease.queued_s, tags={"slo_class": lease.slo_class})
+        for modality, ratio in lease.levels.items():
+            self._remaining.set(ratio, tags={"tenant": lease.tenant.id, "modality": modality})
+
+    def queue_depth(self, tenant: str, depth: int) -> None:
+        self._queue.set(depth, tags={"tenant": tenant})
+
+    def redis_error(self, op: str) -> None:
+        self._redis_errors.inc(tags={"op": op})
+
+    def unmetered(self, tenant: str, slo_class: str) -> None:
+        self._unmetered.inc(tags={"tenant": tenant, "slo_class": slo_class})
+
+    def tenants_reload_failed(self) -> None:
+        self._reload_errors.inc()
+
+
+def quota_service() -> QuotaService:
+    """Tenants from $OMNIRAY_TENANTS_FILE (default configs/tenants/local.yaml) and Redis at
+    $OMNIRAY_REDIS_URL (bounded timeouts: a stalled Redis is a 503 within a second, docs/quota.md)."""
+    redis = async_client()
+    metrics = QuotaMetrics()
+    tenants = Tenants(
+        Path(os.environ.get("OMNIRAY_TENANTS_FILE", DEFAULT_TENANTS_FILE)), redis, metrics=metrics
+    )
+    return QuotaService(tenants, Buckets(redis), metrics)

@@ -1,0 +1,619 @@
+"""The request pipeline behind every API: it takes a typed Turn (services/pipeline/turn.py), never a
+wire format.
+
+prepare(): validate, plan, admit against the tenant's quota, decode media, run the encoder pool and
+build the thinker prompt (every client error surfaces here, before any response byte is sent).
+generate(): prefill -> decode streams text; with audio out, the talker starts on the first text piece
+(async chunk) and the vocoder on the first unit chunk, so PCM streams while the thinker is still
+writing. A media item the encoder has seen (a realtime session's earlier turns) is not sent again:
+its output is kept on the item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from omni.v1 import common_pb2, stages_pb2
+from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.serve.exceptions import DeploymentUnavailableError
+from ray.serve.handle import DeploymentHandle
+
+from services.common import telemetry
+from services.common.errors import OmniError, bad_request, too_large
+from services.common.streams import next_batch
+from services.dataplane import tensors
+from services.extensions.ray.metrics import zero
+from services.models.profile import Profile
+from services.models.versions import FeatureVersionMismatch, FeatureVersions
+from services.pipeline import media
+from services.pipeline.prompt import Layout, PromptBuilder, prompt_tokens
+from services.pipeline.text_chunker import TextChunker
+from services.pipeline.turn import AudioClip, ImageInput, Turn
+from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
+from services.quota.service import Cost, Lease, QuotaService
+from services.quota.tenants import TenantSpec
+from services.router.plan import StagePlan, plan, slo_class
+from services.router.tiles import TILE_POLICY_VERSION, TileGrid, tile_grid
+
+log = logging.getLogger("ray.serve")
+# Without async chunk, whole-utterance audio is still sent to the client in pieces of this length.
+WHOLE_AUDIO_PIECE_S = 0.5
+# Conversations with more text than this are laid out (rendered, tokenized) off the event loop.
+INLINE_LAYOUT_CHARS = 16_384
+# A stage replica's process died or is unreachable (a handle call raises one of these).
+STAGE_GONE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError)
+
+
+@dataclass
+class Event:
+    text: str = ""
+    tokens: int = 0  # generated tokens behind `text` (their text may be empty)
+    pcm16: bytes = b""
+    sample_rate: int = 0
+    transcript: str | None = None
+    finish_reason: str | None = None
+    usage: common_pb2.Usage | None = None
+    progress: common_pb2.Progress | None = None
+
+    @property
+    def is_text(self) -> bool:
+        """Only generated text (what piles up and merges under load)."""
+        return bool(self.tokens or self.text) and not (
+            self.pcm16 or self.finish_reason is not None or self.progress is not None
+        )
+
+
+def _merge_text(batch: list[Event | None]) -> list[Event | None]:
+    """Consecutive text events that piled up become one (fewer chunks on the wire under load)."""
+    merged: list[Event | None] = []
+    for ev in batch:
+        prev = merged[-1] if merged else None
+        if ev is not None and prev is not None and ev.is_text and prev.is_text:
+            merged[-1] = Event(text=prev.text + ev.text, tokens=prev.tokens + ev.tokens)
+        else:
+            merged.append(ev)
+    return merged
+
+
+# name: (low, high) — OpenAI's ranges.
+SAMPLING_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+MAX_STOP, MAX_STOP_CHARS = 4, 256
+MAX_SESSION_CHARS = 128
+INT64 = 2**63
+
+
+@contextlib.contextmanager
+def stage_calls() -> Iterator[None]:
+    """A stage replica that died or cannot be reached is a 503 (gRPC UNAVAILABLE): the request may
+    be retried once Serve replaces it. Logged under an id; the client gets only the id."""
+    try:
+        yield
+    except STAGE_GONE as e:
+        error_id = f"err_{uuid.uuid4().hex[:16]}"
+        log.error("a stage call failed [%s]", error_id, exc_info=e)
+        raise OmniError(
+            503,
+            f"a model stage is unavailable; retry shortly (error id {error_id})",
+            code="stage_unavailable",
+            headers={"retry-after": "1"},
+        ) from None
+
+
+@dataclass
+class Prepared:
+    turn: Turn
+    ctx: common_pb2.RequestContext
+    plan: StagePlan
+    grids: list[TileGrid | None]  # per media item: the image's tile grid (None for audio)
+    sampling: common_pb2.SamplingParams
+    voice: str
+    audio_format: str
+    lease: Lease
+    layout: Layout
+    # Built in prepare(), except for documents: their encoding runs inside generate() so that
+    # progress events stream to the client while the tiles are encoded.
+    prompt: stages_pb2.Prompt | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass
+class StageHandles:
+    encoder: DeploymentHandle
+    prefill: DeploymentHandle
+    decode: DeploymentHandle
+    talker: DeploymentHandle
+    vocoder: DeploymentHandle
+
+    def grpc(self) -> StageHandles:
+        """The same handles on Serve's gRPC transport between replicas."""
+        return StageHandles(**{k: h.options(_by_reference=False) for k, h in vars(self).items()})
+
+
+class Pipeline:
+    def __init__(
+        self,
+        profile: Profile,
+        handles: StageHandles,
+        prompts: PromptBuilder,
+        quota: QuotaService,
+        *,
+        async_chunk: bool | None = None,
+    ):
+        self.profile = profile
+        self.h = handles.grpc()
+        self.prompts = prompts
+        self.quota = quota
+        self.feature_versions = {
+            m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
+        }
+        from ray.util import metrics
+
+        self.version_mismatches = metrics.Counter(
+            "omniray_encoder_feature_version_mismatch_total",
+            description="Encoder outputs rejected for carrying other model versions (then re-encoded).",
+            tag_keys=("modality",),
+        )
+        for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
+            zero(self.version_mismatches, modality=modality)
+        self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
+        self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
+
+    # ---- validation and preparation -----------------------------------------------------
+
+    def _validate(self, turn: Turn) -> tuple[common_pb2.SamplingParams, str, str]:
+        limits, pipe = self.profile.limits, self.profile.pipeline
+        if turn.model != self.profile.served_model_name:
+            raise OmniError(
+                400,
+                f"model {turn.model[:64]!r} does not exist; this server serves {self.profile.served_model_name!r}",
+                code="model_not_found",
+                param="model",
+            )
+        if not turn.messages:
+            raise bad_request("messages must not be empty", param="messages")
+        if len(turn.messages) > limits.max_messages:
+            raise bad_request(f"at most {limits.max_messages} messages", param="messages")
+        if len(turn.session) > MAX_SESSION_CHARS:
+            raise bad_request(
+                f"session id must be at most {MAX_SESSION_CHARS} characters", param="x-omniray-session-id"
+            )
+        voice, audio_format = "", "pcm16"
+        if turn.speech is not None:
+            if why := self.profile.speech_out_unavailable():
+                raise bad_request(
+                    f"{why}; use modalities ['text']", code="unsupported_modality", param="modalities"
+                )
+            voice = turn.speech.voice or pipe.default_voice
+            if voice not in pipe.voices:
+                raise bad_request(
+                    f"unknown voice {voice[:64]!r}; available: {pipe.voices}", param="audio.voice"
+                )
+            audio_format = turn.speech.format
+            if audio_format not in media.AUDIO_FORMATS:
+                raise bad_request(f"audio.format must be one of {media.AUDIO_FORMATS}", param="audio.format")
+        s = turn.sampling
+        max_tokens = pipe.default_max_tokens if s.max_tokens is None else s.max_tokens
+        if max_tokens < 1:
+            raise bad_request("max_tokens must be positive", param="max_tokens")
+        if max_tokens > limits.max_tokens_cap:
+            raise bad_request(f"max_tokens must be at most {limits.max_tokens_cap}", param="max_tokens")
+        for name, (low, high) in SAMPLING_RANGES.items():
+            value = getattr(s, name)
+            if not (math.isfinite(value) and low <= value <= high):
+                raise bad_request(f"{name} must be a number in [{low:g}, {high:g}]", param=name)
+        if len(s.stop) > MAX_STOP or not all(0 < len(x) <= MAX_STOP_CHARS for x in s.stop):
+            raise bad_request(
+                f"stop takes at most {MAX_STOP} non-empty sequences of at most {MAX_STOP_CHARS} characters",
+                param="stop",
+            )
+        if s.seed is not None and not -INT64 <= s.seed < INT64:
+            raise bad_request("seed must be a 64-bit integer", param="seed")
+        sampling = common_pb2.SamplingParams(
+            max_tokens=max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed or 0,
+            stop=list(s.stop),
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+        )
+        return sampling, voice, audio_format
+
+    def _check_media(self, turn: Turn) -> list[TileGrid | None]:
+        """What the media cost and whether this deployment takes them, from their headers alone:
+        what the plan and the quota need, before anything is decoded. Returns each image's tile
+        grid (None for audio)."""
+        limits = self.profile.limits
+        if len(turn.media) > limits.max_media_items:
+            raise bad_request(
+                f"at most {limits.max_media_items} images and audio clips per request",
+                code="too_many_media_items",
+                param="messages",
+            )
+        grids: list[TileGrid | None] = []
+        decoded = 0
+        for item in turn.media:
+            kind = "image" if isinstance(item, ImageInput) else "audio"
+            if getattr(self.profile.models, "vision" if kind == "image" else "audio") is None:
+                raise bad_request(
+                    f"profile {self.profile.name!r} does not accept {kind} input",
+                    code="unsupported_modality",
+                    param="messages",
+                )
+            grid = None
+            if isinstance(item, ImageInput):
+                t = self.profile.tiling
+                grid = tile_grid(item.width, item.height, item.detail, t.tile_px, t.max_tiles)
+            decoded += item.decoded_bytes
+            if decoded > limits.max_media_decoded_bytes:
+                raise too_large(
+                    f"the request's media decode to more than {limits.max_media_decoded_bytes} bytes",
+                    code="media_too_large",
+                    param="messages",
+                )
+            grids.append(grid)
+        return grids
+
+    def _layout(self, turn: Turn) -> Layout:
+        return self.prompts.layout(turn.messages)
+
+    async def prepare(self, turn: Turn, tenant: TenantSpec) -> Prepared:
+        """Validate, plan, admit against the tenant's quota; decode and encode media and build the
+        prompt (documents: later, in generate(), with progress events)."""
+        sampling, voice, audio_format = self._validate(turn)
+        slo = slo_class(tenant, turn.slo_class, turn.service_tier)
+        ctx = common_pb2.RequestContext(
+            request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            tenant=tenant.id,
+            session_id=f"{tenant.id}/{turn.session}" if turn.session else "",
+        )
+        with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
+            telemetry.inject(ctx)
+            grids = self._check_media(turn)
+            stage_plan = plan(
+                turn.speech is not None,
+                [g.tiles for g in grids if g is not None],
+                [m.seconds for m in turn.media if isinstance(m, AudioClip)],
+            )
+            span.set_attribute("omniray.request_class", stage_plan.request_class)
+            span.set_attribute("omniray.slo_class", slo)
+            layout = await self._laid_out(turn)
+            cost = Cost(
+                text_tokens=layout.text_tokens + sampling.max_tokens,
+                image_tiles=stage_plan.tiles,
+                audio_seconds=stage_plan.audio_seconds,
+                document_pages=stage_plan.pages,
+                encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
+            )
+            lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
+            p = Prepared(turn, ctx, stage_plan, grids, sampling, voice, audio_format, lease, layout)
+            try:
+                # Decoding and encoding come after admission: a request over its quota costs the
+                # gateway only header reads.
+                if stage_plan.request_class != "document":
+                    await self._build_prompt(p)
+            except BaseException:
+                await self.quota.release(lease)
+                raise
+        return p
+
+    async def _laid_out(self, turn: Turn) -> Layout:
+        chars = sum(len(part) for m in turn.messages for part in m.parts if isinstance(part, str))
+        if chars <= INLINE_LAYOUT_CHARS:
+            return self._layout(turn)
+        return await asyncio.to_thread(self._layout, turn)
+
+    async def _build_prompt(self, p: Prepared, progress=None) -> None:
+        encoded = await self._encode(p.ctx, p.turn.media, p.grids, progress) if p.turn.media else []
+        p.prompt = self.prompts.fill(p.layout, encoded)
+        p.prompt_tokens = prompt_tokens(p.prompt)
+        if p.prompt_tokens + p.sampling.max_tokens > self.profile.engine.max_model_len:
+            raise bad_request(
+                f"prompt ({p.prompt_tokens} tokens) plus max_tokens ({p.sampling.max_tokens}) exceeds the "
+                f"context length ({self.profile.engine.max_model_len})",
+                code="context_length_exceeded",
+                param="messages",
+            )
+
+    # ---- the encoder ---------------------------------------------------------------------
+
+    def _version(self, item: AudioClip | ImageInput) -> str:
+        return self.feature_versions["image" if isinstance(item, ImageInput) else "audio"]
+
+    @staticmethod
+    def _media_item(item: AudioClip | ImageInput, grid: TileGrid | None) -> stages_pb2.MediaItem:
+        """The stage contract's item: decoded samples (at the encoders' rate) or pixels."""
+        if isinstance(item, AudioClip):
+            return stages_pb2.MediaItem(
+                modality="audio",
+                data=tensors.describe(item.for_encoder(), content_hash=item.content_hash),
+                audio_seconds=item.seconds,
+            )
+        return stages_pb2.MediaItem(
+            modality="image",
+            detail=item.detail,
+            tiles=stages_pb2.TileGrid(
+                cols=grid.cols, rows=grid.rows, tile_px=grid.tile_px, policy_version=TILE_POLICY_VERSION
+            ),
+            data=tensors.describe(item.pixels(), content_hash=item.content_hash),
+        )
+
+    async def _encode(
+        self,
+        ctx: common_pb2.RequestContext,
+        items: list[AudioClip | ImageInput],
+        grids: list[TileGrid | None],
+        progress=None,
+    ) -> list[stages_pb2.EncodedItem]:
+        """Each item's encoder output at this deployment's versions: kept on the item from an earlier
+        request, or encoded now (new items only; their outputs are then kept on them). A mismatch (an
+        encoder replica still on the previous version during a rollout) is counted and re-encoded
+        once. With `progress`, the encoder streams progress events to it while it works."""
+        new = [i for i, item in enumerate(items) if self._version(item) not in item.encoded]
+        if new:
+            request = await asyncio.to_thread(
+                lambda: stages_pb2.EncodeRequest(
+                    ctx=ctx, items=[self._media_item(items[i], grids[i]) for i in new]
+                )
+            )
+            encoded = await self._encode_items(request, progress)
+            stale = self._stale(request.items, encoded)
+            if stale:
+                for modality in stale:
+                    self.version_mismatches.inc(tags={"modality": modality})
+                request.bypass_cache = True
+                request.require_versions.update({m: self.feature_versions[m] for m in stale})
+                try:
+                    encoded = await self._encode_items(request)
+                except Exception as e:  # the replica cannot serve the version (raised in another process)
+                    if FeatureVersionMismatch.CODE not in str(e):
+                        raise
+                    encoded = None
+                if encoded is None or self._stale(request.items, encoded):
+                    raise OmniError(
+                        503,
+                        "encoder replicas serve other model versions than this gateway; retry shortly",
+                        code=FeatureVersionMismatch.CODE,
+                    )
+            for i, out in zip(new, encoded, strict=True):
+                if items[i].keep:
+                    out = _owned(out, items[i])
+                items[i].encoded[out.encoder_version] = out
+        return [item.encoded[self._version(item)] for item in items]
+
+    async def _encode_items(self, request: stages_pb2.EncodeRequest, progress=None) -> list:
+        with stage_calls():
+            if progress is None:
+                return list((await self.h.encoder.Encode.remote(request)).items)
+            encoded: list = []
+            async for event in self.h.encoder.options(stream=True).EncodeStream.remote(request):
+                if event.HasField("progress"):
+                    await progress(event.progress)
+                else:
+                    encoded = list(event.result.items)
+            return encoded
+
+    def _stale(self, items, encoded: list[stages_pb2.EncodedItem]) -> list[str]:
+        return [
+            item.modality
+            for item, out in zip(items, encoded, strict=True)
+            if out.encoder_version != self.feature_versions[item.modality]
+        ]
+
+    async def prefill_ahead(self, turn: Turn, tenant: TenantSpec) -> int:
+        """Speculative prefill of a turn still being spoken (realtime sessions): `turn` holds the
+        conversation with the turn's audio so far. Encode it and run it up to the end of its audio —
+        the turn's closing template tokens are not known yet — through the session's prefill and
+        decode replicas, as the turn itself will run, generating one token: prefill computes the
+        KV, decode pulls it into its own cache, so when the whole turn comes both find all but its
+        last chunk cached. Returns the prompt tokens (0 when there is no audio to prefill).
+
+        Not debited from the quota: the turn's request pays for the same audio when it comes, and a
+        session runs at most one of these at a time, only while its user speaks."""
+        sampling, _, _ = self._validate(turn)
+        ctx = common_pb2.RequestContext(
+            request_id=f"ahead-{uuid.uuid4().hex}",
+            tenant=tenant.id,
+            session_id=f"{tenant.id}/{turn.session}",
+        )
+        with telemetry.tracer("gateway").start_as_current_span("gateway.prefill_ahead") as span:
+            telemetry.inject(ctx)
+            grids = self._check_media(turn)
+            layout = await self._laid_out(turn)
+            prompt = self.prompts.fill(layout, await self._encode(ctx, turn.media, grids))
+            ends = [i for i, seg in enumerate(prompt.segments) if seg.HasField("embeddings")]
+            if not ends:
+                return 0
+            del prompt.segments[ends[-1] + 1 :]
+            tokens = prompt_tokens(prompt)
+            span.set_attribute("omniray.prompt_tokens", tokens)
+            if tokens >= self.profile.engine.max_model_len:
+                return 0
+            sampling.max_tokens = 1
+            async for _ in self._think(ctx, prompt, tokens, sampling):
+                pass
+        return tokens
+
+    async def _think(
+        self,
+        ctx: common_pb2.RequestContext,
+        prompt: stages_pb2.Prompt,
+        tokens: int,
+        sampling: common_pb2.SamplingParams,
+    ) -> AsyncIterator[stages_pb2.DecodeChunk]:
+        """The thinker: prefill (for prompts long enough to pay for the hand-off) then decode,
+        streamed. Turns of one session go to the replicas that served it before (session_affinity)."""
+        kv_params = ""
+        session = {"session_id": ctx.session_id} if ctx.session_id else {}
+        with stage_calls():
+            if (
+                self.profile.engine.kv_transfer != "none"
+                and tokens >= self.profile.engine.disagg_min_prompt_tokens
+            ):
+                pre = await self.h.prefill.options(**session).Prefill.remote(
+                    stages_pb2.PrefillRequest(ctx=ctx, prompt=prompt, sampling=sampling)
+                )
+                kv_params = pre.kv_transfer_params
+            request = stages_pb2.DecodeRequest(
+                ctx=ctx, prompt=prompt, sampling=sampling, kv_transfer_params=kv_params
+            )
+            async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
+                yield chunk
+
+    # ---- generation ----------------------------------------------------------------------
+
+    async def generate(self, p: Prepared) -> AsyncIterator[Event]:
+        out: asyncio.Queue = asyncio.Queue()
+        pieces: asyncio.Queue = asyncio.Queue()
+        final: dict = {}
+
+        async def think() -> None:
+            try:
+                if p.prompt is None:  # a document: encode now, streaming progress
+                    await self._build_prompt(p, progress=lambda pr: out.put(Event(progress=pr)))
+                await generate_text()
+            finally:
+                await pieces.put(None)  # speak() ends even when thinking failed
+
+        async def generate_text() -> None:
+            chunker = TextChunker(
+                self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
+            )
+            text = []
+            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling):
+                final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
+                if chunk.token_ids or chunk.text:
+                    # Tokens whose text is empty still count (as vLLM's server sends them).
+                    await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
+                if chunk.text:
+                    text.append(chunk.text)
+                    if (
+                        p.plan.speak
+                        and self.async_chunk
+                        and (piece := chunker.push(chunk.text, len(chunk.token_ids)))
+                    ):
+                        await pieces.put(piece)
+                if chunk.finish_reason:
+                    final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
+            if p.plan.speak:
+                rest = chunker.flush() if self.async_chunk else "".join(text)
+                if rest and rest.strip():
+                    await pieces.put(rest)
+
+        async def speak() -> None:
+            vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
+            index = 0
+            while (piece := await pieces.get()) is not None:
+                talk = stages_pb2.TalkRequest(ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index)
+                index += 1
+                units = (
+                    tensors.materialize(uc.units)
+                    async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
+                    if not uc.is_final
+                )
+                if self.async_chunk:
+                    # One talker stream is one utterance: vocode its units as they arrive, each
+                    # call with the context that makes it equal to a whole-utterance decode.
+                    window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
+                    transcript: str | None = piece
+                    async for chunk in units:
+                        if call := window.push(chunk):
+                            await self._vocode(p, call, out, transcript)
+                            transcript = None
+                    if call := window.flush():
+                        await self._vocode(p, call, out, transcript)
+                else:
+                    # Baseline: each stage waits for the whole output of the previous one.
+                    whole = [u async for u in units]
+                    if whole:
+                        call = VocodeCall(np.concatenate(whole), None, None)
+                        await self._vocode(p, call, out, piece, split_s=WHOLE_AUDIO_PIECE_S)
+
+        async def run(coro) -> None:
+            try:
+                with stage_calls():
+                    await coro
+            finally:
+                await out.put(None)
+
+        tasks = [asyncio.create_task(run(think()))]
+        if p.plan.speak:
+            tasks.append(asyncio.create_task(run(speak())))
+        try:
+            done = 0
+            while done < len(tasks):
+                for ev in _merge_text(await next_batch(out)):
+                    if ev is None:
+                        done += 1
+                    else:
+                        yield ev
+            for t in tasks:  # re-raise a stage failure
+                t.result()
+            yield Event(finish_reason=final.get("finish_reason", "stop"), usage=final.get("usage"))
+        finally:
+            for t in tasks:
+                t.cancel()
+            # The quota keeps what was used: the whole usage, or — a client that left, a stage that
+            # failed — the prompt and the tokens generated until then; the rest goes back.
+            usage = final.get("usage")
+            text_tokens = (
+                usage.prompt_tokens + usage.completion_tokens
+                if usage is not None
+                else p.prompt_tokens + final.get("generated", 0)
+            )
+            # Its own task, awaited through a shield: a client that left cancels this generator and
+            # every await in it, but not the release.
+            release = asyncio.create_task(
+                self.quota.release(p.lease, dataclasses.replace(p.lease.cost, text_tokens=text_tokens))
+            )
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+            await asyncio.shield(release)
+
+    async def _vocode(
+        self,
+        p: Prepared,
+        call: VocodeCall,
+        out: asyncio.Queue,
+        transcript: str | None,
+        split_s: float | None = None,
+    ) -> None:
+        req = stages_pb2.VocodeRequest(ctx=p.ctx, units=tensors.describe(call.units), voice=p.voice)
+        if call.left is not None:
+            req.left_context.CopyFrom(tensors.describe(call.left))
+        if call.right is not None:
+            req.right_context.CopyFrom(tensors.describe(call.right))
+        chunk = await self.h.vocoder.Vocode.remote(req)
+        pcm, rate = chunk.pcm16, chunk.sample_rate
+        step = len(pcm) if split_s is None else max(2, int(split_s * rate) * 2)
+        for k in range(0, len(pcm), step):
+            await out.put(
+                Event(pcm16=pcm[k : k + step], sample_rate=rate, transcript=transcript if k == 0 else None)
+            )
+
+
+def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:
+    """An encoder output this process can keep using: features left in the object store by the
+    encoder replica (pinned there only for a while) are taken into an object this process owns,
+    pinned for as long as the item that holds them lives (a realtime session's turn)."""
+    if out.WhichOneof("output") != "embeddings" or out.embeddings.WhichOneof("location") != "object_ref":
+        return out
+    kept = tensors.Kept(tensors.materialize(out.embeddings), out.embeddings)
+    item.keepalive.append(kept)
+    owned = stages_pb2.EncodedItem()
+    owned.CopyFrom(out)
+    owned.embeddings.CopyFrom(kept.descriptor)
+    return owned

@@ -1,0 +1,97 @@
+"""A conversation + encoder outputs -> the thinker's Prompt (token spans and embedding spans).
+
+Works with any chat template. `layout` renders the conversation with a marker where each media item
+goes and tokenizes the text between markers (before admission: the quota counts these tokens);
+`fill` puts each encoder output in its place — embeddings become their own span, encoder text
+(cascade adapters) joins the text around it. Markers use a control character that user text cannot
+carry. Text pieces recur across the requests of a conversation (its earlier turns, the template's
+role tags): their token ids are cached, so a turn tokenizes only what is new.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from omni.v1 import stages_pb2
+from transformers import AutoTokenizer
+
+from services.pipeline.turn import AudioClip, Message
+
+_MARK = "\x00"
+CACHED_PIECES = 4096
+
+
+def _marker(i: int) -> str:
+    return f"{_MARK}{i}{_MARK}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    pieces: tuple[str, ...]  # the rendered text around the media slots: len = media items + 1
+    text_tokens: int  # tokens of the pieces
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer_path: str):
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+            self._ids[text] = ids
+            if len(self._ids) > CACHED_PIECES:
+                self._ids.popitem(last=False)
+        else:
+            self._ids.move_to_end(text)
+        return ids
+
+    def layout(self, messages: tuple[Message, ...] | list[Message]) -> Layout:
+        chat, n_media = [], 0
+        for m in messages:
+            content, previous = "", None
+            for part in m.parts:
+                kind = (
+                    "text" if isinstance(part, str) else ("audio" if isinstance(part, AudioClip) else "image")
+                )
+                # Consecutive audio parts are one stream cut in chunks (realtime turns): nothing
+                # between them, so a turn's first chunks render as a prefix of the whole turn.
+                if previous is not None and not (kind == previous == "audio"):
+                    content += "\n"
+                if kind == "text":
+                    content += part.replace(_MARK, "")
+                else:
+                    content += _marker(n_media)
+                    n_media += 1
+                previous = kind
+            chat.append({"role": m.role, "content": content})
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        pieces = tuple(text.split(_MARK)[::2])  # text, index, text, index, ..., text
+        return Layout(pieces, sum(len(self._encode(p)) for p in pieces if p))
+
+    def fill(self, layout: Layout, encoded: list[stages_pb2.EncodedItem]) -> stages_pb2.Prompt:
+        """`encoded` holds one output per media slot, in order."""
+        if len(layout.pieces) != len(encoded) + 1:
+            raise ValueError(f"{len(layout.pieces) - 1} media slots but {len(encoded)} encoder outputs")
+        prompt = stages_pb2.Prompt()
+        text = layout.pieces[0]
+        for item, piece in zip(encoded, layout.pieces[1:], strict=True):
+            if item.WhichOneof("output") == "text":
+                text += item.text + piece
+                continue
+            if text:
+                prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=self._encode(text)))
+            prompt.segments.add(embeddings=item.embeddings)
+            text = piece
+        if text:
+            prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=self._encode(text)))
+        return prompt
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def prompt_tokens(prompt: stages_pb2.Prompt) -> int:
+    return sum(len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments)

@@ -1,0 +1,187 @@
+"""One typed turn: what every transport (REST, gRPC, the realtime session) builds once and the
+pipeline takes. No wire format gets past a transport: media are typed clips and images whose
+headers were checked when the transport built them and which decode (at most once) after the quota
+admitted the request; a realtime session keeps its items, so their decoded samples, content hashes
+and encoder outputs are computed once however many responses they appear in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from math import gcd
+from typing import Literal
+
+import numpy as np
+from omni.v1 import stages_pb2
+from scipy.signal import resample_poly
+
+Role = Literal["system", "user", "assistant"]
+# The rate audio reaches the encoders at (every adapter's input rate).
+ENCODER_RATE = 16_000
+
+
+class _Once:
+    """What a media item computes lazily, once (items are shared by the requests of a session)."""
+
+    def __init__(self, keep: bool = False):
+        self._lock = threading.Lock()
+        # encoder version -> what the encoder made of this item
+        self.encoded: dict[str, stages_pb2.EncodedItem] = {}
+        # `keep`: the item outlives its request (a realtime session's turn): its encoder outputs are
+        # held in objects this process owns, alive as long as the item (`keepalive`).
+        self.keep = keep
+        self.keepalive: list = []
+
+
+class AudioClip(_Once):
+    """Mono audio. Built from samples (realtime: decoded PCM) or from an encoded payload whose header
+    was checked (`services.pipeline.media.audio_clip`): `frames` and `rate` are known either way, the
+    samples only once `samples()` decoded them."""
+
+    def __init__(
+        self,
+        *,
+        rate: int,
+        frames: int,
+        samples: np.ndarray | None = None,
+        decode=None,
+        content_hash: str = "",
+        decoded_bytes: int = 0,
+        keep: bool = False,
+    ):
+        super().__init__(keep)
+        self.rate, self.frames = rate, frames
+        self._samples, self._decode, self._hash = samples, decode, content_hash
+        self._at_encoder_rate: np.ndarray | None = None
+        self.decoded_bytes = decoded_bytes or frames * 4
+
+    @classmethod
+    def from_pcm16(cls, pcm: bytes, rate: int, *, keep: bool = False) -> AudioClip:
+        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        return cls(rate=rate, frames=len(samples), samples=samples, keep=keep)
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+    @property
+    def decoded(self) -> bool:
+        return self._samples is not None
+
+    def samples(self) -> np.ndarray:
+        """float32 mono at `rate` (decoded on first use)."""
+        with self._lock:
+            if self._samples is None:
+                self._samples, self._decode = self._decode(), None
+            return self._samples
+
+    def for_encoder(self) -> np.ndarray:
+        """float32 mono at ENCODER_RATE (resampled once)."""
+        samples = self.samples()
+        with self._lock:
+            if self._at_encoder_rate is None:
+                if self.rate == ENCODER_RATE:
+                    out = samples
+                else:
+                    g = gcd(self.rate, ENCODER_RATE)
+                    out = resample_poly(samples, ENCODER_RATE // g, self.rate // g)
+                self._at_encoder_rate = np.ascontiguousarray(out, dtype=np.float32)
+            return self._at_encoder_rate
+
+    @property
+    def content_hash(self) -> str:
+        """Names the audio for the feature cache (of what the encoder is given)."""
+        if not self._hash:
+            self._hash = hashlib.sha256(self.for_encoder().tobytes()).hexdigest()
+        return self._hash
+
+
+class ImageInput(_Once):
+    """An image whose header was checked (format, size, frames); its pixels are decoded on use."""
+
+    def __init__(self, *, width: int, height: int, detail: str, content_hash: str, decode):
+        super().__init__()
+        self.width, self.height, self.detail, self.content_hash = width, height, detail, content_hash
+        self._decode = decode
+        self._pixels: np.ndarray | None = None
+
+    @property
+    def decoded_bytes(self) -> int:
+        return self.width * self.height * 3  # RGB
+
+    def pixels(self) -> np.ndarray:
+        """uint8 RGB [height, width, 3]."""
+        with self._lock:
+            if self._pixels is None:
+                self._pixels, self._decode = self._decode(), None
+            return self._pixels
+
+
+Part = str | AudioClip | ImageInput
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    parts: tuple[Part, ...]
+
+    def media(self) -> list[AudioClip | ImageInput]:
+        return [p for p in self.parts if not isinstance(p, str)]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling as every API asks for it (ranges checked by the pipeline for all of them)."""
+
+    max_tokens: int | None = None  # None: the profile's default
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpeechOut:
+    voice: str | None = None  # None: the profile's default voice
+    format: str = "pcm16"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A request for one response: the conversation so far and how to answer."""
+
+    model: str
+    messages: tuple[Message, ...]
+    sampling: Sampling = Sampling()
+    speech: SpeechOut | None = None  # audio out (talker + vocoder) when set
+    session: str = ""  # the client's session name ("" for none), scoped by tenant in the pipeline
+    slo_class: str = ""
+    service_tier: str = ""
+    media: list[AudioClip | ImageInput] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "media", [m for msg in self.messages for m in msg.media()])
+
+
+SPEECH_MODALITIES = ("text", "audio")
+
+
+def speech_out(modalities: list[str], voice: str | None, audio_format: str | None) -> SpeechOut | None:
+    """OpenAI's `modalities` (and `audio`) of a request: SpeechOut for ["text", "audio"], None for
+    ["text"] (or none given); anything else is a client error."""
+    from services.common.errors import bad_request
+
+    if len(modalities) > len(SPEECH_MODALITIES):
+        raise bad_request("modalities lists each modality once", param="modalities")
+    asked = set(modalities or ["text"])
+    if not asked <= set(SPEECH_MODALITIES) or "text" not in asked:
+        raise bad_request(
+            f"unsupported modalities {sorted(asked)}; use ['text'] or ['text', 'audio']",
+            code="unsupported_modality",
+            param="modalities",
+        )
+    return SpeechOut(voice or None, audio_format or "pcm16") if "audio" in asked else None

@@ -1,0 +1,104 @@
+"""Session monitor bookkeeping with a fake clock: buffered audio, playback, barge-ins, reply gaps."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.playback.monitor import SessionMonitor
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_playback_buffer_barge_in_and_reply_gap():
+    clock = Clock()
+    m = SessionMonitor(clock, gap_alpha=0.5)
+    m.open("s")
+    m.speech_started("s")
+    clock.t += 1.0
+    m.speech_stopped("s")
+    m.response_started("s")
+    clock.t += 0.4  # first audio 400 ms after the user stopped
+    m.audio_sent("s", 500)
+    m.audio_sent("s", 500)
+    m.played("s", 300)
+    view = m.snapshot()["s"]
+    assert view.buffered_ms == 700 and view.playing and view.first_audio and view.responding
+    assert view.reply_gap_ms == pytest.approx(400)
+    assert m.speech_started("s")  # talking over a playing response: a barge-in
+    m.truncated("s", 300)
+    assert m.snapshot()["s"].buffered_ms == 0 and m.snapshot()["s"].barge_ins == 1
+    m.response_finished("s")
+    m.speech_stopped("s")
+    m.response_started("s")
+    clock.t += 0.8
+    m.audio_sent("s", 100)
+    assert m.snapshot()["s"].reply_gap_ms == pytest.approx(600)  # EMA of 400 and 800
+    clock.t += 2
+    assert m.snapshot()["s"].age_s == pytest.approx(2)
+    m.response_finished("s")
+    assert m.snapshot()["s"].buffered_ms == 0  # played out at real time
+    assert not m.speech_started("s")  # no response, nothing playing: not a barge-in
+    m.close("s")
+    assert len(m) == 0
+
+
+def test_playback_without_reports_runs_at_real_time_from_the_first_audio():
+    clock = Clock()
+    m = SessionMonitor(clock)
+    m.open("s")
+    m.response_started("s")
+    clock.t += 5  # generating: nothing plays before the first audio
+    m.audio_sent("s", 1000)
+    clock.t += 0.25
+    assert m.snapshot()["s"].played_ms == pytest.approx(250)
+    m.played("s", 100)  # a report behind the estimate never moves playback back
+    assert m.snapshot()["s"].played_ms == pytest.approx(250)
+    m.played("s", 600)  # ahead of it: the report is the new anchor
+    clock.t += 0.1
+    assert m.snapshot()["s"].played_ms == pytest.approx(700)
+    assert m.buffered("s") == pytest.approx(300)
+    clock.t += 10
+    assert m.snapshot()["s"].played_ms == 1000 and not m.snapshot()["s"].playing
+    assert m.buffered("s") == 0 and m.buffered("unknown") == 0
+
+
+EVENTS = st.lists(
+    st.one_of(
+        st.tuples(st.just("sent"), st.floats(0, 2000)),
+        st.tuples(st.just("played"), st.floats(0, 5000)),
+        st.tuples(st.just("truncated"), st.floats(0, 5000)),
+        st.tuples(st.just("start"), st.just(0)),
+        st.tuples(st.just("response"), st.just(0)),
+    ),
+    max_size=50,
+)
+
+
+@given(EVENTS)
+def test_played_never_passes_sent_and_nothing_is_negative(events):
+    m = SessionMonitor(Clock())
+    m.open("s")
+    calls = {
+        "sent": lambda v: m.audio_sent("s", v),
+        "played": lambda v: m.played("s", v),
+        "truncated": lambda v: m.truncated("s", v),
+        "start": lambda v: m.speech_started("s"),
+        "response": lambda v: m.response_started("s"),
+    }
+    last_played = 0.0
+    for kind, value in events:
+        calls[kind](value)
+        state = m._sessions["s"]
+        assert 0 <= state.played_ms <= state.sent_ms + 1e-9
+        assert m.snapshot()["s"].buffered_ms >= 0
+        if kind == "played":
+            assert state.played_ms >= last_played - 1e-9  # playback never moves back
+        last_played = state.played_ms

@@ -1,0 +1,120 @@
+"""LiveServe urgency: U0 (playing, low buffer) before U1 (no first audio, by age) before U2 (well
+buffered, by score); far-ahead U2 held; stale or missing telemetry is U1 (FCFS among them)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.playback.board import BoardView
+from services.policies import urgency
+from services.policies.urgency.liveserve import LiveServeParams
+
+NOW = 1000.0
+
+
+def view(buffered_ms=0.0, first_audio=True, barge_ins=0, responses=1, at=NOW) -> BoardView:
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=False, responding=True,
+                     first_audio=first_audio, barge_ins=barge_ins, responses=responses,
+                     reply_gap_ms=None, at=at)  # fmt: skip
+
+
+def cand(arrival, v=None, kv=100, generated=0):
+    return urgency.Candidate(arrival=arrival, kv_tokens=kv, generated=generated, view=v)
+
+
+def test_classes_and_order():
+    policy = urgency.create("liveserve", {"safe_ms": 1000, "hold_ms": 5000})
+    c = [
+        cand(1, view(3000)),  # U2
+        cand(2, None),  # U1 (not a realtime session)
+        cand(3, view(200)),  # U0, emptier
+        cand(4, view(900)),  # U0
+        cand(5, view(0, first_audio=False)),  # U1, younger
+        cand(6, view(3000), generated=100),  # held: 100 tokens x 150 ms, nothing played yet
+        cand(0.5, view(200, at=NOW - 10)),  # stale telemetry: U1, oldest
+    ]
+    r = policy.rank(c, NOW, occupancy=0.5)
+    assert r.classes == ["U2", "U1", "U0", "U0", "U1", "held", "U1"]
+    assert r.order == [2, 3, 6, 1, 4, 0] and r.held == [5]
+
+
+def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "ms_per_token": 100, "stale_s": 10}
+    )
+    ahead = cand(1, view(3000), generated=80)  # 8 s generated, nothing played
+    assert policy.rank([ahead], NOW, 0.0).held == [0]
+    early = view(0, first_audio=False)  # no audio yet: never held (it may need tokens to start)
+    assert policy.rank([cand(1, early, generated=80)], NOW, 0.0).classes == ["U1"]
+    low = view(500)  # running low: never held either
+    assert policy.rank([cand(1, low, generated=80)], NOW, 0.0).classes == ["U0"]
+    played = view(3000, at=NOW - 3.5)  # 3 s played since (all it had): 5 s ahead, buffer empty
+    assert policy.rank([cand(1, played, generated=80)], NOW, 0.0).classes == ["U0"]
+    measured = BoardView(**{**view(3000).__dict__, "ms_per_token": 50.0})  # this session: 4 s ahead
+    assert policy.rank([cand(1, measured, generated=80)], NOW, 0.0).classes == ["U2"]
+
+
+def test_buffer_drains_in_real_time_between_views():
+    policy = urgency.create("liveserve", {"safe_ms": 1000, "hold_ms": 5000})
+    c = [cand(1, view(2500, at=NOW - 1.6))]  # 900 ms left now: U0
+    assert policy.rank(c, NOW, 0.0).classes == ["U0"]
+
+
+def test_u2_prefers_big_kv_holders_when_memory_is_scarce_and_rare_barge_ins():
+    policy = urgency.create("liveserve", {"safe_ms": 100, "hold_ms": 10_000, "alpha": 1, "beta": 1})
+    big, small = cand(1, view(3000), kv=8000), cand(0.5, view(3000), kv=100)
+    assert policy.rank([small, big], NOW, occupancy=0.9).order == [1, 0]
+    assert policy.rank([small, big], NOW, occupancy=0.0).order == [0, 1]  # ties: by age
+    barger = cand(0, view(3000, barge_ins=3, responses=3), kv=100)
+    calm = cand(5, view(3000), kv=100)
+    assert policy.rank([barger, calm], NOW, occupancy=0.5).order == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "params", [{"safe_ms": 5000, "hold_ms": 100}, {"alpha": -1}, {"stale_s": 0}, {"nope": 1}]
+)
+def test_bad_parameters_are_refused(params):
+    with pytest.raises((ValueError, TypeError)):
+        urgency.create("liveserve", params)
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="unknown urgency policy"):
+        urgency.create("edf")
+
+
+VIEWS = st.one_of(
+    st.none(),
+    st.builds(
+        view,
+        buffered_ms=st.floats(0, 20_000),
+        first_audio=st.booleans(),
+        barge_ins=st.integers(0, 5),
+        responses=st.integers(0, 5),
+        at=st.floats(NOW - 5, NOW),
+    ),
+)
+
+
+ITEMS = st.tuples(st.floats(0, 100), VIEWS, st.integers(0, 100_000), st.integers(0, 500))
+
+
+@given(st.lists(ITEMS, max_size=60), st.floats(0, 1))
+def test_ranking_is_a_partition_and_classes_are_ordered(items, occupancy):
+    policy = urgency.create("liveserve", {})
+    c = [cand(a, v, kv, gen) for a, v, kv, gen in items]
+    r = policy.rank(c, NOW, occupancy)
+    assert sorted(r.order + r.held) == list(range(len(c)))  # every request once: none lost
+    rank = {"U0": 0, "U1": 1, "U2": 2}
+    ordered = [rank[r.classes[i]] for i in r.order]
+    assert ordered == sorted(ordered)
+    u0 = [c[i].view.buffered_at(NOW) for i in r.order if r.classes[i] == "U0"]
+    assert u0 == sorted(u0)  # emptiest buffer first
+    u1 = [c[i].arrival for i in r.order if r.classes[i] == "U1"]
+    assert u1 == sorted(u1)  # oldest first
+    p = LiveServeParams()
+    for i in r.held:
+        v = c[i].view
+        assert c[i].generated * (v.ms_per_token or p.ms_per_token) - v.played_at(NOW) > p.hold_ms
