@@ -14,7 +14,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos system-deps
 
@@ -89,6 +89,10 @@ bench-preload: setup
 # N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware.
 bench-voice: models
 	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
+
+# Gateway CPU per realtime turn over a 10-turn conversation (flat: a turn costs what it adds).
+bench-turn-cost: models
+	$(PY) -m loadtest.realtime_turn_cost --profile $(PROFILE)
 
 # Long-lived streaming sessions (tiny thinker): unbounded KV vs sinks + window (saturation time
 # predicted vs measured, occupancy plot), the N* sweep (a fresh engine per N), AIMD admission vs N*.

@@ -58,14 +58,14 @@ def one_session(url: str, utterances: list[bytes], instructions: str, ahead: boo
     try:
         client._wait("session.updated", 0)
         for turn in range(turns):
-            mark = len(client.events)
+            mark = client.rt.mark()
             client._speak(utterances[turn % len(utterances)])
             stopped, t_stop = client._wait("input_audio_buffer.speech_stopped", mark)
             _, t_audio = client._wait("response.output_audio.delta", stopped)
             client._wait("response.done", stopped)
             ttfp.append(t_audio - t_stop)
     finally:
-        client.conn.close()
+        client.rt.close()
     if client.stats.errors:
         raise RuntimeError(client.stats.errors)
     return ttfp

@@ -28,14 +28,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import websockets
-import websockets.sync.client as ws_client
-
 from loadtest import results
 from loadtest.profiles import derive, widen_thinker
-from loadtest.speech import RATE, SENTENCES, speech
+from loadtest.realtime_client import RATE, RealtimeClient
+from loadtest.speech import SENTENCES, speech
 from services import runtime
-from services.quota import LOCAL_API_KEY
 
 CHUNK_MS = 100
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
@@ -54,73 +51,53 @@ class SessionStats:
 
 
 class Client:
-    """One voice session: a reader thread collects server events; the main thread speaks, plays and
-    barges in."""
+    """One voice session: the shared realtime client (loadtest/realtime_client.py) collects server
+    events; the main thread speaks, plays and barges in."""
 
     def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int,
                  session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
-        self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
-                                      max_size=None)  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
         # Output audio durations (s) of whole responses in this run, shared by its sessions: where a
         # barge-in cuts is drawn from them (LiveServe's barge-in model, WORKLOADS.md).
         self.durations = durations if durations is not None else []
         self.stats = SessionStats()
-        self.cond = threading.Condition()
-        self.events: list[tuple[float, dict]] = []
         self.audio_ms = 0.0  # of the current response, received
         self.response_done = True
         self.item_id = ""
-        threading.Thread(target=self._read, daemon=True).start()
-        self._send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_tokens,
-                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
-                    **(session or {})}})  # fmt: skip
+        self.rt = RealtimeClient(url, on_event=self._seen)
+        self.rt.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_tokens,
+                      "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
+                      **(session or {})}})  # fmt: skip
 
-    def _send(self, event: dict) -> None:
-        self.conn.send(json.dumps(event))
-
-    def _read(self) -> None:
-        try:
-            for raw in self.conn:
-                event, now = json.loads(raw), time.monotonic()
-                with self.cond:
-                    kind = event["type"]
-                    if kind == "response.created":
-                        self.audio_ms, self.response_done = 0.0, False
-                    elif kind == "response.output_audio.delta":
-                        self.audio_ms += len(base64.b64decode(event["delta"])) / 2 / RATE * 1000
-                        self.item_id = event["item_id"]
-                    elif kind == "response.done":
-                        self.response_done = True
-                        r = event["response"]
-                        if r["status"] == "completed":
-                            self.stats.completed += 1
-                            self.durations.append(self.audio_ms / 1000)
-                            self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
-                    elif kind == "conversation.item.truncated" and "omniray" in event:
-                        self.stats.wasted += event["omniray"]["wasted_tokens"]
-                        self.stats.generated += event["omniray"]["generated_tokens"]
-                    elif kind == "error":
-                        self.stats.errors.append(event["error"]["message"])
-                    self.events.append((now, event))
-                    self.cond.notify_all()
-        except websockets.exceptions.ConnectionClosed:
-            pass
+    def _seen(self, event: dict) -> None:
+        kind = event["type"]
+        if kind == "response.created":
+            self.audio_ms, self.response_done = 0.0, False
+        elif kind == "response.output_audio.delta":
+            self.audio_ms += len(base64.b64decode(event["delta"])) / 2 / RATE * 1000
+            self.item_id = event["item_id"]
+        elif kind == "response.done":
+            self.response_done = True
+            r = event["response"]
+            if r["status"] == "completed":
+                self.stats.completed += 1
+                self.durations.append(self.audio_ms / 1000)
+                self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
+        elif kind == "conversation.item.truncated" and "omniray" in event:
+            self.stats.wasted += event["omniray"]["wasted_tokens"]
+            self.stats.generated += event["omniray"]["generated_tokens"]
+        elif kind == "error":
+            self.stats.errors.append(event["error"]["message"])
 
     def _wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
-        with self.cond:
-            ok = self.cond.wait_for(lambda: any(e["type"] == kind for _, e in self.events[after:]), timeout)
-            if not ok:
-                raise TimeoutError(kind)
-            i = next(i for i in range(after, len(self.events)) if self.events[i][1]["type"] == kind)
-            return i, self.events[i][0]
+        i, at, _ = self.rt.wait(kind, after, timeout)
+        return i, at
 
     def _speak(self, pcm: bytes) -> None:
         silence = bytes(RATE * 2 * 7 // 10)
         step = RATE * 2 * CHUNK_MS // 1000
         for k in range(0, len(pcm + silence), step):
-            self._send({"type": "input_audio_buffer.append",
-                        "audio": base64.b64encode((pcm + silence)[k : k + step]).decode()})  # fmt: skip
+            self.rt.append((pcm + silence)[k : k + step])
             time.sleep(CHUNK_MS / 1000)
 
     def _play(self, barge_at_s: float | None) -> bool:
@@ -130,7 +107,7 @@ class Client:
         while True:
             time.sleep(0.05)
             now = time.monotonic()
-            with self.cond:
+            with self.rt.cond:
                 available, done = self.audio_ms, self.response_done
             step = (now - last) * 1000
             last = now
@@ -140,7 +117,7 @@ class Client:
                 if not done:
                     self.stats.stalled_s += (played + step - available) / 1000
                 played = available
-            self._send({"type": "omniray.playback.progress", "item_id": self.item_id, "played_ms": played})
+            self.rt.send({"type": "omniray.playback.progress", "item_id": self.item_id, "played_ms": played})
             if barge_at_s is not None and played >= barge_at_s * 1000:
                 self.stats.played_s += played / 1000
                 return True
@@ -151,7 +128,7 @@ class Client:
     def run(self, turns: int) -> SessionStats:
         try:
             for turn in range(turns):
-                mark = len(self.events)
+                mark = self.rt.mark()
                 self._speak(self.utterances[turn % len(self.utterances)])
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
                 _, t_audio = self._wait("response.output_audio.delta", stopped)
@@ -171,7 +148,7 @@ class Client:
         except Exception as e:  # a session that breaks is reported, not hidden
             self.stats.errors.append(repr(e))
         finally:
-            self.conn.close()
+            self.rt.close()
         return self.stats
 
 

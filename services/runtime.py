@@ -51,8 +51,11 @@ def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMNIRAY_DATA=str(data_dir()))
     env.update(SERVE_ENV)
     # HAProxy here reloads in milliseconds: a gateway replica being stopped need not stay up the
-    # 30 s a cloud load balancer takes to deregister it.
+    # 30 s a cloud load balancer takes to deregister it. Its own metrics and stats listeners get
+    # this run's ports (fixed defaults would collide with another run on the machine).
     env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
+    env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(cluster.haproxy_metrics_port)
+    env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(cluster.haproxy_stats_port)
     env[RUN_ID_ENV] = cluster.run_id
     return env
 
@@ -72,6 +75,8 @@ class LocalCluster:
     run_id: str = ""
     # Ray's Prometheus endpoint: every omniray_* metric of every process (as ray_omniray_*).
     metrics_port: int = 0
+    haproxy_metrics_port: int = 0
+    haproxy_stats_port: int = 0
 
     @property
     def metrics_url(self) -> str:
@@ -135,6 +140,8 @@ def start(
         dashboard_port=free_port(),
         redis_port=free_port(),
         metrics_port=free_port(),
+        haproxy_metrics_port=free_port(),
+        haproxy_stats_port=free_port(),
         ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
         run_id=uuid.uuid4().hex,
     )

@@ -93,7 +93,7 @@ def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[
         Sampling(
             max_tokens=s.max_tokens or None,
             temperature=s.temperature,
-            top_p=s.top_p if s.top_p > 0 else 1.0,  # 0: not set in proto3
+            top_p=s.top_p if s.top_p != 0 else 1.0,  # 0: not set in proto3 (the rest is range-checked)
             seed=s.seed or None,
             stop=tuple(s.stop),
             presence_penalty=s.presence_penalty,

@@ -283,22 +283,25 @@ class Pipeline:
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
             grids = self._check_media(turn)
-            stage_plan = plan(
-                turn.speech is not None,
-                [g.tiles for g in grids if g is not None],
-                [m.seconds for m in turn.media if isinstance(m, AudioClip)],
-            )
+            with telemetry.tracer("router").start_as_current_span("router.plan"):
+                stage_plan = plan(
+                    turn.speech is not None,
+                    [g.tiles for g in grids if g is not None],
+                    [m.seconds for m in turn.media if isinstance(m, AudioClip)],
+                )
             span.set_attribute("omniray.request_class", stage_plan.request_class)
             span.set_attribute("omniray.slo_class", slo)
             layout = await self._laid_out(turn)
-            cost = Cost(
-                text_tokens=layout.text_tokens + sampling.max_tokens,
-                image_tiles=stage_plan.tiles,
-                audio_seconds=stage_plan.audio_seconds,
-                document_pages=stage_plan.pages,
-                encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
-            )
-            lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
+            with telemetry.tracer("quota").start_as_current_span("quota.admit") as qspan:
+                cost = Cost(
+                    text_tokens=layout.text_tokens + sampling.max_tokens,
+                    image_tiles=stage_plan.tiles,
+                    audio_seconds=stage_plan.audio_seconds,
+                    document_pages=stage_plan.pages,
+                    encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
+                )
+                lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
+                qspan.set_attribute("omniray.queued_s", lease.queued_s)
             p = Prepared(turn, ctx, stage_plan, grids, sampling, voice, audio_format, lease, layout)
             try:
                 # Decoding and encoding come after admission: a request over its quota costs the

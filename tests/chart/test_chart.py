@@ -13,7 +13,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from services import deploy
-from services.app import DEPLOYMENT_NAMES
+from services.app import DEPLOYMENT_NAMES, SERVE_ENV
 from services.models.profile import load_profile
 from tests.chart.helpers import VALUES_FILES, by_kind, one, validate, values
 
@@ -154,6 +154,8 @@ def test_pods_get_redis_url_tenants_and_data(rendered, name):
             int(e["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]["value"])
             == load_profile(profile).limits.max_request_bytes
         )
+        # Ray Serve runs as `make run` runs it (HAProxy ingress, throughput-optimized).
+        assert {k: e[k]["value"] for k in SERVE_ENV} == SERVE_ENV
         init = group["template"]["spec"]["initContainers"][0]
         assert (
             init["command"][-1]

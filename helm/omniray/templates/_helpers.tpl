@@ -140,6 +140,12 @@ spec:
           value: /etc/omniray/tenants/tenants.yaml
         - name: RAY_SERVE_GRPC_MAX_MESSAGE_SIZE  # the gRPC proxy's receive limit (Serve's default: 2 GiB)
           value: {{ $root.Values.grpcMaxMessageBytes | int64 | quote }}
+        # Ray Serve's high-throughput mode: HAProxy in front of the gateway replicas' own servers
+        # (services/app.py SERVE_ENV; a chart test checks they agree)
+        - name: RAY_SERVE_ENABLE_HA_PROXY
+          value: "1"
+        - name: RAY_SERVE_THROUGHPUT_OPTIMIZED
+          value: "1"
         {{- include "omniray.redisEnv" $root | nindent 8 }}
         {{- with $root.Values.otel.endpoint }}
         - name: OTEL_EXPORTER_OTLP_ENDPOINT

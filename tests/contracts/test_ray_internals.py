@@ -1,0 +1,73 @@
+"""Contract: the Ray internals in services/extensions/ray/ (written for Ray 2.60), driven against a real
+Ray: an out-of-band reference keeps its object alive until released; a counter exported at 0 is a
+series Ray's metrics pipeline accepts."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+import ray
+
+from services.extensions.ray import object_refs
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_written_for_this_ray():
+    assert ".".join(ray.__version__.split(".")[:2]) == object_refs.WRITTEN_FOR
+
+
+def _gone(data: bytes, within_s: float = 10.0) -> bool:
+    """The object is freed (asynchronously: polled)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(object_refs.loads(data), timeout=1)
+        except (
+            ray.exceptions.ObjectFreedError,
+            ray.exceptions.ObjectLostError,
+            ray.exceptions.GetTimeoutError,
+        ):
+            return True
+        gc.collect()
+        time.sleep(0.5)
+    return False
+
+
+def test_out_of_band_reference_pins_until_released(local_ray):
+    """As services/dataplane/tensors.py uses it: the producer keeps `ref`, sends `dumps(ref)`, and
+    releases `ref` when no consumer can still need it."""
+    pinned = ray.put(np.arange(1_000_000))  # in the object store (not inlined)
+    data = object_refs.dumps(pinned)
+    del pinned
+    gc.collect()
+    assert ray.get(object_refs.loads(data), timeout=30)[-1] == 999_999  # alive with no reference
+
+    released = ray.put(np.arange(1_000_000))
+    data = object_refs.dumps(released)
+    object_refs.release(released)
+    del released
+    gc.collect()
+    assert _gone(data)
+
+
+def test_zero_records_a_counter_series(local_ray):
+    from ray.util import metrics
+
+    from services.extensions.ray.metrics import zero
+
+    counter = metrics.Counter("omniray_contract_zero_total", description="contract test", tag_keys=("k",))
+    zero(counter, k="v")  # accepted by Ray's recorder (no error), unlike inc(0)
+    with pytest.raises(ValueError):
+        counter.inc(0, tags={"k": "v"})

@@ -1,0 +1,187 @@
+"""Contract: omniray's scheduler hooks on vLLM's real scheduler (services/extensions/vllm/scheduler.py,
+written for vLLM 0.32). A real `Scheduler` is built from a VllmConfig of the tiny thinker with a real
+KV cache config and real `Request`s, no engine process: the urgency hook reorders and holds running
+requests by their sessions' playback, vLLM then schedules in that order; the sink + window hook turns
+sliding-window groups into its own spec; the scheduler's metrics leave with vLLM's SchedulerStats
+and the front end's stat logger takes them out and exports them, with no KV connector."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kv_store.metrics import Recorder
+from services.common.paths import data_dir
+from services.extensions.vllm import engine_metrics, pins, scheduler, session_kv, stat_logger
+from services.extensions.vllm.specs import EnginePayload, SessionKvSpec
+from services.playback.board import BoardView
+from services.policies import urgency
+
+BLOCK = 32
+
+
+def test_written_for_this_vllm():
+    import vllm
+
+    assert pins.release() == pins.WRITTEN_FOR, vllm.__version__
+
+
+def _config(payload: EnginePayload):
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    model = str(data_dir() / "models" / "tiny" / "thinker")
+    model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, enforce_eager=True)
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
+    cache.num_gpu_blocks = 256
+    sched = SchedulerConfig(
+        max_num_seqs=8,
+        max_num_batched_tokens=1024,
+        max_model_len=1024,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+    )
+    return VllmConfig(
+        model_config=model_config,
+        cache_config=cache,
+        scheduler_config=sched,
+        additional_config=payload.additional_config(),
+    )
+
+
+def _kv_cache_config(spec):
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(
+        num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+    )
+
+
+def _full_attention():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)
+
+
+def _scheduler(payload: EnginePayload, spec=None) -> scheduler.OmnirayScheduler:
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = _config(payload)
+    return scheduler.OmnirayScheduler(
+        vllm_config=config,
+        kv_cache_config=_kv_cache_config(spec or _full_attention()),
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+        log_stats=True,
+    )
+
+
+def _request(rid: str, session: str | None, arrival: float):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    extra = {scheduler.SESSION_ARG: session} if session else None
+    params = SamplingParams(max_tokens=32, extra_args=extra)
+    return Request(rid, list(range(5, 45)), params, None, arrival_time=arrival)
+
+
+def _view(buffered_ms: float, first_audio: bool = True, ms_per_token: float | None = None) -> BoardView:
+    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=ms_per_token, buffered_ms=buffered_ms,
+                     playing=True, speaking=False, responding=True, first_audio=first_audio, barge_ins=0,
+                     responses=1, reply_gap_ms=None, at=time.time())  # fmt: skip
+
+
+@pytest.fixture
+def urgent(redis_url):
+    """A scheduler with the urgency hook (LiveServe), its board views set by the test."""
+    from services.extensions.vllm.specs import UrgencyPayload
+
+    payload = EnginePayload(
+        urgency=UrgencyPayload(policy="liveserve", params={}, board_url=redis_url, poll_s=0.05)
+    )
+    s = _scheduler(payload)
+    (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    views: dict = {}
+    order.views = lambda: views
+    return s, views
+
+
+def _run_prefill(s) -> None:
+    """Schedule until every request has its prompt computed (running, decoding)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    for _ in range(8):
+        out = s.schedule()
+        if not out.num_scheduled_tokens:
+            break
+        ids = list(out.num_scheduled_tokens)
+        runner = ModelRunnerOutput(
+            req_ids=ids,
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled_token_ids=[[7] for _ in ids],
+        )
+        s.update_from_output(out, runner)
+        if all(r.num_computed_tokens >= r.num_prompt_tokens for r in s.running) and not s.waiting:
+            break
+
+
+def test_urgency_orders_vllm_running_queue_and_holds_the_well_buffered(urgent):
+    s, views = urgent
+    now = time.time()
+    s.add_request(_request("fcfs-first", "t/a", now - 3))  # its session is well buffered: U2, held
+    s.add_request(_request("starving", "t/b", now - 1))  # playing, buffer empty: U0
+    s.add_request(_request("no-audio-yet", "t/c", now - 2))  # U1
+    _run_prefill(s)
+    assert {r.request_id for r in s.running} == {"fcfs-first", "starving", "no-audio-yet"}
+    # t/a: its generated token is 5 s of audio past what was played, over LiveServe's hold (3 s)
+    ahead = _view(60_000.0, ms_per_token=5_000.0)
+    views.update({"t/a": ahead, "t/b": _view(0.0), "t/c": _view(0.0, first_audio=False)})
+    out = s.schedule()
+    scheduled = list(out.num_scheduled_tokens)
+    assert "fcfs-first" not in scheduled  # held back this round: far ahead of playback
+    assert scheduled[:2] == ["starving", "no-audio-yet"]  # U0 before U1, vLLM kept the order
+    assert {r.request_id for r in s.running} == {"fcfs-first", "starving", "no-audio-yet"}  # not dropped
+    stats = s.make_stats()
+    drained = engine_metrics.detach(stats)
+    assert drained["decision"] and dict((tuple(k), v) for k, v in drained["ranked"])[("U0",)] == [1]
+    assert stats.kv_connector_stats is None  # nothing left for vLLM's connector logging
+
+
+def test_without_telemetry_the_order_is_fcfs(urgent):
+    s, _ = urgent
+    now = time.time()
+    for i in range(3):
+        s.add_request(_request(f"r{i}", f"t/{i}", now + i))
+    _run_prefill(s)
+    assert list(s.schedule().num_scheduled_tokens) == ["r0", "r1", "r2"]
+
+
+def test_sink_window_hook_gives_vllm_its_spec():
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    spec = SlidingWindowSpec(
+        block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=65
+    )
+    s = _scheduler(EnginePayload(session_kv=SessionKvSpec(sink_tokens=32, window_tokens=64)), spec)
+    group = s.kv_cache_manager.kv_cache_config.kv_cache_groups[0]
+    assert isinstance(group.kv_cache_spec, session_kv.SinkWindowSpec)
+    assert group.kv_cache_spec.sink_tokens == 32
+
+
+def test_stat_logger_exports_what_the_engine_core_recorded():
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    recorder = Recorder(engine_metrics.ENGINE_SPEC)
+    recorder.record("ranked", ("U2",), 3)
+    stats = SchedulerStats(kv_cache_usage=0.25, kv_connector_stats={"lookup": []})
+    engine_metrics.attach(stats, recorder.drain())
+    before = engine_metrics.TOTALS.values.get("omniray_scheduler_ranked_total{U2}", 0.0)
+    stat_logger.EngineStatLogger(None).record(stats, None)
+    assert engine_metrics.TOTALS.values["omniray_scheduler_ranked_total{U2}"] == before + 3
+    assert engine_metrics.TOTALS.values[stat_logger.occupancy_key()] == 0.25
+    assert stats.kv_connector_stats == {"lookup": []}  # a connector's own stats stay for vLLM
+
+
+def test_urgency_policy_names_are_the_registry():
+    assert urgency.create("fcfs").name == "fcfs"
