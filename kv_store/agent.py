@@ -28,10 +28,10 @@ from typing import Any
 
 from kv_store import eviction
 from kv_store.disk import DiskTier
+from kv_store.follower import FollowerParams, PlaybackFollower
 from kv_store.layout import PageLayout
 from kv_store.metadata import CHAIN_TTL_S, KvMetadata, MetadataUnavailable, connect
 from kv_store.metrics import Recorder
-from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 
@@ -52,7 +52,7 @@ class AgentConfig:
     transfer_timeout_s: float = 5.0
     heartbeat_ttl_ms: int = 10_000
     serve_interval_s: float = 0.001
-    # Live session signals (kv_store/sessions.py): "module:Class" of a board reader built as
+    # Live session signals (kv_store/follower.py): "module:Class" of a board reader built as
     # Class(redis_url, interval_s) with `views()`; empty: none (no next-use feed, no preload).
     session_board: str = ""
     board_interval_s: float = 0.05
@@ -86,7 +86,7 @@ class StoreAgent:
         self.provider = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.recorder = Recorder()
         self.store: KvStore | None = None
-        self.follower: SessionFollower | None = None
+        self.follower: PlaybackFollower | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omniray-kv-agent", daemon=True)
         self._thread.start()
@@ -140,7 +140,7 @@ class StoreAgent:
         if c.session_board:
             module, name = c.session_board.split(":")
             board = getattr(importlib.import_module(module), name)(c.redis_url, c.board_interval_s)
-            self.follower = SessionFollower(self.store, FollowerParams(**c.follower))
+            self.follower = PlaybackFollower(self.store, FollowerParams(**c.follower))
 
         async def start() -> None:
             await self.store.advertise()

@@ -58,6 +58,7 @@ def _summary(results: list[Result], wall: float) -> dict:
         "rtf_p50": _pct(rtf, 0.5),
         "e2e_p50": _pct([r.e2e for r in ok], 0.5),
         "error_sample": sorted({r.error for r in results if not r.ok})[:3],
+        "completion_tokens_mean": statistics.fmean(r.completion_tokens for r in ok) if ok else 0.0,
     }
 
 
@@ -109,8 +110,14 @@ def _round(url: str, bodies: list[dict], c: int, roots: dict[int, str]) -> tuple
 
 def _versus(targets: dict[str, Target], bodies: list[dict], levels, per_level, rounds, roots) -> dict:
     """Interleaved rounds of the same requests against each server; medians per server and level."""
-    for t in targets.values():  # warm-up
-        asyncio.run(run_closed_loop(t.url, bodies[:8], 4))
+    # Warm-up: each engine creates its CPU kernels per batch shape on first use, and a fresh vLLM
+    # engine is several times slower at a new concurrency for its first few dozen requests.
+    for name, t in targets.items():
+        others = [p for other, o in targets.items() if other != name for p in o.idle()]
+        with process_cpu.paused(others):
+            for _ in range(2):
+                for c in levels:
+                    asyncio.run(run_closed_loop(t.url, bodies[: _requests_for(c, per_level)], c))
     runs: dict[str, dict[int, list]] = {name: {c: [] for c in levels} for name in targets}
     for r in range(rounds):
         order = list(targets) if r % 2 == 0 else list(reversed(targets))
@@ -122,7 +129,7 @@ def _versus(targets: dict[str, Target], bodies: list[dict], levels, per_level, r
                 runs[name][c].append({**s, "cpu_s": cpu})
                 print(
                     f"  round {r} c={c:<3} {name:8s} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
-                    f"  errors {s['errors']} {s['error_sample']}",
+                    f"  tokens/request {s['completion_tokens_mean']:.1f}  errors {s['errors']} {s['error_sample']}",
                     flush=True,
                 )
     out: dict = {}

@@ -37,7 +37,10 @@ class Result:
             return  # usage-only chunks and document progress events
         delta = msg["choices"][0]["delta"]
         audio = delta.get("audio") or {}
-        if (delta.get("content") or audio.get("transcript")) and self.ttft is None:
+        # The first token: the first chunk after the role chunk that carries content (its text may
+        # be empty: a token that decodes to nothing yet still counts, and servers send it).
+        first_token = "role" not in delta and ("content" in delta or "transcript" in audio)
+        if first_token and self.ttft is None:
             self.ttft = now
         if audio.get("data"):
             pcm = base64.b64decode(audio["data"])

@@ -12,7 +12,7 @@ vLLM's KV usage of the engine (the `omniray_kv_pool_occupancy_ratio{tier="engine
 Parts (each on a fresh engine, the tiny profile's thinker, one core):
   unbounded  full KV: occupancy grows at N·(C+D)/B tokens/s until the pool is full, then requests
              are preempted and frames stall; predicted t_sat = (pool − ρ0)/(N·r) vs measured.
-  bounded    sinks + window (services/extensions/vllm/session_kv.py): occupancy plateaus.
+  bounded    sinks + window (services/extensions/vllm/sink_window.py): occupancy plateaus.
   sweep      bounded, N in --sweep: p95 frame latency per N; N* = the largest N with p95 ≤ B.
   aimd       bounded, sessions arrive every --arrival-s and live --life-s; the realtime hub's
              AimdAdmission (fed each frame's latency / B) admits or refuses them; where its limit
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from loadtest import results
-from services.extensions.vllm.specs import SessionKvSpec
+from services.extensions.vllm.specs import SinkWindowParams
 from services.models.profile import load_profile
 from services.policies.admission import AdmissionParams, AimdAdmission
 
@@ -88,7 +88,7 @@ def _engine(shape: Shape, bounded: bool, max_num_seqs: int):
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from services.extensions.vllm import session_kv
+    from services.extensions.vllm import sink_window
     from services.extensions.vllm.specs import EnginePayload
     from services.extensions.vllm.stat_logger import EngineStatLogger
 
@@ -97,11 +97,11 @@ def _engine(shape: Shape, bounded: bool, max_num_seqs: int):
     extra = {"enable_prefix_caching": False}
     if bounded:
         layers = json.loads((path / "config.json").read_text())["num_hidden_layers"]
-        spec = SessionKvSpec(sink_tokens=shape.sinks, window_tokens=shape.window)
+        spec = SinkWindowParams(sink_tokens=shape.sinks, window_tokens=shape.window)
         extra = {
-            **session_kv.engine_args(spec, layers),
+            **sink_window.engine_args(spec, layers),
             "scheduler_cls": "services.extensions.vllm.scheduler.OmnirayScheduler",
-            "additional_config": EnginePayload(session_kv=spec).additional_config(),
+            "additional_config": EnginePayload(sink_window=spec).additional_config(),
         }
     args = AsyncEngineArgs(
         model=str(path),

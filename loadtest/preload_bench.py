@@ -3,7 +3,7 @@ without speech-triggered preload, in the same run.
 
 A session's history (default 2048 tokens of SmolLM2-135M KV, fp32, 32-token pages) has been pushed
 out of the engine's L2 pool to the L3 disk tier by other sessions. The user starts speaking: the
-session board says so, the store's `SessionFollower` steps (preload on or off); the user speaks for
+session board says so, the store's `PlaybackFollower` steps (preload on or off); the user speaks for
 `--speech-s`; then the turn reaches prefill and the store fetches the chain (the on-path reload,
 timed). Real Redis, real NIXL-registered pool, real disk tier. Target: >= 80% lower with preload.
 """
@@ -23,9 +23,9 @@ import redis.asyncio as aioredis
 
 from kv_store.disk import DiskTier
 from kv_store.eviction import PageInfo, create
+from kv_store.follower import FollowerParams, PlaybackFollower
 from kv_store.layout import PageLayout
 from kv_store.metadata import KvMetadata
-from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 from loadtest import results
@@ -59,7 +59,7 @@ async def one_turn(meta: KvMetadata, tmp: Path, history_tokens: int, speech_s: f
         await meta.append_chain(session, chain)
         for i in range(chain_len):  # other sessions push it out to L3
             await store.put(f"{session}/other{i}", rng.integers(0, 255, LAYOUT.page_bytes, dtype=np.uint8))
-        follower = SessionFollower(store, FollowerParams(preload=preload, deadline_s=max(speech_s, 0.5)))
+        follower = PlaybackFollower(store, FollowerParams(preload=preload, deadline_s=max(speech_s, 0.5)))
         follower.saw(session, chain)
         await follower.step({session: _view(False)})
         await follower.step({session: _view(True)})  # speech starts

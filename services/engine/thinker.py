@@ -69,20 +69,20 @@ class DecodeDelta:
 def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
     """The engine arguments of this role's extensions (their payload included)."""
     args: dict = {}
-    urgency_payload = session_kv_spec = None
+    urgency_payload = sink_window_params = None
     if role == "decode":  # realtime urgency applies where tokens stream to listeners
         spec = profile.realtime.scheduler
         urgency_payload = UrgencyPayload(
             policy=spec.policy, params=spec.params, board_url=redis_url(), poll_s=spec.board_interval_s
         )
-        session_kv_spec = profile.engine.session_kv
-    if session_kv_spec is not None:
-        from services.extensions.vllm import session_kv
+        sink_window_params = profile.engine.sink_window
+    if sink_window_params is not None:
+        from services.extensions.vllm import sink_window
 
         layers = json.loads((model_path / "config.json").read_text())["num_hidden_layers"]
-        args.update(session_kv.engine_args(session_kv_spec, layers))
-    payload = EnginePayload(urgency=urgency_payload, session_kv=session_kv_spec)
-    if payload.urgency or payload.session_kv:  # else vLLM's own scheduler
+        args.update(sink_window.engine_args(sink_window_params, layers))
+    payload = EnginePayload(urgency=urgency_payload, sink_window=sink_window_params)
+    if payload.urgency or payload.sink_window:  # else vLLM's own scheduler
         args["scheduler_cls"] = "services.extensions.vllm.scheduler.OmnirayScheduler"
         args["additional_config"] = payload.additional_config()
     return args

@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.common.paths import REPO_ROOT, data_dir
-from services.extensions.vllm.specs import SessionKvSpec
+from services.extensions.vllm.specs import SinkWindowParams
 from services.policies.admission import AdmissionParams
 
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -72,12 +72,12 @@ class EngineSpec(_Strict):
     extra: dict[str, Any] = Field(default_factory=dict)
     # Off (None) by default. The decode engine only; its blocks behind the window are freed, so it
     # cannot save whole prompts to the KV store: needs kv_transfer "none".
-    session_kv: SessionKvSpec | None = None
+    sink_window: SinkWindowParams | None = None
 
     @model_validator(mode="after")
-    def _session_kv_alone(self):
-        if self.session_kv is not None and self.kv_transfer != "none":
-            raise ValueError("engine.session_kv needs engine.kv_transfer: none")
+    def _sink_window_alone(self):
+        if self.sink_window is not None and self.kv_transfer != "none":
+            raise ValueError("engine.sink_window needs engine.kv_transfer: none")
         return self
 
 
@@ -90,7 +90,7 @@ class KvStoreSpec(_Strict):
     policy: str = "lru"  # next_use: ranked by the live session signals below
     policy_params: dict[str, Any] = Field(default_factory=dict)
     transfer_timeout_s: float = Field(default=5.0, gt=0)
-    # Live session signals from the session board (kv_store/sessions.py): next-use predictions and
+    # Live session signals from the session board (kv_store/follower.py): next-use predictions and
     # speech-triggered preload; `follower` sets FollowerParams (idle_s, deadline_s, max_pages, ...).
     session_signals: bool = True
     follower: dict[str, Any] = Field(default_factory=dict)

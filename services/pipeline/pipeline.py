@@ -28,6 +28,7 @@ from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry
 from services.common.errors import OmniError, bad_request, too_large
+from services.common.session_key import SessionKey
 from services.common.streams import next_batch
 from services.dataplane import tensors
 from services.extensions.ray.metrics import zero
@@ -278,7 +279,7 @@ class Pipeline:
         ctx = common_pb2.RequestContext(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",
             tenant=tenant.id,
-            session_id=f"{tenant.id}/{turn.session}" if turn.session else "",
+            session_id=str(SessionKey(tenant.id, turn.session)) if turn.session else "",
         )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
@@ -430,7 +431,7 @@ class Pipeline:
         ctx = common_pb2.RequestContext(
             request_id=f"ahead-{uuid.uuid4().hex}",
             tenant=tenant.id,
-            session_id=f"{tenant.id}/{turn.session}",
+            session_id=str(SessionKey(tenant.id, turn.session)),
         )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prefill_ahead") as span:
             telemetry.inject(ctx)

@@ -22,14 +22,14 @@ import time
 from dataclasses import asdict, dataclass
 
 from services.common.redis_config import sync_client
-from services.playback.monitor import SessionMonitor, SessionView
+from services.playback.monitor import PlaybackMonitor, PlaybackView
 
 KEY = "omniray:sessions"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BoardView(SessionView):
+class BoardView(PlaybackView):
     """A monitor view as read from the board: `buffered_ms` and `played_ms` as of `at`."""
 
     at: float = 0.0  # wall clock (time.time()) when the view was taken
@@ -46,7 +46,7 @@ class BoardView(SessionView):
         return now - self.at <= stale_s
 
 
-def encode(monitor: SessionMonitor, now: float) -> dict[str, str]:
+def encode(monitor: PlaybackMonitor, now: float) -> dict[str, str]:
     return {sid: json.dumps({**asdict(v), "at": now}) for sid, v in monitor.snapshot().items()}
 
 
@@ -63,7 +63,7 @@ def decode(raw: dict) -> dict[str, BoardView]:
 class BoardWriter:
     """Runs in the gateway replica's event loop."""
 
-    def __init__(self, monitor: SessionMonitor, redis, interval_s: float = 0.05):
+    def __init__(self, monitor: PlaybackMonitor, redis, interval_s: float = 0.05):
         self.monitor, self.redis, self.interval_s = monitor, redis, interval_s
         self._written: set[str] = set()
         self._failing = False

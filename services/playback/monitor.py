@@ -1,4 +1,4 @@
-"""The session monitor: what each live voice session is doing, from the signals the realtime endpoint
+"""The playback monitor: what each live voice session is doing, from the signals the realtime endpoint
 sees — audio sent, audio the client reports played, speech starting and stopping, responses starting
 and ending. The interaction-aware scheduler and the KV store's next-use policy read `snapshot()`.
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class SessionState:
+class PlaybackState:
     session_id: str
     sent_ms: float = 0.0  # audio of the current response sent to the client
     played_ms: float = 0.0  # of that, played at `played_at` (a client report, or first audio)
@@ -41,7 +41,7 @@ class SessionState:
 
 
 @dataclass(frozen=True)
-class SessionView:
+class PlaybackView:
     """What the policies read: immutable, so a scheduling round sees one consistent picture."""
 
     session_id: str
@@ -58,15 +58,15 @@ class SessionView:
     age_s: float  # since the last signal
 
 
-class SessionMonitor:
+class PlaybackMonitor:
     def __init__(self, clock: Callable[[], float] = time.monotonic, gap_alpha: float = 0.3):
         self.clock, self.gap_alpha = clock, gap_alpha
-        self._sessions: dict[str, SessionState] = {}
+        self._sessions: dict[str, PlaybackState] = {}
 
-    def _state(self, session_id: str) -> SessionState:
+    def _state(self, session_id: str) -> PlaybackState:
         state = self._sessions.get(session_id)
         if state is None:
-            state = self._sessions[session_id] = SessionState(session_id)
+            state = self._sessions[session_id] = PlaybackState(session_id)
         state.updated_at = self.clock()
         return state
 
@@ -142,10 +142,10 @@ class SessionMonitor:
     def close(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
-    def snapshot(self) -> dict[str, SessionView]:
+    def snapshot(self) -> dict[str, PlaybackView]:
         now = self.clock()
         return {
-            sid: SessionView(
+            sid: PlaybackView(
                 session_id=sid,
                 buffered_ms=s.buffered_ms(now),
                 played_ms=s.played_now(now),

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
 from services.playback.board import BoardWriter
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime.session import RealtimeSession
@@ -40,7 +40,7 @@ class Refused(Exception):
 class RealtimeHub:
     def __init__(self, pipeline, profile, quota):
         self.pipeline, self.profile, self.quota = pipeline, profile, quota
-        self.monitor = SessionMonitor()
+        self.monitor = PlaybackMonitor()
         self.admission = AimdAdmission(profile.realtime.admission)
         self.stats = RealtimeStats()
         self._board: asyncio.Task | None = None

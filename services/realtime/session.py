@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.errors import OmniError, internal_error
+from services.common.session_key import SessionKey
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, Turn
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
@@ -109,7 +110,7 @@ class RealtimeSession:
         tenant,
         session_id: str,
         send: Callable[[dict], Awaitable[None]],
-        monitor: SessionMonitor,
+        monitor: PlaybackMonitor,
         admission: AimdAdmission,
         stats: RealtimeStats,
     ):
@@ -118,7 +119,7 @@ class RealtimeSession:
         self.id = session_id
         # The pipeline scopes session ids by tenant; the monitor (and the board the engines read)
         # uses that same key, so a request's session names its board entry.
-        self.key = f"{tenant.id}/{session_id}"
+        self.key = str(SessionKey(tenant.id, session_id))
         self.send = send
         self.config = ev.SessionConfig()
         self.buffer = bytearray()

@@ -14,8 +14,8 @@ import torch
 
 from kv_store.metrics import Recorder
 from services.common.paths import data_dir
-from services.extensions.vllm import engine_metrics, pins, scheduler, session_kv, stat_logger
-from services.extensions.vllm.specs import EnginePayload, SessionKvSpec
+from services.extensions.vllm import engine_metrics, pins, scheduler, sink_window, stat_logger
+from services.extensions.vllm.specs import EnginePayload, SinkWindowParams
 from services.playback.board import BoardView
 from services.policies import urgency
 
@@ -163,9 +163,9 @@ def test_sink_window_hook_gives_vllm_its_spec():
     spec = SlidingWindowSpec(
         block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=65
     )
-    s = _scheduler(EnginePayload(session_kv=SessionKvSpec(sink_tokens=32, window_tokens=64)), spec)
+    s = _scheduler(EnginePayload(sink_window=SinkWindowParams(sink_tokens=32, window_tokens=64)), spec)
     group = s.kv_cache_manager.kv_cache_config.kv_cache_groups[0]
-    assert isinstance(group.kv_cache_spec, session_kv.SinkWindowSpec)
+    assert isinstance(group.kv_cache_spec, sink_window.SinkWindowSpec)
     assert group.kv_cache_spec.sink_tokens == 32
 
 

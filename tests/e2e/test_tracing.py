@@ -11,7 +11,7 @@ import httpx
 from tests.conftest import AUTH, data_url, png_bytes
 
 STAGE_SPANS = {"encoder.encode", "prefill.prefill", "decode.decode", "talker.talk", "vocoder.vocode"}
-# The prompt reaches the prefill stage at profile.engine.disagg_min_prompt_tokens (256 in tiny).
+# The prompt reaches the prefill stage at profile.engine.disagg_min_prompt_tokens (512 in tiny).
 LONG_TEXT = " ".join(f"word{i % 50}" for i in range(400))
 
 

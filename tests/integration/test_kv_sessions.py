@@ -11,8 +11,8 @@ import pytest
 
 from kv_store.disk import DiskTier
 from kv_store.eviction import PageInfo, create
+from kv_store.follower import FollowerParams, PlaybackFollower
 from kv_store.layout import PageLayout
-from kv_store.sessions import FollowerParams, SessionFollower
 from kv_store.store import KvStore
 from kv_store.transfer import PagePool
 from services.playback.board import BoardView
@@ -33,9 +33,9 @@ def view(speaking=False, buffered_ms=0.0, barge_ins=0) -> BoardView:
 
 async def test_next_use_keeps_speaking_and_playing_sessions_and_evicts_idle_ones(meta):
     pool = PagePool(f"sess-nu-{uuid.uuid4().hex[:6]}", LAYOUT, 6)
-    follower: SessionFollower | None = None
+    follower: PlaybackFollower | None = None
     store = KvStore("node-n", pool, meta, create("next_use", predict=lambda p: follower.predict(p)))
-    follower = SessionFollower(store, FollowerParams(idle_s=30), clock=lambda: NOW)
+    follower = PlaybackFollower(store, FollowerParams(idle_s=30), clock=lambda: NOW)
     pages = {s: [f"{s}{i}" for i in range(2)] for s in ("talk", "play", "idle")}
     for s, ps in pages.items():
         for i, p in enumerate(ps):
@@ -75,7 +75,7 @@ async def _offloaded(meta, tmp_path, chain_len=4):
 async def test_speech_start_preloads_the_sessions_offloaded_pages(meta, tmp_path):
     store, disk, chain = await _offloaded(meta, tmp_path, chain_len=3)
     try:
-        follower = SessionFollower(store, FollowerParams(), clock=lambda: NOW)
+        follower = PlaybackFollower(store, FollowerParams(), clock=lambda: NOW)
         follower.saw("s", chain)
         await follower.step({"s": view()})
         assert not follower.preloads  # not speaking: nothing to do
@@ -91,7 +91,7 @@ async def test_speech_start_preloads_the_sessions_offloaded_pages(meta, tmp_path
 async def test_a_preload_that_cannot_arrive_in_time_is_refused(meta, tmp_path):
     store, disk, chain = await _offloaded(meta, tmp_path)
     try:
-        follower = SessionFollower(
+        follower = PlaybackFollower(
             store, FollowerParams(bandwidth_bps=1.0, deadline_s=0.5), clock=lambda: NOW
         )
         follower.saw("s", chain)

@@ -23,7 +23,7 @@ from kv_store.transfer import PagePool
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
 from services.playback.board import BoardReader, BoardWriter
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 from services.quota.buckets import Buckets
 from services.quota.service import Cost, QuotaService
 from services.quota.tenants import Limits, RealtimeLimits, Tenants, TenantSpec, key_digest, put_tenant
@@ -244,7 +244,7 @@ async def test_kv_save_with_redis_stalled_is_skipped_counted_and_holds_nothing(r
 
 
 async def test_session_board_keeps_its_last_views_while_redis_is_stalled(redis_server):
-    monitor = SessionMonitor()
+    monitor = PlaybackMonitor()
     client = async_client(redis_server.url)
     writer = BoardWriter(monitor, client, interval_s=0.02)
     reader = BoardReader(redis_server.url, interval_s=0.02)

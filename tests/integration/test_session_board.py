@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from services.playback.board import BoardReader, BoardWriter
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 
 
 def _wait(predicate, timeout=5.0):
@@ -22,7 +22,7 @@ def _wait(predicate, timeout=5.0):
 
 @pytest.mark.asyncio
 async def test_views_reach_the_reader_and_closed_sessions_leave(redis_url):
-    monitor = SessionMonitor()
+    monitor = PlaybackMonitor()
     client = aioredis.Redis.from_url(redis_url)
     writer = BoardWriter(monitor, client, interval_s=0.01)
     reader = BoardReader(redis_url, interval_s=0.01)

@@ -6,7 +6,7 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   Redis). vLLM's own loop then runs them in that order — the most urgent get the token budget first
   and the least urgent are preempted first — and requests the policy holds back sit this round out.
   With no telemetry (no board, or no realtime session among the running requests) the order is FCFS.
-- `SinkWindowKv` (services/extensions/vllm/session_kv.py) bounds each request's resident KV to
+- `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
 Hooks compose: each sees the scheduler before and after vLLM's `schedule()`, and may rewrite the KV
@@ -101,11 +101,11 @@ def session_of(request) -> str | None:
 
 
 def hooks(payload: EnginePayload, recorder: Recorder) -> list[Hook]:
-    from services.extensions.vllm.session_kv import SinkWindowKv
+    from services.extensions.vllm.sink_window import SinkWindowKv
 
     out: list[Hook] = []
-    if payload.session_kv is not None:
-        out.append(SinkWindowKv(payload.session_kv))
+    if payload.sink_window is not None:
+        out.append(SinkWindowKv(payload.sink_window))
     if payload.urgency is not None:
         out.append(UrgencyOrder.of(payload.urgency, recorder))
     return out

@@ -17,8 +17,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SessionKvSpec(_Strict):
-    """Bounded per-session KV of the decode engine (services/extensions/vllm/session_kv.py): resident
+class SinkWindowParams(_Strict):
+    """Bounded per-session KV of the decode engine (services/extensions/vllm/sink_window.py): resident
     KV = the first `sink_tokens` + the last `window_tokens`; attention over [0, S) ∪ [t−W, t]."""
 
     sink_tokens: int = Field(ge=0)
@@ -39,7 +39,7 @@ class EnginePayload(_Strict):
     """The extensions an engine runs (None: off)."""
 
     urgency: UrgencyPayload | None = None
-    session_kv: SessionKvSpec | None = None
+    sink_window: SinkWindowParams | None = None
 
     @classmethod
     def of(cls, vllm_config: Any) -> EnginePayload:

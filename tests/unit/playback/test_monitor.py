@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 
 
 class Clock:
@@ -19,7 +19,7 @@ class Clock:
 
 def test_playback_buffer_barge_in_and_reply_gap():
     clock = Clock()
-    m = SessionMonitor(clock, gap_alpha=0.5)
+    m = PlaybackMonitor(clock, gap_alpha=0.5)
     m.open("s")
     m.speech_started("s")
     clock.t += 1.0
@@ -52,7 +52,7 @@ def test_playback_buffer_barge_in_and_reply_gap():
 
 def test_playback_without_reports_runs_at_real_time_from_the_first_audio():
     clock = Clock()
-    m = SessionMonitor(clock)
+    m = PlaybackMonitor(clock)
     m.open("s")
     m.response_started("s")
     clock.t += 5  # generating: nothing plays before the first audio
@@ -84,7 +84,7 @@ EVENTS = st.lists(
 
 @given(EVENTS)
 def test_played_never_passes_sent_and_nothing_is_negative(events):
-    m = SessionMonitor(Clock())
+    m = PlaybackMonitor(Clock())
     m.open("s")
     calls = {
         "sent": lambda v: m.audio_sent("s", v),

@@ -21,7 +21,7 @@ from services.common.errors import bad_request
 from services.models.profile import load_profile
 from services.pipeline.pipeline import Event, prompt_tokens
 from services.pipeline.turn import AudioClip
-from services.playback.monitor import SessionMonitor
+from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime.session import PCM_RATE, RealtimeSession
 
@@ -118,7 +118,7 @@ async def _session(profile, pipeline: Pipeline | None = None, **session) -> tupl
 
     s = RealtimeSession(
         pipeline or Pipeline(profile), profile, SimpleNamespace(id="t"), "sess_1", send,
-        SessionMonitor(), AimdAdmission(profile.realtime.admission), Stats(),
+        PlaybackMonitor(), AimdAdmission(profile.realtime.admission), Stats(),
     )  # fmt: skip
     await s.start()
     if session:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.sink_attention import allowed_keys
-from services.extensions.vllm import engine_metrics, session_kv, stat_logger
+from services.extensions.vllm import engine_metrics, sink_window, stat_logger
 
 SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
 PROMPT = [(i * 37) % 2000 + 5 for i in range(100)]
@@ -25,7 +25,7 @@ def engine(redis_url):
     import os
 
     from services.engine.thinker import ThinkerEngine
-    from services.extensions.vllm.specs import SessionKvSpec
+    from services.extensions.vllm.specs import SinkWindowParams
     from services.models.profile import load_profile
 
     os.environ["OMNIRAY_REDIS_URL"] = redis_url
@@ -35,7 +35,7 @@ def engine(redis_url):
             "kv_transfer": "none",
             "block_size": BLOCK,
             "max_model_len": 1024,
-            "session_kv": SessionKvSpec(sink_tokens=SINKS, window_tokens=WINDOW),
+            "sink_window": SinkWindowParams(sink_tokens=SINKS, window_tokens=WINDOW),
             "extra": {"num_gpu_blocks_override": POOL, "max_num_batched_tokens": 512},
         }
     )
@@ -91,6 +91,6 @@ async def test_window_output_equals_the_masked_reference_and_blocks_stay_bounded
     causal_gap = float((causal.gather(1, picked)[:, 0] - got).abs().max())
     assert causal_gap > 5 * masked_gap, (causal_gap, masked_gap)
 
-    bound = session_kv.max_resident_blocks(BLOCK, SINKS, WINDOW)
+    bound = sink_window.max_resident_blocks(BLOCK, SINKS, WINDOW)
     assert 0 < most_blocks <= bound
     assert bound < math.ceil(len(seq) / BLOCK)  # full KV would have held more

@@ -11,17 +11,17 @@ Wiring into vLLM 0.32 (all through its own extension points):
   rewrites the sliding-window groups of the KV cache config into `SinkWindowSpec`, registered in vLLM's `KVCacheSpecRegistry` with `SinkWindowManager`: vLLM's
   `SlidingWindowManager` except that blocks behind the window are freed from the last sink block on
   (the sink blocks stay).
-- Worker side: `session_kv_worker.SessionKvWorker` (vLLM's `worker_extension_cls`, imported in each
+- Worker side: `sink_window_worker.SinkWindowWorker` (vLLM's `worker_extension_cls`, imported in each
   worker process before the model is built) registers `SinkWindowBackend` as the CPU attention backend: vLLM's CPU
   backend (same cache layout and cache writes) whose decoder layers attend through
   `kernels.sink_attention` (the torch reference on CPU, the Triton kernel for CUDA tensors).
 
-Configured from the profile (`engine.session_kv: {sink_tokens, window_tokens}`), off by default;
+Configured from the profile (`engine.sink_window: {sink_tokens, window_tokens}`), off by default;
 the engine payload (services/extensions/vllm/specs.py) carries it to both processes.
 
 Written for vLLM 0.32 (SlidingWindowSpec / SlidingWindowManager / KVCacheSpecRegistry, the CPU attention
-backend and its cache layout); tests/unit/extensions/test_session_kv.py and
-tests/integration/test_session_kv_engine.py drive the real ones.
+backend and its cache layout); tests/unit/extensions/test_sink_window.py and
+tests/integration/test_sink_window_engine.py drive the real ones.
 """
 
 from __future__ import annotations
@@ -39,20 +39,20 @@ from vllm.v1.kv_cache_interface import SlidingWindowSpec
 
 from kernels import sink_attention
 from services.extensions.vllm import pins
-from services.extensions.vllm.specs import EnginePayload, SessionKvSpec
+from services.extensions.vllm.specs import EnginePayload, SinkWindowParams
 
 pins.check(__name__)
 
 
-def engine_args(params: SessionKvSpec, num_layers: int) -> dict:
+def engine_args(params: SinkWindowParams, num_layers: int) -> dict:
     """AsyncEngineArgs fields that turn the bounded session KV on (besides the payload's
-    `session_kv` section, which the scheduler hook and the attention backend read)."""
+    `sink_window` section, which the scheduler hook and the attention backend read)."""
     return {
         "hf_overrides": {
             "layer_types": ["sliding_attention"] * num_layers,
             "sliding_window": params.window_tokens + 1,
         },
-        "worker_extension_cls": "services.extensions.vllm.session_kv_worker.SessionKvWorker",
+        "worker_extension_cls": "services.extensions.vllm.sink_window_worker.SinkWindowWorker",
         # A cache hit would need the sink blocks and the window blocks both cached; vLLM's
         # sliding-window hit search knows no sinks.
         "enable_prefix_caching": False,
@@ -113,7 +113,7 @@ def _register() -> None:
     KVCacheSpecRegistry.register(SinkWindowSpec, SinkWindowManager, uniform_type_base_spec=SlidingWindowSpec)
 
 
-def bounded(kv_cache_config, params: SessionKvSpec):
+def bounded(kv_cache_config, params: SinkWindowParams):
     """The KV cache config with its sliding-window groups as sink + window groups."""
     _register()
     groups = []
@@ -130,7 +130,7 @@ def bounded(kv_cache_config, params: SessionKvSpec):
 class SinkWindowKv:
     """The scheduler hook: the engine's KV cache config with sink + window groups."""
 
-    def __init__(self, params: SessionKvSpec):
+    def __init__(self, params: SinkWindowParams):
         self.params = params
 
     def kv_cache_config(self, config, vllm_config):
@@ -146,7 +146,7 @@ class SinkWindowKv:
 # -- worker side -----------------------------------------------------------------------------
 
 
-# CPU attention ISAs whose cache layout the kernels read (checked in tests/unit/engine/test_session_kv.py
+# CPU attention ISAs whose cache layout the kernels read (checked in tests/unit/engine/test_sink_window.py
 # against vLLM's own cache write).
 _TRANSPOSED_K_ISAS = ("vec", "vec16")
 
@@ -164,7 +164,7 @@ def cpu_cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 class SinkWindowImpl(CPUAttentionBackendImpl):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        params = EnginePayload.of(get_current_vllm_config()).session_kv
+        params = EnginePayload.of(get_current_vllm_config()).sink_window
         bounded_layer = params and self.sliding_window > 0 and self.attn_type == AttentionType.DECODER
         self.mask = (params.sink_tokens, params.window_tokens) if bounded_layer else None
 

@@ -44,7 +44,7 @@ class _Session:
     barge_ins: int = 0
 
 
-class SessionFollower:
+class PlaybackFollower:
     def __init__(self, store, params: FollowerParams, clock: Callable[[], float] = time.time):
         self.store, self.p, self.clock = store, params, clock
         self.sessions: dict[str, _Session] = {}
