@@ -72,7 +72,7 @@ async def main_async(args) -> dict:
     from services.stages.encoder import Encoder
 
     profile = load_profile(args.profile)
-    encoder = Encoder.func_or_class(args.profile)
+    encoder = Encoder.func_or_class(profile.model_dump())
     tile = profile.tiling.tile_px
     per_image = min(profile.tiling.max_tiles, 40)
     cols = max(1, int(math.sqrt(per_image)))

@@ -41,8 +41,9 @@ def build_app(args: dict[str, Any]) -> Application:
     from services.stages.speech import Talker, Vocoder
     from services.stages.thinker import Decode, Prefill
 
-    profile = str(args["profile"])
-    load_profile(profile)  # fail at build time on a bad profile, not in every replica
+    # Loaded and validated once, here: a bad profile fails the deploy, and every replica gets the
+    # content it was deployed with (not a name it would read from disk again).
+    profile = load_profile(str(args["profile"])).model_dump()
     return Gateway.bind(
         profile,
         Encoder.bind(profile),

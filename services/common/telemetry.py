@@ -2,7 +2,8 @@
 
 Tracing: one OpenTelemetry trace per request; the W3C context rides in RequestContext.trace_context
 so spans of every stage join it. Spans are exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-Metrics: Ray's metrics API (exported by Ray's Prometheus endpoint, which prefixes names with `ray_`).
+Metrics: declared in services/common/metric_catalog.py and made here with Ray's metrics API
+(`metric(name)`; exported by Ray's Prometheus endpoint, which prefixes names with `ray_`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _setup_lock = threading.Lock()
 _configured = False
 
 GAUGE_REFRESH_S = 5.0  # Ray's agent keeps a gauge 2 export intervals (10 s each by default)
-LATENCY_BUCKETS_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+_metrics: dict[str, object] = {}
+_metrics_lock = threading.Lock()
 
 
 def _configure() -> None:
@@ -126,3 +128,24 @@ class Gauge:
             for gauge in live:
                 for key, value in list(gauge._values.items()):
                     gauge._gauge.set(value, tags=dict(key))
+
+
+def metric(name: str):
+    """The Ray metric `name` as the catalog declares it (one object per process and name): a Counter,
+    a Histogram, or a Gauge that keeps its series alive."""
+    from ray.util import metrics as ray_metrics
+
+    from services.common.metric_catalog import CATALOG
+
+    with _metrics_lock:
+        if name not in _metrics:
+            m = CATALOG[name]
+            if m.kind == "gauge":
+                _metrics[name] = Gauge(m.name, description=m.help, tag_keys=m.labels)
+            elif m.kind == "counter":
+                _metrics[name] = ray_metrics.Counter(m.name, description=m.help, tag_keys=m.labels)
+            else:
+                _metrics[name] = ray_metrics.Histogram(
+                    m.name, description=m.help, boundaries=list(m.buckets), tag_keys=m.labels
+                )
+        return _metrics[name]

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from services.common.redis_config import async_client
-from services.common.telemetry import LATENCY_BUCKETS_S, Gauge
+from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.quota import DEFAULT_TENANTS_FILE
 from services.quota.buckets import Buckets
@@ -20,48 +20,14 @@ REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio"
 
 class QuotaMetrics:
     def __init__(self):
-        from ray.util import metrics
-
-        self._rejections = metrics.Counter(
-            "omniray_quota_rejections_total",
-            description="Requests refused by the quota service (429/401), by what ran out.",
-            tag_keys=("tenant", "modality", "reason", "slo_class"),
-        )
-        self._admitted = metrics.Counter(
-            "omniray_quota_admitted_total", description="Requests admitted.", tag_keys=("tenant", "slo_class")
-        )
-        self._remaining = Gauge(
-            "omniray_quota_bucket_remaining_ratio",
-            description="Bucket level after the last admission, as a share of its capacity (burst).",
-            tag_keys=("tenant", "modality"),
-        )
-        self._queue = Gauge(
-            "omniray_quota_batch_queue_depth",
-            description="Over-budget batch requests waiting in this gateway replica.",
-            tag_keys=("tenant",),
-        )
-        self._wait = metrics.Histogram(
-            "omniray_quota_queue_wait_seconds",
-            description="Time an admitted request waited for budget (0 for most).",
-            boundaries=LATENCY_BUCKETS_S,
-            tag_keys=("slo_class",),
-        )
-        self._redis_errors = metrics.Counter(
-            "omniray_quota_redis_errors_total",
-            description="Quota calls that found Redis down or stalled (answered 503, or admitted "
-            "unmetered for fail_open tenants; a release's refund is lost).",
-            tag_keys=("op",),
-        )
-        self._unmetered = metrics.Counter(
-            "omniray_quota_unmetered_total",
-            description="Requests and realtime session calls admitted without a debit because Redis "
-            "was unreachable (tenants with fail_open).",
-            tag_keys=("tenant", "slo_class"),
-        )
-        self._reload_errors = metrics.Counter(
-            "omniray_quota_tenants_reload_errors_total",
-            description="Tenants-file versions that could not be loaded (the last good one stays).",
-        )
+        self._rejections = metric("omniray_quota_rejections_total")
+        self._admitted = metric("omniray_quota_admitted_total")
+        self._remaining = metric("omniray_quota_bucket_remaining_ratio")
+        self._queue = metric("omniray_quota_batch_queue_depth")
+        self._wait = metric("omniray_quota_queue_wait_seconds")
+        self._redis_errors = metric("omniray_quota_redis_errors_total")
+        self._unmetered = metric("omniray_quota_unmetered_total")
+        self._reload_errors = metric("omniray_quota_tenants_reload_errors_total")
         for op in REDIS_OPS:
             zero(self._redis_errors, op=op)
         zero(self._reload_errors)

@@ -18,18 +18,17 @@ from omni.v1 import common_pb2, omni_pb2
 from opentelemetry import trace
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from ray.util import metrics
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import telemetry
 from services.common.errors import OmniError, bad_request, internal_error, too_large
-from services.common.telemetry import LATENCY_BUCKETS_S
+from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.gateway import grpc_wire, openai_api
 from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
 from services.gateway.quota import quota_service
-from services.models.profile import load_profile
+from services.models.profile import Profile
 from services.pipeline.pipeline import Event, Pipeline, StageHandles
 from services.pipeline.prompt import PromptBuilder
 from services.realtime import events as realtime_events
@@ -37,8 +36,6 @@ from services.realtime import grpc_events
 from services.realtime.hub import RealtimeHub, Refused
 
 logger = logging.getLogger("ray.serve")
-
-RTF_BUCKETS = [0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0]
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -72,43 +69,13 @@ async def _unexpected(_: Request, e: Exception) -> JSONResponse:
 
 class _Metrics:
     def __init__(self):
-        self.requests = metrics.Counter(
-            "omniray_gateway_requests_total",
-            description="Requests by API and outcome.",
-            tag_keys=("api", "code"),
-        )
-        self.ttft = metrics.Histogram(
-            "omniray_gateway_ttft_seconds",
-            description="Arrival to first text token.",
-            boundaries=LATENCY_BUCKETS_S,
-        )
-        self.ttfp = metrics.Histogram(
-            "omniray_audio_ttfp_seconds",
-            description="Arrival to first audio chunk.",
-            boundaries=LATENCY_BUCKETS_S,
-        )
-        self.e2e = metrics.Histogram(
-            "omniray_gateway_e2e_seconds",
-            description="Arrival to last chunk.",
-            boundaries=LATENCY_BUCKETS_S,
-            tag_keys=("api",),
-        )
-        self.rtf = metrics.Histogram(
-            "omniray_gateway_audio_rtf_ratio",
-            description="Real-time factor of a response with audio: arrival to last audio chunk / audio seconds.",
-            boundaries=RTF_BUCKETS,
-            tag_keys=("api",),
-        )
-        self.audio_sent = metrics.Counter(
-            "omniray_gateway_audio_sent_seconds_total",
-            description="Seconds of audio sent to clients (chat responses).",
-            tag_keys=("api",),
-        )
-        self.audio_stall = metrics.Counter(
-            "omniray_gateway_audio_stall_seconds_total",
-            description="Seconds a client playing audio from its first chunk in real time waits for the next.",
-            tag_keys=("api",),
-        )
+        self.requests = metric("omniray_gateway_requests_total")
+        self.ttft = metric("omniray_gateway_ttft_seconds")
+        self.ttfp = metric("omniray_audio_ttfp_seconds")
+        self.e2e = metric("omniray_gateway_e2e_seconds")
+        self.rtf = metric("omniray_gateway_audio_rtf_ratio")
+        self.audio_sent = metric("omniray_gateway_audio_sent_seconds_total")
+        self.audio_stall = metric("omniray_gateway_audio_stall_seconds_total")
         for api_name in ("rest", "grpc"):  # a stall-free run still shows the series (at 0)
             zero(self.audio_stall, api=api_name)
 
@@ -126,7 +93,7 @@ WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "unkn
 class Gateway:
     def __init__(
         self,
-        profile: str,
+        profile: dict,
         encoder: DeploymentHandle,
         prefill: DeploymentHandle,
         decode: DeploymentHandle,
@@ -134,7 +101,7 @@ class Gateway:
         vocoder: DeploymentHandle,
         async_chunk: bool | None = None,
     ):
-        self.profile = load_profile(profile)
+        self.profile = Profile.model_validate(profile)
         self.handles = StageHandles(encoder, prefill, decode, talker, vocoder)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
         self.quota = quota_service()

@@ -30,6 +30,7 @@ from services.common import telemetry
 from services.common.errors import OmniError, bad_request, too_large
 from services.common.session_key import SessionKey
 from services.common.streams import next_batch
+from services.common.telemetry import metric
 from services.dataplane import tensors
 from services.extensions.ray.metrics import zero
 from services.models.profile import Profile
@@ -160,13 +161,7 @@ class Pipeline:
         self.feature_versions = {
             m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
         }
-        from ray.util import metrics
-
-        self.version_mismatches = metrics.Counter(
-            "omniray_encoder_feature_version_mismatch_total",
-            description="Encoder outputs rejected for carrying other model versions (then re-encoded).",
-            tag_keys=("modality",),
-        )
+        self.version_mismatches = metric("omniray_encoder_feature_version_mismatch_total")
         for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
             zero(self.version_mismatches, modality=modality)
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk

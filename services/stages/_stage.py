@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 from omni.v1 import common_pb2
 
-from services.common.telemetry import LATENCY_BUCKETS_S, Gauge, stage_span
+from services.common.telemetry import metric, stage_span
 from services.extensions.ray.metrics import zero
-from services.models.profile import ModelSpec, Profile, load_profile
+from services.models.profile import ModelSpec, Profile
 from services.models.registry import adapter_module
 
 log = logging.getLogger(__name__)
@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 class Stage:
     name = "stage"
 
-    def __init__(self, profile: str):
-        self.profile: Profile = load_profile(profile)
+    def __init__(self, profile: dict):
+        self.profile = Profile.model_validate(profile)
         self.metrics = StageMetrics(self.name)
 
     def load_model(self, spec: ModelSpec | None):
@@ -52,23 +52,10 @@ class StageMetrics:
     """Per-stage request latency, errors and in-flight calls, tagged by stage and operation."""
 
     def __init__(self, stage: str):
-        from ray.util import metrics
-
         self.stage = stage
-        self.latency = metrics.Histogram(
-            "omniray_stage_latency_seconds",
-            description="Processing time of one stage call (whole stream for streaming calls).",
-            boundaries=LATENCY_BUCKETS_S,
-            tag_keys=("stage", "op"),
-        )
-        self.errors = metrics.Counter(
-            "omniray_stage_errors_total", description="Stage calls that raised.", tag_keys=("stage", "op")
-        )
-        self.inflight = Gauge(
-            "omniray_stage_inflight_requests",
-            description="Calls a replica is processing now (for an engine stage: its running batch).",
-            tag_keys=("stage",),
-        )
+        self.latency = metric("omniray_stage_latency_seconds")
+        self.errors = metric("omniray_stage_errors_total")
+        self.inflight = metric("omniray_stage_inflight_requests")
         self._inflight = 0
         self._ops: set[str] = set()
 

@@ -18,7 +18,7 @@ from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
 
-from services.common.telemetry import Gauge
+from services.common.telemetry import metric
 from services.dataplane import tensors
 from services.models.base import EncoderOutput
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
@@ -81,7 +81,7 @@ class _Pending:
 class Encoder(Stage):
     name = "encoder"
 
-    def __init__(self, profile: str):
+    def __init__(self, profile: dict):
         super().__init__(profile)
         self.vision = self.load_model(self.profile.models.vision)
         self.audio = self.load_model(self.profile.models.audio)
@@ -267,20 +267,10 @@ class Encoder(Stage):
 
 class _PoolMetrics:
     def __init__(self):
-        from ray.util import metrics
-
-        self._tiles = metrics.Counter("omniray_encoder_tiles_total", description="Image tiles encoded.")
-        self._batch = metrics.Histogram(
-            "omniray_encoder_batch_tiles",
-            description="Tiles per encoder batch.",
-            boundaries=[1, 2, 4, 8, 16, 32, 64],
-        )
-        self._pending = Gauge("omniray_encoder_pending_tiles", description="Tiles waiting in this replica.")
-        self._cache = metrics.Counter(
-            "omniray_encoder_cache_requests_total",
-            description="Feature cache lookups.",
-            tag_keys=("modality", "result"),
-        )
+        self._tiles = metric("omniray_encoder_tiles_total")
+        self._batch = metric("omniray_encoder_batch_tiles")
+        self._pending = metric("omniray_encoder_pending_tiles")
+        self._cache = metric("omniray_encoder_cache_requests_total")
 
     def batch(self, size: int, pending: int) -> None:
         self._batch.observe(size)

@@ -13,6 +13,7 @@ from omni.v1 import stages_pb2
 from ray import serve
 
 from services.common.redis_config import redis_url
+from services.common.telemetry import metric
 from services.dataplane import tensors
 from services.playback.board import BoardReader
 from services.policies import urgency
@@ -23,19 +24,12 @@ _DONE = object()
 
 
 class _SpeechStage(Stage):
-    def __init__(self, profile: str):
+    def __init__(self, profile: dict):
         super().__init__(profile)
-        from ray.util import metrics
-
         spec = self.profile.realtime.scheduler
         board = BoardReader(redis_url(), spec.board_interval_s)
         self.gate = UrgencyGate(urgency.create(spec.policy, spec.params), board.views, spec.stage_slots)
-        self.waited = metrics.Histogram(
-            "omniray_stage_urgency_wait_seconds",
-            description="Time a talker/vocoder step waited for a slot of its replica's urgency gate.",
-            boundaries=[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
-            tag_keys=("stage",),
-        )
+        self.waited = metric("omniray_stage_urgency_wait_seconds")
 
     @contextlib.asynccontextmanager
     async def step(self, ctx) -> AsyncIterator[None]:
@@ -48,7 +42,7 @@ class _SpeechStage(Stage):
 class Talker(_SpeechStage):
     name = "talker"
 
-    def __init__(self, profile: str):
+    def __init__(self, profile: dict):
         super().__init__(profile)
         self.model = self.load_model(self.profile.models.talker)
 
@@ -71,7 +65,7 @@ class Talker(_SpeechStage):
 class Vocoder(_SpeechStage):
     name = "vocoder"
 
-    def __init__(self, profile: str):
+    def __init__(self, profile: dict):
         super().__init__(profile)
         self.model = self.load_model(self.profile.models.vocoder)
 

@@ -15,7 +15,7 @@ from services.stages._stage import Stage
 class _Thinker(Stage):
     """What both halves share: an engine of this stage's role, and its counters for tests and ops."""
 
-    def __init__(self, profile: str):
+    def __init__(self, profile: dict):
         super().__init__(profile)
         self.engine = ThinkerEngine(self.profile, self.name)
 

@@ -1,6 +1,7 @@
 """The shipped dashboards: the required set exists, every panel's PromQL parses (`promtool check
-rules` on the extracted expressions) and reads only metrics the code defines. That the metrics are
-really emitted is checked against a running system in tests/e2e/test_dashboard_metrics.py."""
+rules` on the extracted expressions) and reads only metrics the metric catalog declares
+(services/common/metric_catalog.py) or Ray Serve exports. That the metrics are really emitted is
+checked against a running system in tests/e2e/test_dashboard_metrics.py."""
 
 import re
 import shutil
@@ -11,18 +12,36 @@ import pytest
 import ray
 import yaml
 
+from services.common.metric_catalog import CATALOG
 from tests.dashboards import DASHBOARDS, ROOT, exprs, series_names
 
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")
 
 
-def _defined(packages: list[Path]) -> set[str]:
-    """Metric names created in the code (string literals), as Ray exports them (ray_ prefix)."""
+def _serve_metrics() -> set[str]:
+    """Ray Serve's own metric names (string literals in the installed Ray), as exported."""
     names = set()
-    for package in packages:
-        for py in package.rglob("*.py"):
-            names |= {f"ray_{n}" for n in re.findall(r'"((?:omniray|serve)_[a-z0-9_]+)"', py.read_text())}
+    for py in (Path(ray.__file__).parent / "serve").rglob("*.py"):
+        names |= {f"ray_{n}" for n in re.findall(r'"(serve_[a-z0-9_]+)"', py.read_text())}
     return names
+
+
+def _catalog() -> set[str]:
+    return {f"ray_{name}" for name in CATALOG}
+
+
+def test_code_creates_only_catalog_metrics():
+    """Every omniray metric name in the code is one the catalog declares (made with metric(name))."""
+    named = set()
+    for root in ("services", "kv_store"):
+        for py in (ROOT / root).rglob("*.py"):
+            named |= set(
+                re.findall(
+                    r'"(omniray_[a-z0-9_]+_(?:total|seconds|ratio|depth|tiles|requests|limit|sessions))"',
+                    py.read_text(),
+                )
+            )
+    assert named <= set(CATALOG), sorted(named - set(CATALOG))
 
 
 def test_the_required_dashboards_exist():
@@ -31,8 +50,8 @@ def test_the_required_dashboards_exist():
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_panels_use_defined_metrics(path):
-    # ours from services/ and kv_store/, Serve's from the installed Ray
-    defined = _defined([ROOT / "services", ROOT / "kv_store", Path(ray.__file__).parent / "serve"])
+    # ours from the catalog, Serve's from the installed Ray
+    defined = _catalog() | _serve_metrics()
     for title, expr in exprs(path):
         used = {HISTOGRAM_SUFFIX.sub("", n) for n in series_names(expr)}
         assert used, (title, expr)

@@ -15,6 +15,7 @@ from omni.v1 import common_pb2
 from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
 
 from services.common import telemetry
+from services.common.telemetry import metric
 from services.policies.scorers import ScorerPipeline
 from services.policies.scorers.base import Candidate, RoutedRequest
 
@@ -32,21 +33,10 @@ class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRoute
     def initialize_state(
         self, scorers: list[dict[str, Any]] | None = None, deployment: str = "", **_: Any
     ) -> None:
-        from ray.util import metrics
-
         self.pipeline = ScorerPipeline.from_config(scorers or [{"name": "queue_length"}])
         self._tags = {"deployment": deployment}
-        self._decision = metrics.Histogram(
-            "omniray_router_decision_seconds",
-            description="Time to rank a stage's replicas for one request (the scorer pipeline).",
-            boundaries=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2],
-            tag_keys=("deployment",),
-        )
-        self._first_choice = metrics.Counter(
-            "omniray_router_first_choice_total",
-            description="Requests routed to the replica the pipeline ranked first (vs a fallback).",
-            tag_keys=("deployment", "outcome"),
-        )
+        self._decision = metric("omniray_router_decision_seconds")
+        self._first_choice = metric("omniray_router_first_choice_total")
         self._ranked_first: dict[str, str] = {}
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):

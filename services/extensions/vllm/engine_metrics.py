@@ -15,25 +15,24 @@ from typing import Any
 
 from kv_store import metrics as store_metrics
 from services.common import telemetry
+from services.common.metric_catalog import CATALOG
 from services.extensions.ray.metrics import zero
 
-# The scheduler's metrics (services/extensions/vllm/scheduler.py), recorded in the engine core.
+# The scheduler's metrics (services/extensions/vllm/scheduler.py), recorded in the engine core; their
+# names, labels and buckets are declared in services/common/metric_catalog.py.
 ENGINE_SPEC: store_metrics.Spec = {
-    "decision": (
-        "histogram",
-        "omniray_scheduler_decision_seconds",
-        "Time the scheduler's urgency policy takes per scheduling round (ranking running requests).",
-        ("policy",),
-    ),
-    "ranked": (
-        "counter",
-        "omniray_scheduler_ranked_total",
-        "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",
-        ("urgency",),
-    ),
+    method: (
+        "histogram" if method == "decision" else "counter",
+        name,
+        CATALOG[name].help,
+        CATALOG[name].labels,
+    )
+    for method, name in (
+        ("decision", "omniray_scheduler_decision_seconds"),
+        ("ranked", "omniray_scheduler_ranked_total"),
+    )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}
-DECISION_BUCKETS = [0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01]
 ENGINE_KEY = "omniray_engine"
 
 
@@ -41,18 +40,9 @@ class RayMetrics(store_metrics._Calls):
     """Ray metrics (the serving process's sink) for every engine-process metric."""
 
     def __init__(self):
-        from ray.util import metrics
-
-        self._metrics = {}
-        for method, (kind, name, help_, labels) in SPEC.items():
-            if kind == "gauge":  # re-sent every few seconds: Ray drops a gauge not reported lately
-                m = telemetry.Gauge(name, description=help_, tag_keys=labels)
-            elif kind == "counter":
-                m = metrics.Counter(name, description=help_, tag_keys=labels)
-            else:
-                buckets = DECISION_BUCKETS if method in ENGINE_SPEC else store_metrics.TRANSFER_BUCKETS
-                m = metrics.Histogram(name, description=help_, boundaries=buckets, tag_keys=labels)
-            self._metrics[method] = (kind, m, labels)
+        self._metrics = {
+            method: (kind, telemetry.metric(name), labels) for method, (kind, name, _, labels) in SPEC.items()
+        }
         # Failures and prefetches may not happen for a long while: their series exist at 0 so
         # dashboards and alerts see a healthy store.
         for method, label_sets in store_metrics.ZERO_AT_START.items():

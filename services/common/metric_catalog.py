@@ -1,0 +1,215 @@
+"""Every metric omniray exports, declared once: name, type, labels, help and buckets.
+
+Code creates its metrics from here (services/common/telemetry.py `metric(name)`), the engine
+processes' recordings are replayed into these (services/extensions/vllm/engine_metrics.py), and the
+dashboard tests check every series a shipped dashboard reads against this catalog. Ray's Prometheus
+endpoint exports each as `ray_<name>`. The KV store declares its own (kv_store/metrics.py SPEC, a
+library that knows nothing of services) and is listed here from that declaration. Pure data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from kv_store import metrics as kv_metrics
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+DECISION_BUCKETS_S = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None  # histograms
+
+
+def _declared() -> list[Metric]:
+    c, g, h = "counter", "gauge", "histogram"
+    return [
+        # gateway (services/gateway/server.py)
+        Metric("omniray_gateway_requests_total", c, "Requests by API and outcome.", ("api", "code")),
+        Metric("omniray_gateway_ttft_seconds", h, "Arrival to first text token.", (), LATENCY_BUCKETS_S),
+        Metric("omniray_audio_ttfp_seconds", h, "Arrival to first audio chunk.", (), LATENCY_BUCKETS_S),
+        Metric("omniray_gateway_e2e_seconds", h, "Arrival to last chunk.", ("api",), LATENCY_BUCKETS_S),
+        Metric(
+            "omniray_gateway_audio_rtf_ratio",
+            h,
+            "Real-time factor of a response with audio: arrival to last audio chunk / audio seconds.",
+            ("api",),
+            RTF_BUCKETS,
+        ),
+        Metric(
+            "omniray_gateway_audio_sent_seconds_total",
+            c,
+            "Seconds of audio sent to clients (chat responses).",
+            ("api",),
+        ),
+        Metric(
+            "omniray_gateway_audio_stall_seconds_total",
+            c,
+            "Seconds a client playing audio from its first chunk in real time waits for the next.",
+            ("api",),
+        ),
+        # quota (services/gateway/quota.py)
+        Metric(
+            "omniray_quota_rejections_total",
+            c,
+            "Requests refused by the quota service (429/401), by what ran out.",
+            ("tenant", "modality", "reason", "slo_class"),
+        ),
+        Metric("omniray_quota_admitted_total", c, "Requests admitted.", ("tenant", "slo_class")),
+        Metric(
+            "omniray_quota_bucket_remaining_ratio",
+            g,
+            "Bucket level after the last admission, as a share of its capacity (burst).",
+            ("tenant", "modality"),
+        ),
+        Metric(
+            "omniray_quota_batch_queue_depth",
+            g,
+            "Over-budget batch requests waiting in this gateway replica.",
+            ("tenant",),
+        ),
+        Metric(
+            "omniray_quota_queue_wait_seconds",
+            h,
+            "Time an admitted request waited for budget (0 for most).",
+            ("slo_class",),
+            LATENCY_BUCKETS_S,
+        ),
+        Metric(
+            "omniray_quota_redis_errors_total",
+            c,
+            "Quota calls that found Redis down or stalled (answered 503, or admitted unmetered for "
+            "fail_open tenants; a release's refund is lost).",
+            ("op",),
+        ),
+        Metric(
+            "omniray_quota_unmetered_total",
+            c,
+            "Requests and realtime session calls admitted without a debit because Redis was unreachable "
+            "(tenants with fail_open).",
+            ("tenant", "slo_class"),
+        ),
+        Metric(
+            "omniray_quota_tenants_reload_errors_total",
+            c,
+            "Tenants-file versions that could not be loaded (the last good one stays).",
+        ),
+        # realtime (services/realtime/stats.py)
+        Metric(
+            "omniray_realtime_sessions",
+            g,
+            "Open realtime sessions (WebSocket and gRPC) on this gateway replica.",
+        ),
+        Metric(
+            "omniray_realtime_admission_limit", g, "Realtime sessions the AIMD controller admits now (N*)."
+        ),
+        Metric(
+            "omniray_realtime_admitted_total",
+            c,
+            "Realtime sessions admitted (opened under the admission limit).",
+        ),
+        Metric("omniray_realtime_rejected_total", c, "Realtime sessions refused at the admission limit."),
+        Metric(
+            "omniray_realtime_barge_ins_total",
+            c,
+            "Speech that started over a response being generated or played.",
+        ),
+        Metric(
+            "omniray_realtime_wasted_tokens_total",
+            c,
+            "Generated tokens the user never heard (cut by a barge-in).",
+        ),
+        Metric("omniray_realtime_generated_tokens_total", c, "Tokens generated for realtime responses."),
+        Metric(
+            "omniray_realtime_prefill_ahead_total",
+            c,
+            "Speculative prefills of turns still being spoken, by outcome.",
+            ("outcome",),
+        ),
+        Metric(
+            "omniray_realtime_prefill_ahead_tokens_total",
+            c,
+            "Prompt tokens prefilled while the user was still speaking.",
+        ),
+        Metric(
+            "omniray_realtime_history_turns_dropped_total",
+            c,
+            "Oldest conversation turns dropped so that a response's request fits its limits.",
+        ),
+        # stages (services/stages/)
+        Metric(
+            "omniray_stage_latency_seconds",
+            h,
+            "Processing time of one stage call (whole stream for streaming calls).",
+            ("stage", "op"),
+            LATENCY_BUCKETS_S,
+        ),
+        Metric("omniray_stage_errors_total", c, "Stage calls that raised.", ("stage", "op")),
+        Metric(
+            "omniray_stage_inflight_requests",
+            g,
+            "Calls a replica is processing now (for an engine stage: its running batch).",
+            ("stage",),
+        ),
+        Metric(
+            "omniray_stage_urgency_wait_seconds",
+            h,
+            "Time a talker/vocoder step waited for a slot of its replica's urgency gate.",
+            ("stage",),
+            (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        ),
+        Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
+        Metric("omniray_encoder_batch_tiles", h, "Tiles per encoder batch.", (), (1, 2, 4, 8, 16, 32, 64)),
+        Metric("omniray_encoder_pending_tiles", g, "Tiles waiting in this replica."),
+        Metric("omniray_encoder_cache_requests_total", c, "Feature cache lookups.", ("modality", "result")),
+        Metric(
+            "omniray_encoder_feature_version_mismatch_total",
+            c,
+            "Encoder outputs rejected for carrying other model versions (then re-encoded).",
+            ("modality",),
+        ),
+        # replica routing (services/extensions/ray/request_router.py)
+        Metric(
+            "omniray_router_decision_seconds",
+            h,
+            "Time to rank a stage's replicas for one request (the scorer pipeline).",
+            ("deployment",),
+            (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2),
+        ),
+        Metric(
+            "omniray_router_first_choice_total",
+            c,
+            "Requests routed to the replica the pipeline ranked first (vs a fallback).",
+            ("deployment", "outcome"),
+        ),
+        # the engine core's scheduler (services/extensions/vllm/scheduler.py; recorded in the engine core)
+        Metric(
+            "omniray_scheduler_decision_seconds",
+            h,
+            "Time the scheduler's urgency policy takes per scheduling round (ranking running requests).",
+            ("policy",),
+            DECISION_BUCKETS_S,
+        ),
+        Metric(
+            "omniray_scheduler_ranked_total",
+            c,
+            "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",
+            ("urgency",),
+        ),
+        # the KV store (kv_store/metrics.py), recorded in the engine processes
+        *(
+            Metric(
+                name, kind, help_, labels, tuple(kv_metrics.TRANSFER_BUCKETS) if kind == "histogram" else None
+            )
+            for kind, name, help_, labels in kv_metrics.SPEC.values()
+        ),
+    ]
+
+
+CATALOG: dict[str, Metric] = {m.name: m for m in _declared()}
