@@ -78,13 +78,10 @@ def serve_config(
             continue
         options = spec.model_dump(exclude_none=True, exclude={"request_router"})
         if spec.request_router is not None:
-            from services.policies.scorers import ScorerPipeline
-
-            ScorerPipeline.from_config(spec.request_router.scorers)  # unknown scorer: fail here
             options["request_router_config"] = {
                 "request_router_class": "services.extensions.ray.request_router:ScoredRequestRouter",
                 "request_router_kwargs": {
-                    "scorers": spec.request_router.scorers,
+                    "scorers": [s.model_dump() for s in spec.request_router.scorers],
                     "deployment": DEPLOYMENT_NAMES[stage],
                 },
                 "request_routing_stats_period_s": spec.request_router.stats_period_s,

@@ -31,5 +31,8 @@ class GreedyDualSize(HeapPolicy):
         super().remove(page)
 
 
-def create(params: dict) -> GreedyDualSize:
-    return GreedyDualSize(GreedyDualSizeParams.model_validate(params))
+PARAMS = GreedyDualSizeParams
+
+
+def create(params: GreedyDualSizeParams) -> GreedyDualSize:
+    return GreedyDualSize(params)

@@ -38,5 +38,8 @@ class Lru:
         return len(self._order)
 
 
-def create(params: dict) -> Lru:
-    return Lru(LruParams.model_validate(params))
+PARAMS = LruParams
+
+
+def create(params: LruParams) -> Lru:
+    return Lru(params)

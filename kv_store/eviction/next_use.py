@@ -43,5 +43,8 @@ class NextUse(HeapPolicy):
             self.touch(page)
 
 
-def create(params: dict, predict: Predictor | None = None) -> NextUse:
-    return NextUse(NextUseParams.model_validate(params), predict)
+PARAMS = NextUseParams
+
+
+def create(params: NextUseParams, predict: Predictor | None = None) -> NextUse:
+    return NextUse(params, predict)

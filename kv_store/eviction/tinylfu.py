@@ -63,5 +63,8 @@ class TinyLfu:
         return len(self._lru)
 
 
-def create(params: dict) -> TinyLfu:
-    return TinyLfu(TinyLfuParams.model_validate(params))
+PARAMS = TinyLfuParams
+
+
+def create(params: TinyLfuParams) -> TinyLfu:
+    return TinyLfu(params)

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.common.paths import REPO_ROOT, data_dir
 from services.extensions.vllm.specs import SinkWindowParams
 from services.policies.admission import AdmissionParams
+from services.policies.scorers import ScorerSpec
 
 CONFIG_DIR = REPO_ROOT / "configs"
 STAGES = ("gateway", "encoder", "prefill", "decode", "talker", "vocoder")
@@ -25,7 +26,7 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    adapter: str
+    adapter: str  # a name in services/models/registry.py ADAPTERS
     # Relative to $OMNIRAY_DATA/models, or absolute for weights the deployment mounts.
     path: str
     options: dict[str, Any] = Field(default_factory=dict)
@@ -35,6 +36,13 @@ class ModelSpec(_Strict):
 
     def missing(self) -> list[str]:
         return [prog for prog in self.requires if shutil.which(prog) is None]
+
+    @field_validator("adapter")
+    @classmethod
+    def _known_adapter(cls, name: str) -> str:
+        from services.models.registry import ADAPTERS
+
+        return ADAPTERS.check(name)
 
 
 class VocoderSpec(ModelSpec):
@@ -95,12 +103,19 @@ class KvStoreSpec(_Strict):
     session_signals: bool = True
     follower: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _policy_params(self):
+        from kv_store import eviction
+
+        eviction.POLICIES.params(self.policy, self.policy_params)  # unknown or out-of-range: fails here
+        return self
+
 
 class SchedulerSpec(_Strict):
     """The decode engine's urgency policy (services/policies/urgency/) and its session board."""
 
-    policy: Literal["fcfs", "liveserve"] = "liveserve"
-    params: dict[str, float] = Field(default_factory=dict)
+    policy: str = "liveserve"  # a name in services/policies/urgency POLICIES
+    params: dict[str, Any] = Field(default_factory=dict)
     board_interval_s: float = Field(default=0.05, gt=0, le=5)  # gateway publish and engine poll period
     # Model steps a talker / vocoder replica runs at once; waiting steps go in by urgency.
     stage_slots: int = Field(default=2, ge=1, le=64)
@@ -109,7 +124,7 @@ class SchedulerSpec(_Strict):
     def _policy_params(self):
         from services.policies import urgency
 
-        urgency.create(self.policy, self.params)  # unknown or out-of-range parameters fail here
+        urgency.POLICIES.params(self.policy, self.params)  # unknown or out-of-range parameters fail here
         return self
 
 
@@ -202,7 +217,7 @@ class RequestRouterSpec(_Strict):
     """Replica selection for calls into this stage: a weighted pipeline of scorers
     (services/policies/scorers/), run by services/extensions/ray/request_router.py."""
 
-    scorers: list[dict[str, Any]] = Field(min_length=1)
+    scorers: list[ScorerSpec] = Field(min_length=1)
     # How often replicas report their routing stats (e.g. the encoder's pending tiles).
     stats_period_s: float = Field(default=0.5, gt=0)
 

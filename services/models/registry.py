@@ -1,4 +1,5 @@
-"""Adapter registry: the names deploy profiles use, mapped to modules with `prepare` and `load`.
+"""Adapter registry (a plugins.Registry, the shape of every plugin table): the names deploy profiles
+use, mapped to modules with `prepare` and `load`.
 
 `prepare(dest, options)` builds or fetches the weights into `dest` (run by `make models`);
 `load(path, options)` returns the object a stage serves. A model with an absolute `path` is mounted
@@ -8,26 +9,24 @@ the adapters it serves.
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
-ADAPTERS: dict[str, str] = {
-    "hf_checkpoint": "services.models.hf_checkpoint",
-    "tiny_llama": "services.models.tiny.thinker",
-    "tiny_vit": "services.models.tiny.vision",
-    "tiny_audio": "services.models.tiny.audio",
-    "tiny_talker": "services.models.tiny.talker",
-    "tiny_vocoder": "services.models.tiny.vocoder",
-    "smollm2": "services.models.small.thinker",
-    "whisper_ct2": "services.models.small.asr",
-    "mobilenet_v2": "services.models.small.vision",
-    "piper_talker": "services.models.small.piper_talker",
-    "piper_vocoder": "services.models.small.piper_vocoder",
-}
+from plugins import Registry
 
-
-def adapter_module(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(ADAPTERS[name])
-    except KeyError:
-        raise ValueError(f"unknown model adapter {name!r}; known: {sorted(ADAPTERS)}") from None
+ADAPTERS: Registry[ModuleType] = Registry(
+    "model adapter",
+    {
+        "hf_checkpoint": "services.models.hf_checkpoint",
+        "tiny_llama": "services.models.tiny.thinker",
+        "tiny_vit": "services.models.tiny.vision",
+        "tiny_audio": "services.models.tiny.audio",
+        "tiny_talker": "services.models.tiny.talker",
+        "tiny_vocoder": "services.models.tiny.vocoder",
+        "smollm2": "services.models.small.thinker",
+        "whisper_ct2": "services.models.small.asr",
+        "mobilenet_v2": "services.models.small.vision",
+        "piper_talker": "services.models.small.piper_talker",
+        "piper_vocoder": "services.models.small.piper_vocoder",
+    },
+)
+adapter_module = ADAPTERS.module

@@ -15,7 +15,7 @@ def test_profile_validates_and_renders(name):
     profile = load_profile(name)
     for _, spec in profile.models:
         if spec is not None:
-            assert spec.adapter in ADAPTERS
+            assert spec.adapter in ADAPTERS.names()
     config = serve_config(name, http_port=8123, grpc_port=9123)
     app = config["applications"][0]
     assert {d["name"] for d in app["deployments"]} == {DEPLOYMENT_NAMES[s] for s in STAGES}

@@ -3,17 +3,19 @@ tests/unit/router/). A deployment's router runs a weighted pipeline of them, fro
 
 from __future__ import annotations
 
-import importlib
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from plugins import Registry
 from services.policies.scorers.base import Candidate, RoutedRequest, Scorer
 
-SCORERS = {
-    "queue_length": "services.policies.scorers.queue_length",
-    "least_pending_tiles": "services.policies.scorers.least_pending_tiles",
-    "session_affinity": "services.policies.scorers.session_affinity",
-}
+SCORERS: Registry[Scorer] = Registry(
+    "scorer",
+    {
+        "queue_length": "services.policies.scorers.queue_length",
+        "least_pending_tiles": "services.policies.scorers.least_pending_tiles",
+        "session_affinity": "services.policies.scorers.session_affinity",
+    },
+)
 
 
 class ScorerSpec(BaseModel):
@@ -22,16 +24,18 @@ class ScorerSpec(BaseModel):
     weight: float = Field(default=1.0, ge=0)
     params: dict = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _known(self):
+        SCORERS.params(self.name, self.params)  # an unknown scorer or a bad parameter fails here
+        return self
+
 
 class ScorerPipeline:
     """Weighted sum of scorer outputs; replicas ranked best first (ties keep candidate order)."""
 
     def __init__(self, specs: list[ScorerSpec]):
-        unknown = [s.name for s in specs if s.name not in SCORERS]
-        if unknown:
-            raise ValueError(f"unknown scorers {unknown}; known: {sorted(SCORERS)}")
         self.stages: list[tuple[float, Scorer]] = [
-            (s.weight, importlib.import_module(SCORERS[s.name]).create(s.params)) for s in specs
+            (s.weight, SCORERS.create(s.name, s.params)) for s in specs
         ]
 
     @classmethod

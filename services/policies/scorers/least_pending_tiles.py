@@ -42,5 +42,8 @@ class LeastPendingTilesScorer:
         self._inflight.pop(replica_id, None)
 
 
-def create(params: dict) -> LeastPendingTilesScorer:
-    return LeastPendingTilesScorer(LeastPendingTilesParams.model_validate(params))
+PARAMS = LeastPendingTilesParams
+
+
+def create(params: LeastPendingTilesParams) -> LeastPendingTilesScorer:
+    return LeastPendingTilesScorer(params)

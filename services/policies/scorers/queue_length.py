@@ -21,5 +21,8 @@ class QueueLengthScorer(StatelessScorer):
         return {c.replica_id: 1.0 / (1.0 + (c.queue_len or 0) / self.params.half_at) for c in candidates}
 
 
-def create(params: dict) -> QueueLengthScorer:
-    return QueueLengthScorer(QueueLengthParams.model_validate(params))
+PARAMS = QueueLengthParams
+
+
+def create(params: QueueLengthParams) -> QueueLengthScorer:
+    return QueueLengthScorer(params)

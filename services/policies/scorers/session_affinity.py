@@ -39,5 +39,8 @@ class SessionAffinityScorer:
             del self._owner[session]
 
 
-def create(params: dict) -> SessionAffinityScorer:
-    return SessionAffinityScorer(SessionAffinityParams.model_validate(params))
+PARAMS = SessionAffinityParams
+
+
+def create(params: SessionAffinityParams) -> SessionAffinityScorer:
+    return SessionAffinityScorer(params)

@@ -3,14 +3,13 @@ when no session telemetry is there."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict
 
 from services.policies.urgency.base import Candidate, Ranking
 
 
-@dataclass(frozen=True)
-class FcfsParams:
-    pass
+class FcfsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Fcfs:
@@ -24,5 +23,8 @@ class Fcfs:
         return Ranking(order, [], ["fcfs"] * len(candidates))
 
 
-def create(**params) -> Fcfs:
-    return Fcfs(FcfsParams(**params))
+PARAMS = FcfsParams
+
+
+def create(params: FcfsParams) -> Fcfs:
+    return Fcfs(params)

@@ -16,25 +16,26 @@ A view older than `stale_s` counts as no telemetry (U1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.policies.urgency.base import Candidate, Ranking
 
 
-@dataclass(frozen=True)
-class LiveServeParams:
-    safe_ms: float = 1500.0
+class LiveServeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    safe_ms: float = Field(default=1500.0, ge=0)
     hold_ms: float = 3000.0
-    alpha: float = 1.0
-    beta: float = 1.0
-    stale_s: float = 2.0
-    ms_per_token: float = 150.0  # audio per generated token until a session has measured its own
+    alpha: float = Field(default=1.0, ge=0)
+    beta: float = Field(default=1.0, ge=0)
+    stale_s: float = Field(default=2.0, gt=0)
+    # Audio per generated token until a session has measured its own.
+    ms_per_token: float = Field(default=150.0, gt=0)
 
-    def __post_init__(self):
-        if not 0 <= self.safe_ms < self.hold_ms:
-            raise ValueError("liveserve: need 0 <= safe_ms < hold_ms")
-        if self.alpha < 0 or self.beta < 0 or self.stale_s <= 0 or self.ms_per_token <= 0:
-            raise ValueError("liveserve: alpha, beta >= 0; stale_s, ms_per_token > 0")
+    @model_validator(mode="after")
+    def _hold_after_safe(self):
+        if self.hold_ms <= self.safe_ms:
+            raise ValueError("need safe_ms < hold_ms")
+        return self
 
 
 class LiveServe:
@@ -69,5 +70,8 @@ class LiveServe:
         return Ranking(order, held, classes)
 
 
-def create(**params) -> LiveServe:
-    return LiveServe(LiveServeParams(**params))
+PARAMS = LiveServeParams
+
+
+def create(params: LiveServeParams) -> LiveServe:
+    return LiveServe(params)

@@ -1,9 +1,9 @@
+from services.policies.scorers import SCORERS
 from services.policies.scorers.base import Candidate, RoutedRequest
-from services.policies.scorers.least_pending_tiles import create
 
 
 def test_fewest_pending_tiles_scores_highest_and_completion_frees():
-    s = create({"half_at": 16})
+    s = SCORERS.create("least_pending_tiles", {"half_at": 16})
     a, b = Candidate("a", 0), Candidate("b", 0)
     s.on_routed(RoutedRequest("doc", tiles=200), "a")
     scores = s.score(RoutedRequest("chat", tiles=1), [a, b])
@@ -13,6 +13,6 @@ def test_fewest_pending_tiles_scores_highest_and_completion_frees():
 
 
 def test_replica_reported_tiles_count_too():
-    s = create({})
+    s = SCORERS.create("least_pending_tiles", {})
     busy = Candidate("a", 0, {"pending_tiles": 64})
     assert s.score(RoutedRequest("x"), [busy, Candidate("b", 0)])["a"] < 0.5

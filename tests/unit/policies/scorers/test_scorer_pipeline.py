@@ -26,7 +26,7 @@ def test_weights_combine_signals():
 
 
 def test_unknown_scorer_or_bad_params_fail_at_load():
-    with pytest.raises(ValueError, match="unknown scorers"):
+    with pytest.raises(ValueError, match="unknown scorer 'nope'"):
         ScorerPipeline.from_config([{"name": "nope"}])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="half_at"):
         ScorerPipeline.from_config([{"name": "queue_length", "params": {"half_at": -1}}])

@@ -1,9 +1,9 @@
+from services.policies.scorers import SCORERS
 from services.policies.scorers.base import Candidate, RoutedRequest
-from services.policies.scorers.session_affinity import create
 
 
 def test_prefers_the_replica_of_the_previous_turn_until_it_dies():
-    s = create({"max_sessions": 2})
+    s = SCORERS.create("session_affinity", {"max_sessions": 2})
     cands = [Candidate("a", 0), Candidate("b", 0)]
     assert s.score(RoutedRequest("1", session_id="t1/s"), cands) == {"a": 0.0, "b": 0.0}
     s.on_routed(RoutedRequest("1", session_id="t1/s"), "b")
@@ -14,7 +14,7 @@ def test_prefers_the_replica_of_the_previous_turn_until_it_dies():
 
 
 def test_bounded():
-    s = create({"max_sessions": 2})
+    s = SCORERS.create("session_affinity", {"max_sessions": 2})
     for i in range(5):
         s.on_routed(RoutedRequest(str(i), session_id=f"s{i}"), "a")
     assert len(s._owner) == 2
