@@ -51,7 +51,9 @@ class AgentConfig:
     policy_params: dict[str, Any] = field(default_factory=dict)
     transfer_timeout_s: float = 5.0
     heartbeat_ttl_ms: int = 10_000
-    serve_interval_s: float = 0.001
+    serve_interval_s: float = 0.001  # the pool's progress tick while a hand-off is being read
+    serve_idle_interval_s: float = 0.02  # ... and otherwise (PagePool.serve)
+    hand_off_read_s: float = 2.0  # how long after a hand-off its reader is expected
     # Live session signals (kv_store/follower.py): "module:Class" of a board reader built as
     # Class(redis_url, interval_s) with `views()`; empty: none (no next-use feed, no preload).
     session_board: str = ""
@@ -146,7 +148,7 @@ class StoreAgent:
             await self.store.advertise()
             await self.meta.heartbeat(self.provider, c.heartbeat_ttl_ms)
             self._tasks = [
-                asyncio.create_task(pool.serve(c.serve_interval_s)),
+                asyncio.create_task(pool.serve(c.serve_interval_s, c.serve_idle_interval_s)),
                 asyncio.create_task(self._heartbeat()),
             ]
             if board is not None:

@@ -83,6 +83,8 @@ class PagePool:
         self._peers: dict[str, str] = {}  # pool name -> NIXL remote agent name
         self._inflight: dict[Hashable, asyncio.Future] = {}
         self.stats = {"pulled_pages": 0, "pulled_bytes": 0, "dedup_waits": 0}
+        self._readers_until = 0.0  # monotonic time until which peers' reads are expected
+        self._readers_expected: asyncio.Event | None = None  # wakes an idle `serve` (made on its loop)
 
     # ---- local slots ---------------------------------------------------------------------------
 
@@ -175,11 +177,28 @@ class PagePool:
         the owner's worker progress). Owners call this on a timer, not in a spin."""
         self.agent.get_new_notifs()
 
-    async def serve(self, interval_s: float = 0.001) -> None:
-        """Progress this pool for peers until cancelled."""
+    def expect_readers(self, for_s: float) -> None:
+        """Peers will read this pool within `for_s` seconds (pages just handed off to a decode
+        engine): `serve` progresses at its fast interval until then. Call on `serve`'s loop."""
+        self._readers_until = max(self._readers_until, time.monotonic() + for_s)
+        if self._readers_expected is not None:
+            self._readers_expected.set()
+
+    async def serve(self, interval_s: float = 0.001, idle_interval_s: float = 0.02) -> None:
+        """Progress this pool for peers until cancelled: every `interval_s` while reads are expected
+        (`expect_readers`), every `idle_interval_s` otherwise. A peer's first read sets up its UCX
+        connection in a few owner progress rounds, and over TCP every read needs one; over shared
+        memory a connected peer reads without the owner. A 1 ms tick costs an idle engine process
+        ~3% of a core, so it runs only while a hand-off is being read."""
+        self._readers_expected = asyncio.Event()
         while True:
             self.progress()
-            await asyncio.sleep(interval_s)
+            if time.monotonic() < self._readers_until:
+                await asyncio.sleep(interval_s)
+                continue
+            self._readers_expected.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._readers_expected.wait(), idle_interval_s)
 
     def connect(self, peer: PoolAddress) -> None:
         if peer.name not in self._peers:

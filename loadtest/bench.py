@@ -21,8 +21,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest import process_cpu, results, vllm_server
@@ -89,16 +87,10 @@ def _requests_for(c: int, per_level: int) -> int:
     return max(per_level, 3 * c)
 
 
-# vLLM's engine processes spin on their shared-memory queue for 1 s after their last step, and an
-# idle engine still polls: while one server is measured, the other's engine processes are stopped
-# (SIGSTOP) and the round starts once what ran before has gone quiet.
+# vLLM's engine processes spin on their shared-memory queue for 1 s after their last step: a round
+# starts once what ran before has gone quiet. The other server is left idle, not stopped: a vLLM
+# engine stopped (SIGSTOP) and resumed in the middle of a run came back slower in some runs.
 SETTLE_S = 2.0
-
-
-@dataclass(frozen=True)
-class Target:
-    url: str
-    idle: Callable[[], list]  # the processes to stop while another target is measured
 
 
 def _round(url: str, bodies: list[dict], c: int, roots: dict[int, str]) -> tuple[dict, dict[str, float]]:
@@ -108,24 +100,21 @@ def _round(url: str, bodies: list[dict], c: int, roots: dict[int, str]) -> tuple
     return _summary(res, wall), process_cpu.between(before, process_cpu.snapshot(roots))
 
 
-def _versus(targets: dict[str, Target], bodies: list[dict], levels, per_level, rounds, roots) -> dict:
-    """Interleaved rounds of the same requests against each server; medians per server and level."""
+def _versus(targets: dict[str, str], bodies: list[dict], levels, per_level, rounds, roots) -> dict:
+    """Interleaved rounds of the same requests against each server (name -> chat URL); medians per
+    server and level."""
     # Warm-up: each engine creates its CPU kernels per batch shape on first use, and a fresh vLLM
     # engine is several times slower at a new concurrency for its first few dozen requests.
-    for name, t in targets.items():
-        others = [p for other, o in targets.items() if other != name for p in o.idle()]
-        with process_cpu.paused(others):
-            for _ in range(2):
-                for c in levels:
-                    asyncio.run(run_closed_loop(t.url, bodies[: _requests_for(c, per_level)], c))
+    for url in targets.values():
+        for _ in range(2):
+            for c in levels:
+                asyncio.run(run_closed_loop(url, bodies[: _requests_for(c, per_level)], c))
     runs: dict[str, dict[int, list]] = {name: {c: [] for c in levels} for name in targets}
     for r in range(rounds):
         order = list(targets) if r % 2 == 0 else list(reversed(targets))
         for c in levels:
             for name in order:
-                others = [p for other, t in targets.items() if other != name for p in t.idle()]
-                with process_cpu.paused(others):
-                    s, cpu = _round(targets[name].url, bodies[: _requests_for(c, per_level)], c, roots)
+                s, cpu = _round(targets[name], bodies[: _requests_for(c, per_level)], c, roots)
                 runs[name][c].append({**s, "cpu_s": cpu})
                 print(
                     f"  round {r} c={c:<3} {name:8s} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
@@ -216,10 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"{cluster.http_url}/v1/chat/completions"
         roots = {vllm.pid: "vllm server", os.getpid(): "client"}
         print(f"[bench] 1/3 text out: omniray vs vLLM's OpenAI server, {args.rounds} interleaved rounds")
-        targets = {
-            "vllm": Target(vllm_url, lambda: vllm.processes()),
-            "omniray": Target(url, lambda: process_cpu.engines(runtime.processes(cluster.run_id))),
-        }
+        targets = {"vllm": vllm_url, "omniray": url}
         report["text"] = _versus(targets, text_bodies, levels, args.per_level, args.rounds, roots)
         if not args.no_audio:
             print("[bench] 2/3 service, audio out, async chunk", flush=True)

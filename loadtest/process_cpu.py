@@ -4,11 +4,8 @@ worker and whose it is, vLLM's API server, Ray's own processes, ...)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 from collections import Counter
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import psutil
@@ -70,30 +67,3 @@ def between(before: Snapshot, after: Snapshot) -> dict[str, float]:
         if spent > 0:
             out[after.label[pid]] += spent
     return dict(out)
-
-
-@contextlib.contextmanager
-def paused(procs: Iterable[psutil.Process]) -> Iterator[None]:
-    """SIGSTOP `procs` for the block (an idle server's engines, which would otherwise poll and spin
-    beside the one being measured), SIGCONT after."""
-    stopped = []
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.send_signal(signal.SIGSTOP)
-            stopped.append(p)
-    try:
-        yield
-    finally:
-        for p in stopped:
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(signal.SIGCONT)
-
-
-def engines(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
-    """The vLLM engine processes (engine cores and workers) among `procs`."""
-    out = []
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            if p.name().startswith("VLLM::") or " ".join(p.cmdline()).startswith("VLLM::"):
-                out.append(p)
-    return out

@@ -15,8 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from services.models.profile import Profile
 
 
@@ -71,14 +69,6 @@ def environment(profile: Profile) -> dict[str, str]:
 class Server:
     pid: int
     url: str  # http://127.0.0.1:<port>
-
-    def processes(self) -> list[psutil.Process]:
-        """The server and its engine processes."""
-        try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
 
 
 @contextlib.contextmanager

@@ -82,6 +82,7 @@ class SaveJob:
     pages: list[str]
     block_ids: list[int]
     session: str | None
+    hand_off: bool = False  # a decode engine reads these pages next
 
 
 @dataclass
@@ -294,7 +295,7 @@ class OmniKvConnector(KVConnectorBase_V1):
             pages.append(t.prompt_tail)
             blocks.append(t.block_ids[n_prompt_pages])
             t.tail_saved = True
-        return SaveJob(pages, blocks, t.session) if pages else None
+        return SaveJob(pages, blocks, t.session, t.hand_off) if pages else None
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._tracked.pop(request.request_id, None)
@@ -382,6 +383,8 @@ class OmniKvConnector(KVConnectorBase_V1):
                 self.agent.recorder.moved("L1->L2", len(todo) * self._layout.page_bytes)
 
             async def publish() -> None:
+                if any(job.hand_off for job in meta.saves):  # the decode engine's read is next
+                    store.pool.expect_readers(self.agent.config.hand_off_read_s)
                 await store.commit(list(todo))
                 for job in meta.saves:
                     if job.session:
