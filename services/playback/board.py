@@ -6,8 +6,8 @@ every `interval_s`, stamped with wall-clock time; readers poll the hash on a thr
 latest dict, so a scheduling round reads memory, never Redis. While the board is empty (no realtime
 session anywhere: plain chat traffic) readers poll every `idle_interval_s` instead: every engine and
 speech process reads the board, and 20 polls a second each cost an idle deployment several percent
-of a core. A session is seen at most that much later; its first response follows its first
-utterance, which takes longer. A view carries the time it was taken:
+of a core. A new session is seen at most that much later (a response in that time is scheduled
+FCFS, as without telemetry). A view carries the time it was taken:
 readers extrapolate playback to their own now (audio plays in real time) and ignore stale views.
 
 Redis down or stalled: every call is bounded by the client's timeouts (services/common/redis_config);
