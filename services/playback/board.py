@@ -3,11 +3,7 @@ without the monitor — the engines' scheduler, the KV store — read the same p
 
 The gateway writes every open session's view into one hash (`omniray:sessions`, field = session id)
 every `interval_s`, stamped with wall-clock time; readers poll the hash on a thread and keep the
-latest dict, so a scheduling round reads memory, never Redis. While the board is empty (no realtime
-session anywhere: plain chat traffic) readers poll every `idle_interval_s` instead: every engine and
-speech process reads the board, and 20 polls a second each cost an idle deployment several percent
-of a core. A new session is seen at most that much later (a response in that time is scheduled
-FCFS, as without telemetry). A view carries the time it was taken:
+latest dict, so a scheduling round reads memory, never Redis. A view carries the time it was taken:
 readers extrapolate playback to their own now (audio plays in real time) and ignore stale views.
 
 Redis down or stalled: every call is bounded by the client's timeouts (services/common/redis_config);
@@ -103,9 +99,9 @@ class BoardWriter:
 class BoardReader:
     """Polls the board on a daemon thread; `views()` is the latest copy (no I/O)."""
 
-    def __init__(self, redis_url: str, interval_s: float = 0.05, idle_interval_s: float = 0.5):
+    def __init__(self, redis_url: str, interval_s: float = 0.05):
         self.client = sync_client(redis_url)
-        self.interval_s, self.idle_interval_s = interval_s, max(interval_s, idle_interval_s)
+        self.interval_s = interval_s
         self._views: dict[str, BoardView] = {}
         threading.Thread(target=self._poll, name="omniray-session-board", daemon=True).start()
 
@@ -114,7 +110,7 @@ class BoardReader:
             # Unreachable: keep the last views; they go stale and are ignored.
             with contextlib.suppress(Exception):
                 self._views = decode(self.client.hgetall(KEY))
-            time.sleep(self.interval_s if self._views else self.idle_interval_s)
+            time.sleep(self.interval_s)
 
     def views(self) -> dict[str, BoardView]:
         return self._views

@@ -45,29 +45,3 @@ async def test_views_reach_the_reader_and_closed_sessions_leave(redis_url):
     finally:
         task.cancel()
         await client.aclose()
-
-
-@pytest.mark.asyncio
-async def test_readers_poll_slowly_while_no_session_is_on_the_board(redis_url):
-    """Plain chat traffic leaves the board empty: readers back off to their idle interval, and come
-    back to the fast one as soon as a session appears."""
-    client = aioredis.Redis.from_url(redis_url)
-    await client.delete("omniray:sessions")
-    reader = BoardReader(redis_url, interval_s=0.01, idle_interval_s=0.4)
-    polls = []
-    real = reader.client.hgetall
-    reader.client.hgetall = lambda key: polls.append(time.monotonic()) or real(key)
-    monitor = PlaybackMonitor()
-    writer = BoardWriter(monitor, client, interval_s=0.01)
-    try:
-        await asyncio.sleep(1.0)
-        assert len(polls) <= 4  # 1 s at 0.4 s, not 100 at 10 ms
-        monitor.open("t/idle")
-        await writer.publish()
-        await asyncio.to_thread(_wait, lambda: "t/idle" in reader.views())
-        before = len(polls)
-        await asyncio.sleep(0.5)
-        assert len(polls) - before >= 15  # back at the fast interval
-    finally:
-        await client.delete("omniray:sessions")
-        await client.aclose()
