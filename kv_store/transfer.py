@@ -84,7 +84,7 @@ class PagePool:
         self._inflight: dict[Hashable, asyncio.Future] = {}
         self.stats = {"pulled_pages": 0, "pulled_bytes": 0, "dedup_waits": 0}
         self._readers_until = 0.0  # monotonic time until which peers' reads are expected
-        self._readers_expected: asyncio.Event | None = None  # wakes an idle `serve` (made on its loop)
+        self._readers_expected = asyncio.Event()  # wakes an idle `serve` (binds to its loop on first wait)
 
     # ---- local slots ---------------------------------------------------------------------------
 
@@ -181,8 +181,7 @@ class PagePool:
         """Peers will read this pool within `for_s` seconds (pages just handed off to a decode
         engine): `serve` progresses at its fast interval until then. Call on `serve`'s loop."""
         self._readers_until = max(self._readers_until, time.monotonic() + for_s)
-        if self._readers_expected is not None:
-            self._readers_expected.set()
+        self._readers_expected.set()
 
     async def serve(self, interval_s: float = 0.001, idle_interval_s: float = 0.02) -> None:
         """Progress this pool for peers until cancelled: every `interval_s` while reads are expected
@@ -190,7 +189,6 @@ class PagePool:
         connection in a few owner progress rounds, and over TCP every read needs one; over shared
         memory a connected peer reads without the owner. A 1 ms tick costs an idle engine process
         ~3% of a core, so it runs only while a hand-off is being read."""
-        self._readers_expected = asyncio.Event()
         while True:
             self.progress()
             if time.monotonic() < self._readers_until:
