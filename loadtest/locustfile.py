@@ -23,14 +23,13 @@ import itertools
 import json
 import os
 import random
-import threading
 import time
 
 import grpc
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
 import requests
-import websocket
+import websockets
 from locust import User, between, constant, task
 from locust.exception import StopUser
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
@@ -38,6 +37,7 @@ from PIL import Image
 
 from loadtest import voice_turns
 from loadtest.client import Result
+from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import RATE, SENTENCES, speech
 from loadtest.workload import chat_prompts
 
@@ -48,7 +48,6 @@ GRPC_TARGET = os.environ.get("LOADTEST_GRPC_TARGET", "127.0.0.1:9000")
 MAX_TOKENS = int(os.environ.get("LOADTEST_MAX_TOKENS", "32"))
 BARGE_P = float(os.environ.get("LOADTEST_BARGE_P", "0.5"))
 TIMEOUT_S = float(os.environ.get("LOADTEST_TIMEOUT_S", "120"))
-CHUNK_MS = 100  # realtime audio is sent in 100 ms appends, at real-time pace
 
 # Tenant mix (keys of configs/tenants/loadtest.yaml), per user class.
 KEYS = {
@@ -247,66 +246,24 @@ class GrpcChatUser(TenantUser):
                 fire(self, "TTFP", name, ttfp)
 
 
-class VoiceSession:
-    """A realtime WebSocket: a reader greenlet keeps every server event with its arrival time."""
+class VoiceSession(RealtimeClient):
+    """The shared realtime client (loadtest/realtime_client.py) with a listener's playback."""
 
     def __init__(self, url: str, key: str) -> None:
-        self.ws = websocket.create_connection(url, header=[f"Authorization: Bearer {key}"], timeout=TIMEOUT_S)
-        self.ws.settimeout(None)  # the reader waits as long as the session lasts
-        self.events: list[tuple[float, dict]] = []
         self.audio_ms: dict[str, float] = {}  # received per response
-        self.cond = threading.Condition()  # gevent's, once Locust has patched
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__(url, key, on_event=self._count_audio, timeout=TIMEOUT_S)
 
-    def _read(self) -> None:
-        try:
-            while True:
-                event = json.loads(self.ws.recv())
-                with self.cond:
-                    if event["type"] == "response.output_audio.delta":
-                        ms = len(base64.b64decode(event["delta"])) / 2 / RATE * 1000
-                        self.audio_ms[event["response_id"]] = (
-                            self.audio_ms.get(event["response_id"], 0.0) + ms
-                        )
-                    self.events.append((time.monotonic(), event))
-                    self.cond.notify_all()
-        except (websocket.WebSocketException, OSError, ValueError):
-            with self.cond:
-                self.events.append((time.monotonic(), {"type": "closed"}))
-                self.cond.notify_all()
-
-    def send(self, event: dict) -> None:
-        self.ws.send(json.dumps(event))
-
-    def find(self, match, after: int) -> int | None:
-        return next((i for i in range(after, len(self.events)) if match(self.events[i][1])), None)
-
-    def wait(self, match, after: int, what: str, timeout: float = TIMEOUT_S) -> int:
-        with self.cond:
-            ok = self.cond.wait_for(
-                lambda: self.find(match, after) is not None or self.find(_is("closed"), after) is not None,
-                timeout,
-            )
-            i = self.find(match, after)
-            if not ok or i is None:
-                raise TimeoutError(f"no {what}: {[e['type'] for _, e in self.events[after:]][-8:]}")
-            return i
+    def _count_audio(self, event: dict) -> None:
+        if event["type"] == "response.output_audio.delta":
+            ms = len(base64.b64decode(event["delta"])) / 2 / RATE * 1000
+            self.audio_ms[event["response_id"]] = self.audio_ms.get(event["response_id"], 0.0) + ms
 
     def done(self, response_id: str) -> bool:
-        return (
-            self.find(lambda e: _is("response.done")(e) and e["response"]["id"] == response_id, 0) is not None
-        )
+        return self.find(lambda e: _is("response.done")(e) and e["response"]["id"] == response_id) is not None
 
     def speak(self, pcm: bytes) -> float:
         """Appends speech then 0.7 s of silence at real-time pace; returns when speech began."""
-        audio, step = pcm + bytes(RATE * 2 * 7 // 10), RATE * 2 * CHUNK_MS // 1000
-        t0 = time.monotonic()
-        for k in range(0, len(audio), step):
-            self.send(
-                {"type": "input_audio_buffer.append", "audio": base64.b64encode(audio[k : k + step]).decode()}
-            )
-            time.sleep(CHUNK_MS / 1000)
-        return t0
+        return self.say(pcm + bytes(RATE * 2 * 7 // 10))[0]
 
     def play(self, item_id: str, response_id: str, stop_at_ms: float | None) -> tuple[float, float]:
         """Plays the response at real time from now, reporting progress, until `stop_at_ms` or its
@@ -315,16 +272,14 @@ class VoiceSession:
         while True:
             time.sleep(0.1)
             now = time.monotonic()
-            received = self.audio_ms.get(response_id, 0.0)
+            with self.cond:
+                received = self.audio_ms.get(response_id, 0.0)
             played, last = min(played + (now - last) * 1000, received), now
             self.send({"type": "omniray.playback.progress", "item_id": item_id, "played_ms": played})
             if stop_at_ms is not None and played >= stop_at_ms:
                 return played, received
             if played >= received and self.done(response_id):
                 return played, received
-
-    def close(self) -> None:
-        self.ws.close()
 
 
 def _is(kind: str):
@@ -348,11 +303,11 @@ class VoiceUser(TenantUser):
         t0 = time.perf_counter()
         try:
             self.session = VoiceSession(url, self.key)
-            created = self.session.wait(_is("session.created"), 0, "session.created")
+            created = self.session.wait(_is("session.created"), 0, what="session.created")
             self.session.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": MAX_TOKENS,
                                "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}})  # fmt: skip
-            self.session.wait(_is("session.updated"), created, "session.updated")
-        except (TimeoutError, websocket.WebSocketException, OSError) as e:
+            self.session.wait(_is("session.updated"), created, what="session.updated")
+        except (TimeoutError, websockets.exceptions.WebSocketException, OSError) as e:
             fire(self, "WS", "realtime.connect", time.perf_counter() - t0, repr(e))
             raise StopUser() from e
         fire(self, "WS", "realtime.connect", time.perf_counter() - t0)
@@ -368,11 +323,11 @@ class VoiceUser(TenantUser):
             spoke = s.speak(self.rng.choice(self._speech))
             if self.pending is not None:
                 self._check_barge_in(mark, spoke)
-            stopped = s.wait(_is("input_audio_buffer.speech_stopped"), mark, "speech_stopped")
-            created = s.wait(_is("response.created"), stopped, "response.created")
+            stopped = s.wait(_is("input_audio_buffer.speech_stopped"), mark, what="speech_stopped")
+            created = s.wait(_is("response.created"), stopped, what="response.created")
             rid = s.events[created][1]["response"]["id"]
             first = s.wait(lambda e: e["type"] == "response.output_audio.delta" and e["response_id"] == rid,
-                           created, "audio delta")  # fmt: skip
+                           created, what="audio delta")  # fmt: skip
             t_stop = s.events[stopped][0]
             fire(self, "TTFP", "realtime.turn", s.events[first][0] - t_stop)
             item = s.events[first][1]["item_id"]
@@ -387,17 +342,18 @@ class VoiceUser(TenantUser):
                 f"{e['error'].get('code')}: {e['error']['message']}"
                 for _, e in s.events[mark:]
                 if e["type"] == "error"
-            ]
+            ] + [f"malformed event {m}" for m in s.malformed]
+            s.malformed.clear()
             if errors:
                 raise RuntimeError(f"error events: {errors[:3]}")
-        except (TimeoutError, RuntimeError, websocket.WebSocketException, OSError) as e:
+        except (TimeoutError, RuntimeError, websockets.exceptions.WebSocketException, OSError) as e:
             fire(self, "WS", "realtime.turn", 0, repr(e))
             self.pending = None
 
     def _answered(self, rid: str, t_stop: float) -> None:
         s = self.session
         done = s.wait(
-            lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 0, "response.done"
+            lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 0, what="response.done"
         )
         status = s.events[done][1]["response"]["status"]
         fire(self, "WS", "realtime.turn", s.events[done][0] - t_stop, "" if status == "completed" else status)
@@ -412,9 +368,11 @@ class VoiceUser(TenantUser):
         s.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0,
                 "audio_end_ms": int(played)})  # fmt: skip
         cut = s.wait(
-            lambda e: e["type"] == "conversation.item.truncated" and e["item_id"] == item, mark, "truncated"
+            lambda e: e["type"] == "conversation.item.truncated" and e["item_id"] == item,
+            mark,
+            what="truncated",
         )
-        s.wait(lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 0, "response.done")
+        s.wait(lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 0, what="response.done")
         fire(self, "WS", "realtime.cancel", s.events[cut][0] - t0)
 
     def _check_barge_in(self, mark: int, spoke: float) -> None:
@@ -422,9 +380,9 @@ class VoiceUser(TenantUser):
         its item is cut; timed from the first word to `conversation.item.truncated`."""
         s, (rid, item, _) = self.session, self.pending
         self.pending = None
-        started = s.wait(_is("input_audio_buffer.speech_started"), mark, "speech_started (barge-in)")
+        started = s.wait(_is("input_audio_buffer.speech_started"), mark, what="speech_started (barge-in)")
         cut = s.wait(lambda e: e["type"] == "conversation.item.truncated" and e["item_id"] == item, mark,
-                     "truncated (barge-in)")  # fmt: skip
+                     what="truncated (barge-in)")  # fmt: skip
         late = s.find(
             lambda e: e["type"] == "response.output_audio.delta" and e["response_id"] == rid, started
         )

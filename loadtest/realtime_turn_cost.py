@@ -25,11 +25,9 @@ import psutil
 
 from loadtest import results
 from loadtest.profiles import derive
-from loadtest.realtime_client import RATE, RealtimeClient
+from loadtest.realtime_client import CHUNK_MS, RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
-
-CHUNK_MS = 100
 
 
 def _replica(run_id: str, deployment: str) -> psutil.Process:
@@ -64,7 +62,7 @@ def _session(url: str, utterance: bytes, turns: int, max_tokens: int, procs: dic
                 client.append(utterance[k : k + step])
             client.send({"type": "input_audio_buffer.commit"})
             client.send({"type": "response.create"})
-            _, _, done = client.wait("response.done", mark)
+            done = client.event(client.wait("response.done", mark))
             if done["response"]["status"] != "completed":
                 raise RuntimeError(f"turn failed: {client.errors()[-1:]}")
             out.append(

@@ -34,7 +34,6 @@ from loadtest.realtime_client import RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
 
-CHUNK_MS = 100
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
 
@@ -90,15 +89,8 @@ class Client:
             self.stats.errors.append(event["error"]["message"])
 
     def _wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
-        i, at, _ = self.rt.wait(kind, after, timeout)
-        return i, at
-
-    def _speak(self, pcm: bytes) -> None:
-        silence = bytes(RATE * 2 * 7 // 10)
-        step = RATE * 2 * CHUNK_MS // 1000
-        for k in range(0, len(pcm + silence), step):
-            self.rt.append((pcm + silence)[k : k + step])
-            time.sleep(CHUNK_MS / 1000)
+        i = self.rt.wait(kind, after, timeout)
+        return i, self.rt.at(i)
 
     def _play(self, barge_at_s: float | None) -> bool:
         """Play the current response at real time from its first delta; report progress; stop at
@@ -129,7 +121,7 @@ class Client:
         try:
             for turn in range(turns):
                 mark = self.rt.mark()
-                self._speak(self.utterances[turn % len(self.utterances)])
+                self.rt.say(self.utterances[turn % len(self.utterances)] + bytes(RATE * 2 * 7 // 10))
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
                 _, t_audio = self._wait("response.output_audio.delta", stopped)
                 self.stats.ttfp_s.append(t_audio - t_stop)
@@ -149,6 +141,7 @@ class Client:
             self.stats.errors.append(repr(e))
         finally:
             self.rt.close()
+        self.stats.errors += [f"malformed event {m}" for m in self.rt.malformed]
         return self.stats
 
 

@@ -31,8 +31,8 @@ from services.gateway.quota import quota_service
 from services.models.profile import Profile
 from services.pipeline.pipeline import Event, Pipeline, StageHandles
 from services.pipeline.prompt import PromptBuilder
-from services.realtime import events as realtime_events
 from services.realtime import grpc_events
+from services.realtime import server_events as se
 from services.realtime.hub import RealtimeHub, Refused
 
 logger = logging.getLogger("ray.serve")
@@ -275,8 +275,8 @@ class Gateway:
         `RealtimeSession` per connection. Refusals (key, model) are an `error` event, then close."""
         await ws.accept()
 
-        async def send(event: dict) -> None:
-            await ws.send_text(json.dumps(event))
+        async def send(event: se.ServerEvent) -> None:
+            await ws.send_text(se.to_json(event))
 
         try:
             session = await self.realtime_hub.open(
@@ -315,7 +315,7 @@ class Gateway:
                     return pending.result()
                 if not session.busy:
                     await session.send(
-                        realtime_events.error_event(
+                        se.error(
                             f"no client event for {idle_s:g} s: the session is closed", "session_idle_timeout"
                         )
                     )
@@ -402,7 +402,8 @@ class Gateway:
         self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None
     ) -> AsyncIterator[omni_pb2.RealtimeServerEvent]:
         """omni.v1.Omni/Realtime: the WebSocket's session over a bidirectional gRPC stream (Serve's
-        proxy carries it); events converted by services/realtime/grpc_events.py."""
+        proxy carries it); client events converted by services/realtime/grpc_events.py, server events
+        encoded by services/realtime/server_events.py."""
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         outbox: asyncio.Queue = asyncio.Queue()
         try:
@@ -434,7 +435,7 @@ class Gateway:
         reader = asyncio.create_task(read())
         try:
             while (event := await outbox.get()) is not None:
-                yield grpc_events.server_event_proto(event)
+                yield se.to_proto(event)
         finally:
             reader.cancel()
             await self.realtime_hub.close(session)

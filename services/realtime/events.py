@@ -3,14 +3,13 @@
 Client events are parsed into one class each (a discriminated union on `type`); anything else — bad
 JSON, an unknown type, a missing or mistyped field, an oversized audio chunk — becomes a
 `RealtimeEventError`, which the session answers with an `error` event before going on. Server events
-are built with `server_event`, which gives each its `event_id`.
+are in services/realtime/server_events.py.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -193,19 +192,3 @@ def parse_client_event(raw: str | bytes | dict) -> Any:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"][1:])
         raise RealtimeEventError(f"{kind}: {where}: {first['msg']}", event_id=event_id) from None
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-def server_event(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"type": kind, "event_id": new_id("event"), **fields}
-
-
-def error_event(
-    message: str, code: str, event_id: str | None = None, kind: str = "invalid_request_error"
-) -> dict:
-    return server_event(
-        "error", error={"type": kind, "code": code, "message": message, "param": None, "event_id": event_id}
-    )

@@ -1,15 +1,12 @@
-"""Realtime events between protobuf (`omni.v1.RealtimeClientEvent` / `RealtimeServerEvent`) and the
-event shapes of OpenAI Realtime, so the gRPC stream and the WebSocket drive one session class and one
-event model (`services/realtime/events.py`): a client event's fields go to the typed parser as they
-are (no JSON text in between)."""
+"""Realtime client events from protobuf (`omni.v1.RealtimeClientEvent`) into the event shapes of
+OpenAI Realtime, so the gRPC stream and the WebSocket drive one session class and one event model
+(`services/realtime/events.py`): a client event's fields go to the typed parser as they are (no JSON
+text in between). Server events carry their own codecs (services/realtime/server_events.py)."""
 
 from __future__ import annotations
 
-import base64
-import json
-
 from google.protobuf import json_format
-from omni.v1 import common_pb2, omni_pb2
+from omni.v1 import omni_pb2
 
 # oneof field -> OpenAI event type
 _CLIENT_TYPES = {
@@ -59,33 +56,3 @@ def _session(update: omni_pb2.RealtimeSessionUpdate) -> dict:
     if audio:
         session["audio"] = audio
     return {"session": session}
-
-
-def server_event_proto(event: dict) -> omni_pb2.RealtimeServerEvent:
-    out = omni_pb2.RealtimeServerEvent(type=event["type"], event_id=event.get("event_id", ""))
-    response = event.get("response") or {}
-    out.response_id = event.get("response_id") or response.get("id", "")
-    out.item_id = event.get("item_id") or (event.get("item") or {}).get("id", "")
-    if event["type"] == "response.output_audio.delta":
-        out.audio = base64.b64decode(event["delta"])
-    elif isinstance(event.get("delta"), str):
-        out.delta = event["delta"]
-    if isinstance(event.get("transcript"), str):
-        out.transcript = event["transcript"]
-    elif event.get("item"):
-        out.transcript = event["item"]["content"][0].get("transcript") or ""
-    if response:
-        out.response_status = response.get("status", "")
-        usage = response.get("usage") or {}
-        if usage:
-            out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=usage.get("input_tokens", 0),
-                                                completion_tokens=usage.get("output_tokens", 0),
-                                                total_tokens=usage.get("total_tokens", 0)))  # fmt: skip
-    out.audio_start_ms = int(event.get("audio_start_ms", 0))
-    out.audio_end_ms = int(event.get("audio_end_ms", 0))
-    if err := event.get("error"):
-        out.error.CopyFrom(omni_pb2.RealtimeError(type=err["type"], code=err.get("code") or "",
-                                                  message=err["message"], event_id=err.get("event_id") or ""))  # fmt: skip
-    if event["type"] != "response.output_audio.delta":  # audio goes as bytes only, not twice
-        out.json = json.dumps(event)
-    return out

@@ -13,7 +13,7 @@ from services.common.redis_config import async_client
 from services.playback.board import BoardWriter
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
-from services.realtime import events as ev
+from services.realtime import server_events as se
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
 
@@ -22,11 +22,11 @@ class Refused(Exception):
     """The session is not opened: the `error` event to send, and why (for the transport's close).
     Both live in `args`, so the exception survives pickling (Ray carries it to Serve's gRPC proxy)."""
 
-    def __init__(self, event: dict, reason: str):
+    def __init__(self, event: se.Error, reason: str):
         super().__init__(event, reason)  # reason: unauthenticated | not_found | limit | unavailable
 
     @property
-    def event(self) -> dict:
+    def event(self) -> se.Error:
         return self.args[0]
 
     @property
@@ -34,7 +34,7 @@ class Refused(Exception):
         return self.args[1]
 
     def __str__(self) -> str:
-        return self.event["error"]["message"]
+        return self.event.error.message
 
 
 class RealtimeHub:
@@ -54,33 +54,31 @@ class RealtimeHub:
             self._board = asyncio.create_task(writer.run())
 
     async def open(
-        self, api_key: str | None, model: str | None, send: Callable[[dict], Awaitable[None]]
+        self, api_key: str | None, model: str | None, send: Callable[[se.ServerEvent], Awaitable[None]]
     ) -> RealtimeSession:
         try:
             tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
             if e.status != 401:  # the key could not be checked now (quota store unreachable)
-                raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "unavailable") from None
+                raise Refused(se.error(e.message, e.code, kind="server_error"), "unavailable") from None
             raise Refused(
-                ev.error_event(e.message, e.code or "invalid_api_key", kind="authentication_error"),
+                se.error(e.message, e.code or "invalid_api_key", kind="authentication_error"),
                 "unauthenticated",
             ) from None
         if model and model != self.profile.served_model_name:
-            raise Refused(
-                ev.error_event(f"model {model!r} is not served here", "model_not_found"), "not_found"
-            )
-        session_id = ev.new_id("sess")
+            raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
+        session_id = se.new_id("sess")
         try:
             await self.quota.open_session(tenant, session_id)
         except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
             if e.status == 429:
-                raise Refused(ev.error_event(e.message, e.code, kind="rate_limit_error"), "limit") from None
-            raise Refused(ev.error_event(e.message, e.code, kind="server_error"), "unavailable") from None
+                raise Refused(se.error(e.message, e.code, kind="rate_limit_error"), "limit") from None
+            raise Refused(se.error(e.message, e.code, kind="server_error"), "unavailable") from None
         if not self.admission.try_admit():
             self.stats.rejected.inc()
             await self.quota.close_session(tenant, session_id)
             raise Refused(
-                ev.error_event(
+                se.error(
                     f"this server is at its realtime session limit ({int(self.admission.limit)}); try again later",
                     "session_limit_reached",
                     kind="server_error",

@@ -3,7 +3,7 @@ response in flight, run through the same pipeline as chat completions (encode �
 talker → vocoder) with the session's turns as its messages.
 
 Transport-free: `handle` takes a raw client event and `send` (given by the WebSocket or gRPC
-endpoint) takes server events as dicts. A malformed or unknown event gets an `error` event; the
+endpoint) takes typed server events (services/realtime/server_events.py). A malformed or unknown event gets an `error` event; the
 session goes on. The conversation is kept typed: a user turn is its audio as decoded clips
 (services/pipeline/turn.py), each resampled, hashed and encoded once — a response sends the pipeline
 the session's items as they are, so a turn costs the audio it adds, not the whole history again.
@@ -12,7 +12,6 @@ the session's items as they are, so a turn costs the audio it adds, not the whol
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import math
@@ -27,6 +26,7 @@ from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, Turn
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
+from services.realtime import server_events as se
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
@@ -78,14 +78,13 @@ class Item:
             at += ms
         self.text = kept
 
-    def describe(self, status: str = "completed") -> dict:
+    def describe(self, status: str = "completed") -> se.Item:
         content = (
-            {"type": "input_audio", "transcript": None}
+            se.Content(type="input_audio")
             if self.role == "user"
-            else {"type": "output_audio", "transcript": self.text}
+            else se.Content(type="output_audio", transcript=self.text)
         )
-        return {"id": self.id, "type": "message", "object": "realtime.item", "role": self.role,
-                "status": status, "content": [content]}  # fmt: skip
+        return se.Item(id=self.id, role=self.role, status=status, content=[content])
 
     def message(self) -> Message:
         return (
@@ -99,7 +98,7 @@ class Response:
     item: Item
     task: asyncio.Task | None = None
     status: str = "in_progress"
-    usage: dict = field(default_factory=dict)
+    usage: se.Usage | None = None
 
 
 class RealtimeSession:
@@ -109,7 +108,7 @@ class RealtimeSession:
         profile,
         tenant,
         session_id: str,
-        send: Callable[[dict], Awaitable[None]],
+        send: Callable[[se.ServerEvent], Awaitable[None]],
         monitor: PlaybackMonitor,
         admission: AimdAdmission,
         stats: RealtimeStats,
@@ -131,7 +130,7 @@ class RealtimeSession:
         self.turn_overhead = 0
         self.audio_rate = 0.0
         self.response: Response | None = None
-        self.next_item_id = ev.new_id("item")  # the user item speech will become
+        self.next_item_id = se.new_id("item")  # the user item speech will become
         self.vad: SileroStream | None = None
         self.turns: TurnSegmenter | None = None
         self.speech_start_ms: float | None = None
@@ -198,13 +197,12 @@ class RealtimeSession:
 
     # ---- events ---------------------------------------------------------------------------------
 
-    def describe(self) -> dict:
-        return {"id": self.id, "object": "realtime.session", "model": self.profile.served_model_name,
-                **self.config.model_dump(exclude_none=True)}  # fmt: skip
+    def describe(self) -> se.Session:
+        return se.Session(id=self.id, model=self.profile.served_model_name, **self.config.model_dump())
 
     async def start(self) -> None:
         self.monitor.open(self.key)
-        await self.send(ev.server_event("session.created", session=self.describe()))
+        await self.send(se.SessionCreated(session=self.describe()))
 
     async def handle(self, raw: str | bytes | dict) -> None:
         """One client event. Whatever goes wrong is an `error` event and the session goes on."""
@@ -213,16 +211,14 @@ class RealtimeSession:
             event = ev.parse_client_event(raw)
             await self._dispatch(event)
         except ev.RealtimeEventError as e:
-            await self.send(ev.error_event(str(e), e.code, e.event_id))
+            await self.send(se.error(str(e), e.code, e.event_id))
         except OmniError as e:
             await self.send(
-                ev.error_event(e.message, e.code or "invalid_request", getattr(event, "event_id", None))
+                se.error(e.message, e.code or "invalid_request", getattr(event, "event_id", None))
             )
         except Exception as e:
             err = internal_error(e, f"realtime session {self.key}: event failed")
-            await self.send(
-                ev.error_event(err.message, err.code, getattr(event, "event_id", None), "server_error")
-            )
+            await self.send(se.error(err.message, err.code, getattr(event, "event_id", None), "server_error"))
 
     @property
     def busy(self) -> bool:
@@ -231,7 +227,7 @@ class RealtimeSession:
 
     async def handle_invalid(self, why: str) -> None:
         """A client event the transport could not decode."""
-        await self.send(ev.error_event(why, "invalid_event"))
+        await self.send(se.error(why, "invalid_event"))
 
     async def _dispatch(self, event: Any) -> None:
         if isinstance(event, ev.SessionUpdate):
@@ -241,7 +237,7 @@ class RealtimeSession:
             self._check(config, event.event_id)
             self.config = config
             self._start_vad()
-            await self.send(ev.server_event("session.updated", session=self.describe()))
+            await self.send(se.SessionUpdated(session=self.describe()))
         elif isinstance(event, ev.InputAudioBufferAppend):
             limit = int(self.profile.limits.max_audio_seconds * PCM_RATE * 2)
             chunk = event.pcm16()
@@ -261,7 +257,7 @@ class RealtimeSession:
             self._drop_buffer()
             self._speech_started_at(None)
             self.turn_clips = {}
-            await self.send(ev.server_event("input_audio_buffer.cleared"))
+            await self.send(se.InputAudioBufferCleared())
         elif isinstance(event, ev.ResponseCreate):
             await self._create_response(event)
         elif isinstance(event, ev.ResponseCancel):
@@ -274,7 +270,7 @@ class RealtimeSession:
                 raise ev.RealtimeEventError(
                     f"no item {event.item_id!r}", code="item_not_found", event_id=event.event_id
                 )
-            await self.send(ev.server_event("conversation.item.retrieved", item=item.describe()))
+            await self.send(se.ConversationItemRetrieved(item=item.describe()))
         elif isinstance(event, ev.PlaybackProgress):
             current = self.response.item.id if self.response else None
             if event.item_id != current:
@@ -328,9 +324,7 @@ class RealtimeSession:
         if running and td.interrupt_response:
             r.task.cancel()
         await self.send(
-            ev.server_event(
-                "input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self.next_item_id
-            )
+            se.InputAudioBufferSpeechStarted(audio_start_ms=audio_start_ms, item_id=self.next_item_id)
         )
         if running and td.interrupt_response:
             with contextlib.suppress(asyncio.CancelledError):
@@ -349,22 +343,18 @@ class RealtimeSession:
         self.monitor.truncated(self.key, played)
         self.stats.barge_in(wasted)
         await self.send(
-            ev.server_event(
-                "conversation.item.truncated",
+            se.ConversationItemTruncated(
                 item_id=r.item.id,
-                content_index=0,
                 audio_end_ms=int(played),
-                omniray={"wasted_tokens": wasted, "generated_tokens": r.item.tokens},
-            )  # fmt: skip
+                omniray=se.TruncationCost(wasted_tokens=wasted, generated_tokens=r.item.tokens),
+            )
         )
 
     async def _speech_stopped(self, audio_end_ms: int) -> None:
         td = self.config.audio.input.turn_detection
         self.monitor.speech_stopped(self.key)
         item_id, started = self.next_item_id, self.speech_start_ms is not None
-        await self.send(
-            ev.server_event("input_audio_buffer.speech_stopped", audio_end_ms=audio_end_ms, item_id=item_id)
-        )
+        await self.send(se.InputAudioBufferSpeechStopped(audio_end_ms=audio_end_ms, item_id=item_id))
         if started:  # what came before the speech (and its padding) is not the turn
             self._drop_buffer(self._speech_offset())
         self._speech_started_at(None)
@@ -400,19 +390,11 @@ class RealtimeSession:
         previous = self.items[-1].id if self.items else None
         item = Item(self.next_item_id, "user", clips=self._clips(self._drop_buffer(upto)))
         self.turn_clips = {}
-        self.next_item_id = ev.new_id("item")
+        self.next_item_id = se.new_id("item")
         self._speech_started_at(None)
         self.items.append(item)
-        await self.send(
-            ev.server_event("input_audio_buffer.committed", item_id=item.id, previous_item_id=previous)
-        )
-        await self.send(
-            ev.server_event(
-                "conversation.item.added",
-                previous_item_id=previous,
-                item=item.describe(),
-            )
-        )
+        await self.send(se.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
+        await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
 
     # ---- speculative prefill --------------------------------------------------------------------
 
@@ -584,22 +566,22 @@ class RealtimeSession:
                     continue
                 err = e.body()["error"]
                 await self.send(
-                    ev.error_event(err["message"], err.get("code") or "invalid_request", event.event_id)
+                    se.error(err["message"], err.get("code") or "invalid_request", event.event_id)
                 )
                 return
         self._measure(turns, prepared)
-        response = Response(ev.new_id("resp"), Item(ev.new_id("item"), "assistant"))
+        response = Response(se.new_id("resp"), Item(se.new_id("item"), "assistant"))
         self.response = response
-        await self.send(ev.server_event("response.created", response=self._describe(response)))
+        await self.send(se.ResponseCreated(response=self._describe(response)))
         response.task = asyncio.create_task(self._run(response, prepared))
 
-    def _describe(self, r: Response) -> dict:
+    def _describe(self, r: Response) -> se.Response:
         item = r.item.describe("completed" if r.status == "completed" else "incomplete")
-        return {"id": r.id, "object": "realtime.response", "status": r.status,
-                "output": [item] if r.status != "in_progress" else [], "usage": r.usage or None}  # fmt: skip
+        return se.Response(id=r.id, status=r.status, output=[item] if r.status != "in_progress" else [],
+                           usage=r.usage)  # fmt: skip
 
     async def _run(self, r: Response, prepared) -> None:
-        ids = {"response_id": r.id, "item_id": r.item.id, "output_index": 0, "content_index": 0}
+        ids = {"response_id": r.id, "item_id": r.item.id}
         self.items.append(r.item)
         self.monitor.response_started(self.key)
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
@@ -609,9 +591,7 @@ class RealtimeSession:
                 if out.text:
                     r.item.text += out.text
                     r.item.generated += out.text
-                    await self.send(
-                        ev.server_event("response.output_audio_transcript.delta", delta=out.text, **ids)
-                    )
+                    await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
                 if out.pcm16:
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
@@ -626,17 +606,15 @@ class RealtimeSession:
                         self.admission.observe((now - last[0]) / max(last[1], 1e-3) if starved else 0.0)
                     last = (now, ms / 1000)
                     self.monitor.audio_sent(self.key, ms)
-                    delta = base64.b64encode(out.pcm16).decode()
-                    await self.send(ev.server_event("response.output_audio.delta", delta=delta, **ids))
+                    await self.send(se.ResponseOutputAudioDelta(delta=out.pcm16, **ids))
                 if out.finish_reason and out.usage is not None:
-                    r.usage = {"input_tokens": out.usage.prompt_tokens, "output_tokens": out.usage.completion_tokens,
-                               "total_tokens": out.usage.total_tokens}  # fmt: skip
+                    u = out.usage
+                    r.usage = se.Usage(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
+                                       total_tokens=u.total_tokens)  # fmt: skip
             r.status = "completed"
             self.stats.generated(r.item.tokens)
-            await self.send(ev.server_event("response.output_audio.done", **ids))
-            await self.send(
-                ev.server_event("response.output_audio_transcript.done", transcript=r.item.text, **ids)
-            )
+            await self.send(se.ResponseOutputAudioDone(**ids))
+            await self.send(se.ResponseOutputAudioTranscriptDone(transcript=r.item.text, **ids))
         except asyncio.CancelledError:
             r.status = "cancelled"
             self.stats.generated(r.item.tokens)
@@ -647,13 +625,13 @@ class RealtimeSession:
                 if isinstance(e, OmniError)
                 else internal_error(e, f"realtime session {self.key}: response failed")
             )
-            await self.send(ev.error_event(err.message, err.code or "response_failed", kind="server_error"))
+            await self.send(se.error(err.message, err.code or "response_failed", kind="server_error"))
         finally:
             if r.status == "completed":  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
                 self.monitor.response_finished(self.key)
-            await self.send(ev.server_event("response.done", response=self._describe(r)))
+            await self.send(se.ResponseDone(response=self._describe(r)))
 
     async def cancel(self) -> None:
         r = self.response
@@ -679,14 +657,7 @@ class RealtimeSession:
         item.cut(event.audio_end_ms)
         if self.response is not None and self.response.item is item:
             self.monitor.truncated(self.key, event.audio_end_ms)
-        await self.send(
-            ev.server_event(
-                "conversation.item.truncated",
-                item_id=item.id,
-                content_index=0,
-                audio_end_ms=event.audio_end_ms,
-            )
-        )
+        await self.send(se.ConversationItemTruncated(item_id=item.id, audio_end_ms=event.audio_end_ms))
 
     async def close(self) -> None:
         await self.cancel()

@@ -58,14 +58,18 @@ def _quota_traffic(omniray) -> None:
 
 
 def _realtime_traffic(openai_client, model_name) -> None:
+    """Two spoken turns. The engines read the session board by polling it (services/playback/board.py),
+    so a session's first response, short and started right after the connect, can end before they
+    see the session; the second turn starts after a whole response, and the scheduler ranks it."""
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
         _until(conn, "session.created", seen)
         conn.session.update(session={**MANUAL_TURNS, "max_output_tokens": 16})
-        conn.input_audio_buffer.append(audio=_speech(0.5))
-        conn.input_audio_buffer.commit()
-        conn.response.create()
-        assert _until(conn, "response.done", seen).response.status == "completed"
+        for _ in range(2):
+            conn.input_audio_buffer.append(audio=_speech(0.5))
+            conn.input_audio_buffer.commit()
+            conn.response.create()
+            assert _until(conn, "response.done", seen).response.status == "completed"
 
 
 def test_every_dashboard_metric_is_emitted(omniray, openai_client, model_name):

@@ -19,12 +19,12 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
-import websockets.sync.client as ws_client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from PIL import Image
 
+from loadtest.realtime_client import RealtimeClient
 from services.quota import LOCAL_API_KEY
 from tests.conftest import AUTH, data_url, grpc_channel, png_bytes, wav_bytes
 
@@ -377,29 +377,27 @@ def test_rest_still_healthy(http, model_name):
 
 
 class Session:
-    """One realtime WebSocket: send an event, read until its `error` event."""
+    """One realtime WebSocket (the shared client): send an event, read until its `error` event."""
 
     def __init__(self, url: str):
-        self.conn = ws_client.connect(
-            url,
-            additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"},
-            max_size=None,
-            open_timeout=30,
-        )
+        self.client = RealtimeClient(url)
+        self.read = 0  # events read so far
         assert self._next()["type"] == "session.created"
 
     def _next(self) -> dict:
         try:
-            return json.loads(self.conn.recv(timeout=30))
+            i = self.client.wait(lambda e: True, self.read, timeout=30)
         except TimeoutError:
+            if self.client.closed:  # the server closed the socket
+                TALLY["realtime_dropped"] += 1
+                raise AssertionError(f"socket dropped (close code {self.client.close_code})") from None
             TALLY["realtime_hangs"] += 1
             raise AssertionError("no answer within 30 s") from None
-        except Exception as e:  # the server closed the socket
-            TALLY["realtime_dropped"] += 1
-            raise AssertionError(f"socket dropped: {type(e).__name__}") from None
+        self.read = i + 1
+        return self.client.event(i)
 
     def expect_error(self, raw: str | bytes) -> dict:
-        self.conn.send(raw)
+        self.client.send_raw(raw)
         TALLY["realtime_cases"] += 1
         while (event := self._next())["type"] != "error":
             assert event["type"] not in ("session.updated", "response.created"), event
@@ -410,12 +408,13 @@ class Session:
         return err
 
     def still_works(self) -> None:
-        self.conn.send(json.dumps({"type": "session.update", "session": {"instructions": "ok"}}))
+        self.client.send({"type": "session.update", "session": {"instructions": "ok"}})
         while (event := self._next())["type"] != "session.updated":
             assert event["type"] != "error", event
 
     def close(self):
-        self.conn.close()
+        self.client.close()
+        assert not self.client.malformed, self.client.malformed
 
 
 @pytest.fixture(scope="module")

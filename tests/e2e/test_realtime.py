@@ -5,19 +5,17 @@ event and the session goes on."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
-import threading
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-import websockets
-import websockets.sync.client as ws_client
 
+from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import speech
-from services.quota import LOCAL_API_KEY
 
 PCM_RATE = 24000
 # The client commits and asks for responses itself (server VAD is on by default, as OpenAI's).
@@ -137,9 +135,8 @@ def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omnir
     and close code 1013, and a place frees when a session ends."""
 
     def open_session():
-        conn = _connect(omniray, model_name)
-        first = json.loads(conn.recv(timeout=30))
-        return conn, first
+        client = RealtimeClient(_url(omniray, model_name))
+        return client, client.event(client.wait(lambda e: True, timeout=30))
 
     held, refused = [], None
     try:
@@ -153,9 +150,9 @@ def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omnir
         assert refused is not None and 1 <= len(held) <= 4
         conn, first = refused
         assert first["type"] == "error" and first["error"]["code"] == "session_limit_reached"
-        with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
-            conn.recv(timeout=30)
-        assert closed.value.rcvd.code == 1013
+        with pytest.raises(TimeoutError, match="closed"):
+            conn.wait("session.created", timeout=30)
+        assert conn.close_code == 1013
         held.pop().close()
         deadline = time.monotonic() + 10
         while True:  # the gateway notices the close and frees the place
@@ -171,35 +168,19 @@ def test_sessions_over_the_admission_limit_are_refused_cleanly(model_name, omnir
             conn.close()
 
 
-def _connect(omniray, model_name):
-    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
-    return ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})
+def _url(omniray, model_name) -> str:
+    return f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
 
 
-class Reader:
-    """Server events with their arrival times, read on a thread while the test sends audio."""
-
-    def __init__(self, conn):
-        self.conn, self.events, self.cond = conn, [], threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        try:
-            for raw in self.conn:
-                with self.cond:
-                    self.events.append((time.monotonic(), json.loads(raw)))
-                    self.cond.notify_all()
-        except websockets.exceptions.ConnectionClosed:
-            pass
-
-    def wait(self, kind: str, after: int = 0, timeout: float = 60) -> int:
-        """Index of the first `kind` event at or after `after`."""
-        with self.cond:
-            ok = self.cond.wait_for(
-                lambda: any(e["type"] == kind for _, e in self.events[after:]), timeout=timeout
-            )
-            assert ok, f"no {kind}: {[e['type'] for _, e in self.events[after:]]}"
-            return next(i for i, (_, e) in enumerate(self.events) if i >= after and e["type"] == kind)
+@contextlib.contextmanager
+def realtime(omniray, model_name):
+    """A session with the shared realtime client; every event it got is one the server defines."""
+    client = RealtimeClient(_url(omniray, model_name))
+    try:
+        yield client
+    finally:
+        client.close()
+    assert not client.malformed, client.malformed
 
 
 def _assert_scraped(omniray, wanted) -> None:
@@ -215,17 +196,6 @@ def _assert_scraped(omniray, wanted) -> None:
     assert not missing, missing
 
 
-def _say(conn, pcm: bytes, chunk_ms: int = 100) -> list[float]:
-    """Append audio at real-time pace; returns when each chunk was sent."""
-    step, sent = PCM_RATE * 2 * chunk_ms // 1000, []
-    for k in range(0, len(pcm), step):
-        sent.append(time.monotonic())
-        conn.send(json.dumps({"type": "input_audio_buffer.append",
-                              "audio": base64.b64encode(pcm[k : k + step]).decode()}))  # fmt: skip
-        time.sleep(chunk_ms / 1000)
-    return sent
-
-
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
 def test_server_vad_turns_and_barge_in(omniray, model_name):
     """Speech then silence is a turn (speech_started/stopped, committed, a response); speech over
@@ -234,57 +204,51 @@ def test_server_vad_turns_and_barge_in(omniray, model_name):
     question = speech("What is the weather like in Paris today?")
     interrupt = speech("Wait, stop, tell me about London instead.")
     silence = bytes(PCM_RATE * 2 * 8 // 10)
-    conn = _connect(omniray, model_name)
-    r = Reader(conn)
-    try:
+    with realtime(omniray, model_name) as r:
         r.wait("session.created")
         td = {"type": "server_vad", "silence_duration_ms": 400}
-        conn.send(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "max_output_tokens": 400, "audio": {"input": {"turn_detection": td}}}}))  # fmt: skip
+        r.send({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 400, "audio": {"input": {"turn_detection": td}}}})  # fmt: skip
         r.wait("session.updated")
-        _say(conn, question + silence)
+        r.say(question + silence)
         started = r.wait("input_audio_buffer.speech_started")
         stopped = r.wait("input_audio_buffer.speech_stopped", started)
         committed = r.wait("input_audio_buffer.committed", stopped)
-        assert r.events[committed][1]["item_id"] == r.events[started][1]["item_id"]
+        assert r.event(committed)["item_id"] == r.event(started)["item_id"]
         first = r.wait("response.output_audio.delta", r.wait("response.created", committed))
-        item_id = r.events[first][1]["item_id"]
-        conn.send(json.dumps({"type": "omniray.playback.progress", "item_id": item_id, "played_ms": 40}))
+        item_id = r.event(first)["item_id"]
+        r.send({"type": "omniray.playback.progress", "item_id": item_id, "played_ms": 40})
 
-        sent = _say(conn, interrupt + silence)
+        sent = r.say(interrupt + silence)
         barge = r.wait("input_audio_buffer.speech_started", first)
         done = r.wait("response.done", first)
         truncated = r.wait("conversation.item.truncated", first)
         t_barge, barge_event = r.events[barge]
         after = [e for _, e in r.events[barge:] if e["type"] == "response.output_audio.delta"
-                 and e["response_id"] == r.events[first][1]["response_id"]]  # fmt: skip
+                 and e["response_id"] == r.event(first)["response_id"]]  # fmt: skip
         assert after == []  # not one audio delta of the interrupted response after speech start
-        assert r.events[done][1]["response"]["status"] == "cancelled"
-        assert r.events[done][0] - t_barge < 0.1  # the response is over within 100 ms
+        assert r.event(done)["response"]["status"] == "cancelled"
+        assert r.at(done) - t_barge < 0.1  # the response is over within 100 ms
         # Detection: speech begins at the window after the prefix padding; it was sent by then.
         onset_ms = barge_event["audio_start_ms"] + 300 - (len(question) + len(silence)) / 2 / PCM_RATE * 1000
         onset_chunk = min(max(int(onset_ms // 100), 0), len(sent) - 1)
         assert t_barge - sent[onset_chunk] < 0.5
-        cut = r.events[truncated][1]
+        cut = r.event(truncated)
         assert cut["item_id"] == item_id and cut["audio_end_ms"] >= 40
         assert 0 < cut["omniray"]["wasted_tokens"] <= cut["omniray"]["generated_tokens"]
 
         # The next turn (the interruption) runs on the cut conversation; short, so that it completes
         # soon (generation is paced by playback: the scheduler holds what is far ahead of it).
-        conn.send(
-            json.dumps({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
-        )
+        r.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
         r.wait("input_audio_buffer.committed", truncated)
         second = r.wait("response.done", r.wait("response.created", truncated))
-        assert r.events[second][1]["response"]["status"] == "completed"
-        conn.send(json.dumps({"type": "conversation.item.retrieve", "item_id": item_id}))
-        kept = r.events[r.wait("conversation.item.retrieved", second)][1]["item"]["content"][0]["transcript"]
-        rid = r.events[first][1]["response_id"]
+        assert r.event(second)["response"]["status"] == "completed"
+        r.send({"type": "conversation.item.retrieve", "item_id": item_id})
+        kept = r.event(r.wait("conversation.item.retrieved", second))["item"]["content"][0]["transcript"]
+        rid = r.event(first)["response_id"]
         generated = "".join(e["delta"] for _, e in r.events if e.get("response_id") == rid
                             and e["type"] == "response.output_audio_transcript.delta")  # fmt: skip
         assert generated.startswith(kept) and len(kept) < len(generated)
-    finally:
-        conn.close()
     # The decode engine ranked this session's requests from the board: its decision time and the
     # urgency classes reach Prometheus; the barge-in and the wasted tokens too.
     wanted = ("ray_omniray_scheduler_decision_seconds_count", "ray_omniray_scheduler_ranked_total",
@@ -298,22 +262,18 @@ def _spoken_turn_cache_hits(omniray, model_name, pcm: bytes, ahead: bool, words:
     from ray import serve
 
     prefill = serve.get_deployment_handle("Prefill", app_name="omniray")
-    conn = _connect(omniray, model_name)
-    r = Reader(conn)
-    try:
+    with realtime(omniray, model_name) as r:
         r.wait("session.created")
         session = {"type": "realtime", "max_output_tokens": 8, "instructions": " ".join(words),
                    "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 400}}},
                    "omniray": {"speculative_prefill": ahead}}  # fmt: skip
-        conn.send(json.dumps({"type": "session.update", "session": session}))
+        r.send({"type": "session.update", "session": session})
         r.wait("session.updated")
         before = prefill.prompt_token_sources.remote().result().get("local_cache_hit", 0)
-        _say(conn, pcm + bytes(PCM_RATE * 2 * 6 // 10))
+        r.say(pcm + bytes(PCM_RATE * 2 * 6 // 10))
         done = r.wait("response.done", r.wait("input_audio_buffer.speech_stopped"), timeout=120)
-        assert r.events[done][1]["response"]["status"] == "completed"
+        assert r.event(done)["response"]["status"] == "completed"
         return prefill.prompt_token_sources.remote().result().get("local_cache_hit", 0) - before
-    finally:
-        conn.close()
 
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")

@@ -46,7 +46,7 @@ def hubs(tmp_path, monkeypatch):
             hub._board.cancel()
 
 
-async def _send(event: dict) -> None:
+async def _send(event) -> None:
     pass
 
 
@@ -55,7 +55,7 @@ async def test_a_tenant_over_its_session_cap_is_refused_across_gateways(redis_ur
     first = await a.open("sk-capped", None, _send)
     with pytest.raises(Refused) as e:
         await b.open("sk-capped", None, _send)
-    assert e.value.reason == "limit" and e.value.event["error"]["code"] == "session_limit_reached"
+    assert e.value.reason == "limit" and e.value.event.error.code == "session_limit_reached"
     assert b.admission.active == 0  # refused before this replica's admission was taken
     others = [await b.open("sk-open", None, _send) for _ in range(3)]  # another tenant is not capped
     await a.close(first)
@@ -71,7 +71,7 @@ async def test_stalled_redis_refuses_a_capped_tenant_quickly_and_an_uncapped_one
         with pytest.raises(Refused) as e:
             await hub.open("sk-capped", None, _send)
         elapsed = time.monotonic() - start
-        assert e.value.reason == "unavailable" and e.value.event["error"]["code"] == "quota_unavailable"
+        assert e.value.reason == "unavailable" and e.value.event.error.code == "quota_unavailable"
         assert elapsed < 2.0
         session = await hub.open("sk-open", None, _send)  # no cap: no Redis call on the way in
         await hub.close(session)

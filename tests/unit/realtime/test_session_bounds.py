@@ -23,6 +23,7 @@ from services.pipeline.pipeline import Event, prompt_tokens
 from services.pipeline.turn import AudioClip
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
+from services.realtime import server_events as se
 from services.realtime.session import PCM_RATE, RealtimeSession
 
 BYTES_PER_MS = PCM_RATE * 2 // 1000
@@ -113,8 +114,8 @@ def _profile(**realtime):
 async def _session(profile, pipeline: Pipeline | None = None, **session) -> tuple[RealtimeSession, list]:
     sent: list[dict] = []
 
-    async def send(event: dict) -> None:
-        sent.append(event)
+    async def send(event: se.ServerEvent) -> None:
+        sent.append(json.loads(se.to_json(event)))  # as the WebSocket carries it
 
     s = RealtimeSession(
         pipeline or Pipeline(profile), profile, SimpleNamespace(id="t"), "sess_1", send,

@@ -1,0 +1,275 @@
+"""Server events of the Realtime API: one pydantic class per event this server sends (OpenAI
+Realtime's names and shapes, and omniray's extensions), the single definition both transports
+encode from and clients decode with:
+
+- JSON (the WebSocket): `to_json` / `parse`; audio deltas as base64, as OpenAI's;
+- protobuf (gRPC, `omni.v1.RealtimeServerEvent`): `to_proto` / `from_proto`. The message has a field
+  for what clients read on the hot path (ids, text and audio deltas, statuses, usage, errors) and
+  carries the whole event as JSON in `json`; audio deltas go as raw bytes only.
+
+The session builds these; nothing else writes a server event by hand.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Annotated, Any, Literal
+
+from omni.v1 import common_pb2, omni_pb2
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, TypeAdapter
+
+from services.realtime.events import SessionConfig
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+def _b64decode(value: Any) -> Any:
+    return base64.b64decode(value, validate=True) if isinstance(value, str) else value
+
+
+# pcm16 audio: bytes in memory and protobuf, base64 text in JSON.
+Pcm16 = Annotated[
+    bytes,
+    BeforeValidator(_b64decode),
+    PlainSerializer(lambda b: base64.b64encode(b).decode(), return_type=str, when_used="json"),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- the objects events carry ------------------------------------------------------------------
+
+
+class Usage(_Model):
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+
+
+class Content(_Model):
+    type: Literal["input_audio", "output_audio"]
+    transcript: str | None = None
+
+
+class Item(_Model):
+    id: str
+    type: Literal["message"] = "message"
+    object: Literal["realtime.item"] = "realtime.item"
+    role: Literal["user", "assistant"]
+    status: Literal["completed", "incomplete"] = "completed"
+    content: list[Content]
+
+
+class Response(_Model):
+    id: str
+    object: Literal["realtime.response"] = "realtime.response"
+    status: Literal["in_progress", "completed", "cancelled", "failed"]
+    output: list[Item] = Field(default_factory=list)
+    usage: Usage | None = None
+
+
+class Session(SessionConfig):
+    """The session's settings as the server holds them, with its id and model."""
+
+    id: str
+    object: Literal["realtime.session"] = "realtime.session"
+    model: str
+
+
+class ErrorDetail(_Model):
+    type: Literal["invalid_request_error", "authentication_error", "rate_limit_error", "server_error"]
+    code: str
+    message: str
+    param: str | None = None
+    event_id: str | None = None  # the client event it answers, when known
+
+
+class TruncationCost(_Model):
+    """omniray's extension to `conversation.item.truncated` after a barge-in."""
+
+    wasted_tokens: int
+    generated_tokens: int
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+class _Event(_Model):
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+
+
+class _ContentPart(_Event):
+    """An event about one content part of a response's output item."""
+
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    content_index: int = 0
+
+
+class Error(_Event):
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+class SessionCreated(_Event):
+    type: Literal["session.created"] = "session.created"
+    session: Session
+
+
+class SessionUpdated(_Event):
+    type: Literal["session.updated"] = "session.updated"
+    session: Session
+
+
+class InputAudioBufferCommitted(_Event):
+    type: Literal["input_audio_buffer.committed"] = "input_audio_buffer.committed"
+    item_id: str
+    previous_item_id: str | None = None
+
+
+class InputAudioBufferCleared(_Event):
+    type: Literal["input_audio_buffer.cleared"] = "input_audio_buffer.cleared"
+
+
+class InputAudioBufferSpeechStarted(_Event):
+    type: Literal["input_audio_buffer.speech_started"] = "input_audio_buffer.speech_started"
+    audio_start_ms: int
+    item_id: str
+
+
+class InputAudioBufferSpeechStopped(_Event):
+    type: Literal["input_audio_buffer.speech_stopped"] = "input_audio_buffer.speech_stopped"
+    audio_end_ms: int
+    item_id: str
+
+
+class ConversationItemAdded(_Event):
+    type: Literal["conversation.item.added"] = "conversation.item.added"
+    previous_item_id: str | None = None
+    item: Item
+
+
+class ConversationItemRetrieved(_Event):
+    type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
+    item: Item
+
+
+class ConversationItemTruncated(_Event):
+    type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
+    item_id: str
+    content_index: int = 0
+    audio_end_ms: int
+    omniray: TruncationCost | None = None
+
+
+class ResponseCreated(_Event):
+    type: Literal["response.created"] = "response.created"
+    response: Response
+
+
+class ResponseDone(_Event):
+    type: Literal["response.done"] = "response.done"
+    response: Response
+
+
+class ResponseOutputAudioTranscriptDelta(_ContentPart):
+    type: Literal["response.output_audio_transcript.delta"] = "response.output_audio_transcript.delta"
+    delta: str
+
+
+class ResponseOutputAudioTranscriptDone(_ContentPart):
+    type: Literal["response.output_audio_transcript.done"] = "response.output_audio_transcript.done"
+    transcript: str
+
+
+class ResponseOutputAudioDelta(_ContentPart):
+    type: Literal["response.output_audio.delta"] = "response.output_audio.delta"
+    delta: Pcm16
+
+
+class ResponseOutputAudioDone(_ContentPart):
+    type: Literal["response.output_audio.done"] = "response.output_audio.done"
+
+
+ServerEvent = Annotated[
+    Error
+    | SessionCreated
+    | SessionUpdated
+    | InputAudioBufferCommitted
+    | InputAudioBufferCleared
+    | InputAudioBufferSpeechStarted
+    | InputAudioBufferSpeechStopped
+    | ConversationItemAdded
+    | ConversationItemRetrieved
+    | ConversationItemTruncated
+    | ResponseCreated
+    | ResponseDone
+    | ResponseOutputAudioTranscriptDelta
+    | ResponseOutputAudioTranscriptDone
+    | ResponseOutputAudioDelta
+    | ResponseOutputAudioDone,
+    Field(discriminator="type"),
+]
+_SERVER = TypeAdapter(ServerEvent)
+
+
+def error(message: str, code: str, event_id: str | None = None, kind: str = "invalid_request_error") -> Error:
+    return Error(error=ErrorDetail(type=kind, code=code, message=message, event_id=event_id))
+
+
+# ---- JSON --------------------------------------------------------------------------------------
+
+
+def to_json(event: _Event) -> str:
+    return event.model_dump_json()
+
+
+def parse(data: str | bytes | dict) -> _Event:
+    """A server event from its JSON text or decoded JSON (clients; raises pydantic's ValidationError)."""
+    return _SERVER.validate_python(data) if isinstance(data, dict) else _SERVER.validate_json(data)
+
+
+# ---- protobuf ----------------------------------------------------------------------------------
+
+_SCALARS = ("response_id", "item_id", "transcript", "audio_start_ms", "audio_end_ms")
+
+
+def to_proto(event: _Event) -> omni_pb2.RealtimeServerEvent:
+    out = omni_pb2.RealtimeServerEvent(type=event.type, event_id=event.event_id)
+    for name in _SCALARS:
+        if isinstance(value := getattr(event, name, None), str | int):
+            setattr(out, name, value)
+    delta = getattr(event, "delta", None)
+    if isinstance(delta, bytes):
+        out.audio = delta
+    elif isinstance(delta, str):
+        out.delta = delta
+    if (response := getattr(event, "response", None)) is not None:
+        out.response_id, out.response_status = response.id, response.status
+        if response.usage is not None:
+            u = response.usage
+            out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=u.input_tokens, completion_tokens=u.output_tokens,
+                                                total_tokens=u.total_tokens))  # fmt: skip
+    if (item := getattr(event, "item", None)) is not None:
+        out.item_id, out.transcript = item.id, item.content[0].transcript or ""
+    if isinstance(event, Error):
+        e = event.error
+        out.error.CopyFrom(omni_pb2.RealtimeError(type=e.type, code=e.code, message=e.message,
+                                                  event_id=e.event_id or ""))  # fmt: skip
+    if not isinstance(delta, bytes):  # audio goes as bytes only, not twice
+        out.json = to_json(event)
+    return out
+
+
+def from_proto(message: omni_pb2.RealtimeServerEvent) -> _Event:
+    """The event a `to_proto` message carries (clients)."""
+    if message.type == ResponseOutputAudioDelta.model_fields["type"].default:
+        return ResponseOutputAudioDelta(event_id=message.event_id, response_id=message.response_id,
+                                        item_id=message.item_id, delta=message.audio)  # fmt: skip
+    return parse(message.json)
