@@ -35,16 +35,16 @@ def is_prepared(path: Path) -> bool:
     return json.loads(manifest.read_text())["files"] == _checksums(path)
 
 
-def prepare(spec: ModelSpec, path: Path, options: dict) -> bool:
+def prepare(spec: ModelSpec, path: Path) -> bool:
     """Returns True when something was built."""
     if Path(spec.path).is_absolute():  # provided by the deployment (a mounted volume): check only
-        adapter_module(spec.adapter).verify(path, options)
+        adapter_module(spec.adapter).verify(path, spec.options)
         return False
     if is_prepared(path):
         return False
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    adapter_module(spec.adapter).prepare(tmp, options)
+    adapter_module(spec.adapter).prepare(tmp, spec.options)
     (tmp / MANIFEST).write_text(json.dumps({"adapter": spec.adapter, "files": _checksums(tmp)}, indent=1))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
@@ -56,15 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny")
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
-    hidden = profile.models.thinker.options.get("hidden_size", 128)
     for role, spec in profile.models:
         if spec is None:
             continue
         path = profile.model_path(spec)
         t0 = time.monotonic()
-        # Encoders project into the thinker's embedding width.
-        options = {"thinker_hidden_size": hidden, **spec.options}
-        built = prepare(spec, path, options)
+        built = prepare(spec, path)
         state = f"built in {time.monotonic() - t0:.1f}s" if built else "ok"
         print(f"[models] {profile.name}/{role:8s} {spec.adapter:14s} {state}: {path}", flush=True)
     return 0

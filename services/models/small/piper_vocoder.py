@@ -11,13 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
+from services.models import options as o
 from services.models.small import _piper
 
 prepare = _piper.prepare
 
 
 class PiperVocoder:
-    def __init__(self, path: Path, options: dict):
+    def __init__(self, path: Path, options: o.PiperVocoder):
         self.meta, _config = _piper.split(path)
         self.session = _piper.session(path / self.meta.decoder, options)
         self.sample_rate = self.meta.sample_rate
@@ -36,5 +37,5 @@ class PiperVocoder:
         return wave[start : start + len(units) * self.hop]
 
 
-def load(path: Path, options: dict) -> PiperVocoder:
+def load(path: Path, options: o.PiperVocoder) -> PiperVocoder:
     return PiperVocoder(path, options)

