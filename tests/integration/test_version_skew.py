@@ -55,7 +55,8 @@ def test_stale_encoder_features_are_rejected_reencoded_counted(private_data):
         # v2 of the vision model lands on disk; the running encoder replica still serves v1.
         path = profile.model_path(spec)
         (path / MANIFEST).unlink()
-        assert prepare(spec, path, {"thinker_hidden_size": 128, "seed": 99})
+        v2 = spec.model_copy(update={"options": spec.options.model_copy(update={"seed": 99})})
+        assert prepare(v2, path)
         # Only the gateway restarts (its options changed) and now expects v2.
         runtime.deploy(
             cluster, "tiny", stage_overrides={"gateway": {"ray_actor_options": {"num_cpus": 0.11}}}
