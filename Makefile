@@ -14,9 +14,9 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
 
-setup: $(VENV)/.installed protos system-deps
+setup: $(VENV)/.installed protos compat system-deps
 
 # espeak-ng (GPL-3.0, a separate program, optional): the `small` talker's phonemizer, and the
 # tests' way to speak a question. Best effort where apt is not ours.
@@ -41,6 +41,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_protos.pth").write_text("$(CURDIR)/gen/python\n")'
 	touch $@
 
+# Every process of the venv (vLLM's subprocesses included) imports vLLM's Qwen2-VL family without
+# torchvision (compat.torchvision_free.py).
+compat: $(VENV)/.installed
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_compat.pth").write_text("import compat.torchvision_free\n")'
+
 protos: gen/python/omni/v1/.stamp
 gen/python/omni/v1/.stamp: $(PROTOS) $(VENV)/.installed
 	rm -rf gen/python && mkdir -p gen/python
@@ -60,6 +65,7 @@ stop:
 test: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m services.models.build --profile small
+	$(PY) -m services.models.build --profile qwen3-omni-tiny
 	$(PY) -m pytest -q -ra tests
 
 # Unit and property tests and the chart tests (no Ray, no engine, no cluster): seconds.

@@ -7,9 +7,11 @@ adapter name to its class. An adapter's `prepare`, `load` and `verify` receive t
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration"
 
 
 class Options(BaseModel):
@@ -26,9 +28,42 @@ class Wheel(Options):
 # ---- a checkpoint the deployment mounts ----------------------------------------------------------
 
 
+class Qwen3OmniSizes(Options):
+    """The sizes of a random-weight Qwen3-Omni (`random_init`): the real module classes, vocabulary,
+    special-token ids, MoE, deepstack, interleaved M-RoPE, 16 code groups and 1920 samples per code,
+    only smaller. vLLM's CPU backend wants attention heads of 32, 64, 80, ... and MoE widths that are
+    multiples of 32."""
+
+    seed: int = 0
+    text_hidden: int = Field(default=64, ge=32, multiple_of=32)
+    text_layers: int = Field(default=5, ge=1)
+    heads: int = Field(default=4, ge=1)
+    kv_heads: int = Field(default=2, ge=1)
+    head_dim: Literal[32, 64, 80, 96, 112, 128] = 32
+    experts: int = Field(default=8, ge=2)
+    experts_per_token: int = Field(default=2, ge=1)
+    expert_width: int = Field(default=32, ge=32, multiple_of=32)
+    audio_width: int = Field(default=64, ge=32, multiple_of=32)
+    audio_layers: int = Field(default=2, ge=1)
+    vision_width: int = Field(default=64, ge=32, multiple_of=32)
+    vision_layers: int = Field(default=3, ge=1)
+    talker_width: int = Field(default=64, ge=32, multiple_of=32)
+    talker_layers: int = Field(default=2, ge=1)
+    code2wav_width: int = Field(default=64, ge=32, multiple_of=32)
+    code2wav_layers: int = Field(default=2, ge=1)
+
+
 class HfCheckpoint(Options):
     # The `architectures` entry config.json must list (checked by `make models`); None: any.
     architecture: str | None = None
+    # Not mounted but built by `make models`: random weights of `architecture` at these sizes.
+    random_init: Qwen3OmniSizes | None = None
+
+    @model_validator(mode="after")
+    def _buildable(self) -> HfCheckpoint:
+        if self.random_init is not None and self.architecture != QWEN3_OMNI:
+            raise ValueError(f"random_init builds {QWEN3_OMNI} only")
+        return self
 
 
 # ---- tiny (random weights, built locally) --------------------------------------------------------

@@ -22,7 +22,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def _corpus() -> list[str]:
+def corpus() -> list[str]:
     """English-ish training text that ships with Python itself: stdlib docstrings."""
     import asyncio
     import collections
@@ -60,7 +60,7 @@ def prepare(dest: Path, options: o.TinyThinker) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.train_from_iterator(corpus(), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
