@@ -146,8 +146,8 @@ chart: setup
 	$(PY) -m services.deploy k8s
 
 lint: setup
-	$(VENV)/bin/ruff check services kv_store kernels loadtest tests
-	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests
+	$(VENV)/bin/ruff check services kv_store kernels loadtest tests compat
+	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests compat
 
 clean: stop
 	rm -rf gen .run

@@ -66,6 +66,10 @@ class HfCheckpoint(Options):
         return self
 
 
+class Qwen3OmniCode2Wav(Options):
+    """Qwen3-Omni's code2wav, from the thinker's checkpoint (nothing to set)."""
+
+
 # ---- tiny (random weights, built locally) --------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ ADAPTERS: Registry[ModuleType] = Registry(
     "model adapter",
     {
         "hf_checkpoint": "services.models.hf_checkpoint",
+        "qwen3_omni_code2wav": "services.models.qwen3_omni.code2wav",
         "tiny_llama": "services.models.tiny.thinker",
         "tiny_vit": "services.models.tiny.vision",
         "tiny_audio": "services.models.tiny.audio",
@@ -32,6 +33,7 @@ ADAPTERS: Registry[ModuleType] = Registry(
     },
     params={
         "hf_checkpoint": o.HfCheckpoint,
+        "qwen3_omni_code2wav": o.Qwen3OmniCode2Wav,
         "tiny_llama": o.TinyThinker,
         "tiny_vit": o.TinyVision,
         "tiny_audio": o.TinyAudio,
