@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import json
+import random
 import time
 import urllib.request
 import uuid
@@ -40,7 +41,8 @@ def test_gateway_and_five_stage_deployments(omniray):
 
 def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
     assert _running_replicas(omniray, "Encoder") == 1
-    seeds = itertools.count()
+    # Seeds no other test uses: an image encoded before would be a feature-cache hit, no encoder work.
+    seeds = itertools.count(random.SystemRandom().randrange(1 << 40))
 
     def body():
         # Fresh images each time (the feature cache would answer repeats without encoder work);
