@@ -41,10 +41,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_protos.pth").write_text("$(CURDIR)/gen/python\n")'
 	touch $@
 
-# Every process of the venv (vLLM's subprocesses included) imports vLLM's Qwen2-VL family without
-# torchvision (compat.torchvision_free.py).
+# Every process of the venv (vLLM's subprocesses included) gets a torchvision stand-in where the real
+# one is absent (compat/torchvision_standin/__init__.py).
 compat: $(VENV)/.installed
-	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_compat.pth").write_text("import compat.torchvision_free\n")'
+	$(PY) -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "omniray_compat.pth").write_text("import compat.torchvision_standin\n")'
 
 protos: gen/python/omni/v1/.stamp
 gen/python/omni/v1/.stamp: $(PROTOS) $(VENV)/.installed

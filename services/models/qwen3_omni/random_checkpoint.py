@@ -5,7 +5,8 @@ audio encoder, talker with its code predictor, code2wav), the real vocabulary si
 ids, interleaved M-RoPE, 16 code groups and 1920 samples per code at 24 kHz — only the widths and
 depths are small, so the GPU profile's code paths run on a CPU in seconds. No Qwen tokenizer ships in
 any package: a small BPE is trained here (fixed corpus) and the special and role tokens are placed at
-the real ids; the rest of the vocabulary is filler that decodes to `<fN>`.
+the real ids; the rest of the vocabulary is filler that decodes to `<fN>`. The processor (image,
+video, audio features, tokenizer) is saved with it, as the real checkpoint has one.
 
 Keys transformers 5.19 does not default but it or vLLM read (vision `image_size`,
 `apply_vit_abs_pos_embed`, talker `spatial_merge_size`, `shared_expert_intermediate_size`, `head_dim`,
@@ -39,6 +40,16 @@ SPECIAL_TOKENS = {
 }
 ROLE_TOKENS = {872: "user", 8948: "system", 77091: "assistant"}  # the talker finds turns by these
 IDS = {name.strip("<|>"): i for i, name in SPECIAL_TOKENS.items()} | {v: k for k, v in ROLE_TOKENS.items()}
+# The processor finds media placeholders by these tokenizer attributes.
+MEDIA_TOKENS = {
+    "image_token": "<|image_pad|>",
+    "audio_token": "<|audio_pad|>",
+    "video_token": "<|video_pad|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+}
 SPEAKERS = {"ethan": 2302, "chelsie": 2301}  # the talker's speaker ids (codec vocabulary)
 
 # ChatML as Qwen3-Omni writes it; media parts are their start / pad / end tokens (the engine expands
@@ -117,8 +128,27 @@ def build(dest: Path, sizes: Qwen3OmniSizes) -> None:
     torch.manual_seed(sizes.seed)
     model = Qwen3OmniMoeForConditionalGeneration(config(sizes))
     model.save_pretrained(dest, safe_serialization=True)
-    tokenizer().save_pretrained(dest)
+    processor().save_pretrained(dest)
     (dest / "omniray_model.json").write_text(json.dumps({"role": "thinker", "family": "qwen3-omni-tiny"}))
+
+
+def processor():
+    """The model's processor as the real checkpoint ships it: Qwen2-VL's image and video processors
+    (16 px patches, 2x2 merge), Whisper's 128-bin log-mel features, the tokenizer."""
+    from transformers import WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
+
+    patches = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2}
+    text = tokenizer()
+    return Qwen3OmniMoeProcessor(
+        image_processor=Qwen2VLImageProcessor(**patches),
+        video_processor=Qwen2VLVideoProcessor(**patches),
+        feature_extractor=WhisperFeatureExtractor(feature_size=128),
+        tokenizer=text,
+        chat_template=text.chat_template,
+    )
 
 
 def tokenizer():
@@ -154,6 +184,7 @@ def tokenizer():
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
+        extra_special_tokens=MEDIA_TOKENS,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast

@@ -1,0 +1,13 @@
+from torchvision.transforms import functional, v2  # noqa: F401
+from torchvision.transforms.v2.functional import InterpolationMode  # noqa: F401
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError(f"torchvision {name} is not in omniray's stand-in (install torchvision)")
+
+    missing.__name__ = name
+    return missing
