@@ -41,6 +41,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+INGRESS_PORTS = 16  # per protocol: gateway replicas of one run on this machine
+
+
+def free_port_range(n: int) -> int:
+    """The first of `n` consecutive ports that are free now."""
+    while True:
+        first = free_port()
+        if first + n > 65536:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(first, first + n):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+
+
 def _bin(name: str) -> str:
     path = Path(sys.executable).parent / name
     return str(path) if path.exists() else name
@@ -56,6 +74,14 @@ def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
     env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(cluster.haproxy_metrics_port)
     env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(cluster.haproxy_stats_port)
+    # The gateway replicas' direct-ingress ports: Serve's fixed default ranges would be shared by two
+    # runs on one machine, and gRPC servers bind with SO_REUSEPORT, so a second run's gateway would
+    # share the first's port and the kernel would split one run's calls between both.
+    base = cluster.ingress_port_base
+    env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"] = str(base)
+    env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"] = str(base + INGRESS_PORTS - 1)
+    env["RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT"] = str(base + INGRESS_PORTS)
+    env["RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"] = str(base + 2 * INGRESS_PORTS - 1)
     env[RUN_ID_ENV] = cluster.run_id
     return env
 
@@ -77,6 +103,7 @@ class LocalCluster:
     metrics_port: int = 0
     haproxy_metrics_port: int = 0
     haproxy_stats_port: int = 0
+    ingress_port_base: int = 0  # this run's direct-ingress ports: HTTP, then gRPC (INGRESS_PORTS each)
 
     @property
     def metrics_url(self) -> str:
@@ -142,6 +169,7 @@ def start(
         metrics_port=free_port(),
         haproxy_metrics_port=free_port(),
         haproxy_stats_port=free_port(),
+        ingress_port_base=free_port_range(2 * INGRESS_PORTS),
         ray_temp_dir=f"/tmp/omniray-ray-{os.getpid()}-{int(time.time())}",
         run_id=uuid.uuid4().hex,
     )
