@@ -3,7 +3,9 @@
 Both engines run the KV store's connector (kv_store/connector/): prefill computes the prompt's KV
 and saves it as pages; decode loads them (pulled over NIXL) instead of recomputing the prompt, and
 streams tokens; a session's next turn, or any prompt sharing a prefix, loads what the store holds.
-Prompts arrive as token spans and embedding spans (encoder output); any embedding span turns the
+Prompts arrive as token spans and embedding spans (encoder output). Embeddings the thinker model
+places itself (a MediaPlacement: Qwen3-Omni's image and audio inputs) become placeholder tokens and
+vLLM multimodal embeddings, positioned by the model (M-RoPE); any other embedding span turns the
 whole prompt into vLLM prompt embeddings built with the thinker's own embedding table.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -64,6 +66,89 @@ class DecodeDelta:
             completion_tokens=last.completion_tokens,
             cached_tokens=last.cached_tokens,
         )
+
+
+def _media_inputs(placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]]) -> dict:
+    """vLLM's `multi_modal_data` for encoder outputs the model places itself, per modality in prompt
+    order (the keys services/extensions/vllm/qwen3_omni_thinker.py accepts)."""
+    images = [(pl, x) for pl, x in placed if pl.modality == "image"]
+    audio = [(pl, x) for pl, x in placed if pl.modality == "audio"]
+    if len(images) + len(audio) != len(placed):
+        raise ValueError(f"unknown media modality in {sorted({pl.modality for pl, _ in placed})}")
+    data: dict = {}
+    if images:
+        data["image"] = {
+            "image_embeds": torch.from_numpy(np.concatenate([x for _, x in images]).astype(np.float32)),
+            "image_grid_thw": torch.tensor([list(pl.grid_thw) for pl, _ in images], dtype=torch.long),
+        }
+    if audio:
+        data["audio"] = {
+            "audio_embeds": torch.from_numpy(np.concatenate([x for _, x in audio]).astype(np.float32)),
+            "audio_feature_lengths": torch.tensor([pl.feature_frames for pl, _ in audio], dtype=torch.long),
+        }
+    return data
+
+
+def vllm_prompt(
+    prompt: stages_pb2.Prompt, llm_version: str, embed_table: Callable[[], torch.Tensor], salt: str = ""
+) -> tuple[dict, int, list | None]:
+    """The vLLM prompt, its length in tokens, and its segments as the KV store names them (None
+    for a plain token prompt, which the store hashes itself). `salt` (the tenant) goes to vLLM's
+    prefix cache as its `cache_salt`: one tenant's `cached_tokens` and timings reveal nothing
+    about another's prompts. `embed_table` gives the thinker's token embedding table (read only for
+    prompts with plain prompt embeddings)."""
+    spans: list[tuple[str, np.ndarray]] = []
+    segments: list = []
+    placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]] = []
+    expanded = 0  # placeholder tokens vLLM adds
+    for seg in prompt.segments:
+        if seg.WhichOneof("segment") == "tokens":
+            spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
+            segments.append(list(seg.tokens.ids))
+            continue
+        # Feature tensors projected for another LLM are rejected (which encoder version made
+        # them is the gateway's check: it knows the deployment's encoders).
+        found = seg.embeddings.producer_version
+        if FeatureVersions.parse(found).llm != llm_version:
+            raise FeatureVersionMismatch(found, f"llm={llm_version}")
+        features = tensors.materialize(seg.embeddings)
+        # KV depends on the feature values alone: name the span by them (the media's own
+        # hash would not tell two tile grids of one image apart).
+        digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+        media = {"media": digest, "encoder": found, "tokens": len(features)}
+        if not seg.HasField("placement"):
+            spans.append(("emb", features))
+            segments.append(media)
+            continue
+        # The model's own media input: one placeholder in the prompt, which vLLM's processor
+        # expands to one per row (the rows travel beside the prompt).
+        pl = seg.placement
+        placed.append((pl, features))
+        ids = [*pl.prefix_ids, pl.placeholder_id, *pl.suffix_ids]
+        spans.append(("ids", np.asarray(ids, dtype=np.int64)))
+        segments.extend(s for s in (list(pl.prefix_ids), media, list(pl.suffix_ids)) if s)
+        expanded += len(features) - 1
+    n_tokens = sum(len(x) for _, x in spans) + expanded
+    salted = {"cache_salt": salt} if salt else {}
+    if all(kind == "ids" for kind, _ in spans):
+        ids = [int(t) for _, ids in spans for t in ids]
+        if placed:
+            return (
+                {"prompt_token_ids": ids, "multi_modal_data": _media_inputs(placed), **salted},
+                n_tokens,
+                segments,
+            )
+        return {"prompt_token_ids": ids, **salted}, n_tokens, None
+    if placed:
+        raise ValueError("a prompt mixes plain prompt embeddings with placed media inputs")
+    table = embed_table()
+    parts = [
+        table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32))
+        for kind, x in spans
+    ]
+    # Same dtype every time: vLLM's prefix cache hashes the raw embedding bytes.
+    embeds = torch.cat(parts).to(torch.float32).contiguous()
+    return {"prompt_embeds": embeds, **salted}, n_tokens, segments
 
 
 def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
@@ -159,40 +244,7 @@ class ThinkerEngine:
         return self._embed_table
 
     def engine_prompt(self, prompt: stages_pb2.Prompt, salt: str = "") -> tuple[dict, int, list | None]:
-        """The vLLM prompt, its length in tokens, and its segments as the KV store names them (None
-        for a plain token prompt, which the store hashes itself). `salt` (the tenant) goes to vLLM's
-        prefix cache as its `cache_salt`: one tenant's `cached_tokens` and timings reveal nothing
-        about another's prompts."""
-        spans: list[tuple[str, np.ndarray]] = []
-        segments: list = []
-        for seg in prompt.segments:
-            if seg.WhichOneof("segment") == "tokens":
-                spans.append(("ids", np.asarray(seg.tokens.ids, dtype=np.int64)))
-                segments.append(list(seg.tokens.ids))
-            else:
-                # Feature tensors projected for another LLM are rejected (which encoder version made
-                # them is the gateway's check: it knows the deployment's encoders).
-                found = seg.embeddings.producer_version
-                if FeatureVersions.parse(found).llm != self.llm_version:
-                    raise FeatureVersionMismatch(found, f"llm={self.llm_version}")
-                features = tensors.materialize(seg.embeddings)
-                spans.append(("emb", features))
-                # KV depends on the feature values alone: name the span by them (the media's own
-                # hash would not tell two tile grids of one image apart).
-                digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
-                segments.append({"media": digest, "encoder": found, "tokens": len(features)})
-        n_tokens = sum(len(x) for _, x in spans)
-        salted = {"cache_salt": salt} if salt else {}
-        if all(kind == "ids" for kind, _ in spans):
-            return {"prompt_token_ids": [int(t) for _, ids in spans for t in ids], **salted}, n_tokens, None
-        table = self._embeddings()
-        parts = [
-            table[torch.from_numpy(x)] if kind == "ids" else torch.from_numpy(x.astype(np.float32))
-            for kind, x in spans
-        ]
-        # Same dtype every time: vLLM's prefix cache hashes the raw embedding bytes.
-        embeds = torch.cat(parts).to(torch.float32).contiguous()
-        return {"prompt_embeds": embeds, **salted}, n_tokens, segments
+        return vllm_prompt(prompt, self.llm_version, self._embeddings, salt)
 
     @staticmethod
     def kv_params(segments: list | None, ctx: common_pb2.RequestContext, kind: str, **extra) -> dict:

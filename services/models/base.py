@@ -8,19 +8,35 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 
 @dataclass(frozen=True)
-class EncoderOutput:
-    """What the thinker receives for one media item: embeddings (native path) or text (cascade)."""
+class Placement:
+    """Embeddings that are the thinker's own multimodal input (Qwen3-Omni): the engine puts
+    `prefix`, one `placeholder` token per row and `suffix` in the prompt, and its model lays out the
+    rows' positions from the image's patch grid or the audio's mel frames (M-RoPE)."""
 
-    embeddings: np.ndarray | None = None  # [n_tokens, thinker_hidden] float32
+    modality: str  # "image" | "audio"
+    placeholder: int
+    prefix: list[int]
+    suffix: list[int]
+    grid_thw: tuple[int, int, int] | None = None  # image: temporal, height, width in patches
+    feature_frames: int = 0  # audio: mel frames
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """What the thinker receives for one media item: embeddings (native path) or text (cascade).
+    Embeddings without a placement are prompt embeddings in the thinker's hidden size."""
+
+    embeddings: np.ndarray | None = None  # [n_tokens, dim] float32
     text: str | None = None
     tiles: int = 0
     audio_seconds: float = 0.0
+    placement: Placement | None = None
 
 
 class VisionEncoder(Protocol):
@@ -29,14 +45,15 @@ class VisionEncoder(Protocol):
 
     version: str
 
-    def preprocess(self, tile) -> np.ndarray:
-        """One RGB PIL tile (or the whole image for a 1x1 grid) -> the model's input array."""
+    def preprocess(self, tile) -> Any:
+        """One RGB PIL tile (or the whole image for a 1x1 grid) -> the model's input for it."""
 
-    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
-        """[B, ...] preprocessed tiles from any requests -> [B, ...] per-tile features."""
+    def encode_tiles(self, tiles: list) -> list:
+        """Preprocessed tiles from any requests -> one feature object per tile."""
 
-    def assemble(self, features: np.ndarray) -> EncoderOutput:
-        """One image's tile features, in row-major grid order -> what the thinker sees."""
+    def assemble(self, features: list, cols: int, rows: int) -> EncoderOutput:
+        """One image's tile features, in row-major order of its cols x rows grid -> what the
+        thinker sees."""
 
 
 class AudioEncoder(Protocol):

@@ -70,6 +70,23 @@ class Qwen3OmniCode2Wav(Options):
     """Qwen3-Omni's code2wav, from the thinker's checkpoint (nothing to set)."""
 
 
+class Qwen3OmniEncoder(Options):
+    """One of Qwen3-Omni's encoders, from the thinker's checkpoint; on the replica's GPU if it has one."""
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class Qwen3OmniVision(Qwen3OmniEncoder):
+    """A tile's side in pixels: the profile's `tiling.tile_px` unless set (a 1x1 grid's whole image
+    gets at most its pixels)."""
+
+    tile_px: int | None = Field(default=None, ge=32, multiple_of=32)
+
+
+class Qwen3OmniAudio(Qwen3OmniEncoder):
+    pass
+
+
 # ---- tiny (random weights, built locally) --------------------------------------------------------
 
 

@@ -281,6 +281,18 @@ class Profile(_Strict):
     realtime: RealtimeSpec = Field(default_factory=RealtimeSpec)
     stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
+    @model_validator(mode="after")
+    def _vision_tiles(self) -> Profile:
+        """A vision encoder that needs the tile size gets the router's (one number in the profile)."""
+        vision = self.models.vision
+        if (
+            vision is not None
+            and "tile_px" in type(vision.options).model_fields
+            and vision.options.tile_px is None
+        ):
+            vision.options = vision.options.model_copy(update={"tile_px": self.tiling.tile_px})
+        return self
+
     def model_path(self, spec: ModelSpec) -> Path:
         return data_dir() / "models" / spec.path
 

@@ -20,6 +20,8 @@ ADAPTERS: Registry[ModuleType] = Registry(
     {
         "hf_checkpoint": "services.models.hf_checkpoint",
         "qwen3_omni_code2wav": "services.models.qwen3_omni.code2wav",
+        "qwen3_omni_vision": "services.models.qwen3_omni.vision",
+        "qwen3_omni_audio": "services.models.qwen3_omni.audio",
         "tiny_llama": "services.models.tiny.thinker",
         "tiny_vit": "services.models.tiny.vision",
         "tiny_audio": "services.models.tiny.audio",
@@ -34,6 +36,8 @@ ADAPTERS: Registry[ModuleType] = Registry(
     params={
         "hf_checkpoint": o.HfCheckpoint,
         "qwen3_omni_code2wav": o.Qwen3OmniCode2Wav,
+        "qwen3_omni_vision": o.Qwen3OmniVision,
+        "qwen3_omni_audio": o.Qwen3OmniAudio,
         "tiny_llama": o.TinyThinker,
         "tiny_vit": o.TinyVision,
         "tiny_audio": o.TinyAudio,

@@ -83,7 +83,9 @@ class PromptBuilder:
                 continue
             if text:
                 prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=self._encode(text)))
-            prompt.segments.add(embeddings=item.embeddings)
+            segment = prompt.segments.add(embeddings=item.embeddings)
+            if item.HasField("placement"):
+                segment.placement.CopyFrom(item.placement)
             text = piece
         if text:
             prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=self._encode(text)))
@@ -93,5 +95,12 @@ class PromptBuilder:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def segment_tokens(segment: stages_pb2.PromptSegment) -> int:
+    if segment.HasField("tokens"):
+        return len(segment.tokens.ids)
+    placed = segment.placement
+    return segment.embeddings.shape[0] + len(placed.prefix_ids) + len(placed.suffix_ids)
+
+
 def prompt_tokens(prompt: stages_pb2.Prompt) -> int:
-    return sum(len(s.tokens.ids) if s.HasField("tokens") else s.embeddings.shape[0] for s in prompt.segments)
+    return sum(segment_tokens(s) for s in prompt.segments)

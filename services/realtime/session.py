@@ -22,6 +22,7 @@ from typing import Any
 
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
+from services.pipeline.prompt import segment_tokens
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, Turn
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
@@ -496,10 +497,8 @@ class RealtimeSession:
         at, embedded = 0, []  # (position, rows) of each embedding segment
         for segment in prepared.prompt.segments:
             if segment.HasField("embeddings"):
-                embedded.append((at, segment.embeddings.shape[0]))
-                at += segment.embeddings.shape[0]
-            else:
-                at += len(segment.tokens.ids)
+                embedded.append((at, segment_tokens(segment)))
+            at += segment_tokens(segment)
         if embedded and len(embedded) == sum(clips):
             self.head_tokens, k = embedded[0][0], 0
             for user, n in zip(users, clips, strict=True):

@@ -13,7 +13,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
-import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
@@ -47,7 +46,7 @@ class _Pending:
 
     def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None):
         self.remaining = dict(tiles_per_image)
-        self.features: dict[int, list[np.ndarray]] = {i: [] for i in tiles_per_image}
+        self.features: dict[int, list] = {i: [] for i in tiles_per_image}
         self.done = asyncio.get_running_loop().create_future()
         self.tiles_total = sum(tiles_per_image.values())
         self.tiles_done = 0
@@ -55,12 +54,12 @@ class _Pending:
         self.n_images = n_images
         self.progress = progress
 
-    def add(self, image: int, feature: np.ndarray) -> None:
+    def add(self, image: int, feature) -> None:
         self.features[image].append(feature)
         self.remaining[image] -= 1
         self.tiles_done += 1
         if not any(self.remaining.values()) and not self.done.done():
-            self.done.set_result({i: np.stack(f) for i, f in self.features.items()})
+            self.done.set_result(self.features)
 
     def report(self) -> None:
         """After each batch that carried this request's tiles."""
@@ -106,9 +105,7 @@ class Encoder(Stage):
             batch = self.scheduler.next_batch()
             self.pool_metrics.batch(len(batch), self.scheduler.pending)
             try:
-                feats = await asyncio.to_thread(
-                    self.vision.encode_tiles, np.stack([t for _, (_, t) in batch])
-                )
+                feats = await asyncio.to_thread(self.vision.encode_tiles, [t for _, (_, t) in batch])
             except Exception as e:  # fail the requests in this batch, keep serving the rest
                 for key, _ in batch:
                     self.scheduler.cancel(key)
@@ -130,7 +127,7 @@ class Encoder(Stage):
             shape = f"{item.tiles.cols}x{item.tiles.rows}@{item.tiles.tile_px}/{item.tiles.policy_version}"
         return cache_key(tenant, item.data.content_hash, self.versions[item.modality], shape)
 
-    def _tiles(self, item: stages_pb2.MediaItem) -> list[np.ndarray]:
+    def _tiles(self, item: stages_pb2.MediaItem) -> list:
         """The image's pixels (uint8 RGB [height, width, 3], decoded by the gateway) in tiles."""
         image = Image.fromarray(tensors.materialize(item.data))
         return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
@@ -164,7 +161,8 @@ class Encoder(Stage):
             self.scheduler.cancel(key)
             self._pending.pop(key, None)
         for i in misses:
-            out[i] = await asyncio.to_thread(self.vision.assemble, features[i])
+            grid = request.items[i].tiles
+            out[i] = await asyncio.to_thread(self.vision.assemble, features[i], grid.cols, grid.rows)
             self.cache.put(self._cache_key(request.items[i], request.ctx.tenant), out[i])
             self.pool_metrics.tiles(len(tiles[i]))
         return out
@@ -260,6 +258,17 @@ class Encoder(Stage):
                         out.embeddings, content_hash=item.data.content_hash, producer_version=version
                     )
                 )
+                if (pl := out.placement) is not None:
+                    encoded.placement.CopyFrom(
+                        stages_pb2.MediaPlacement(
+                            modality=pl.modality,
+                            placeholder_id=pl.placeholder,
+                            prefix_ids=pl.prefix,
+                            suffix_ids=pl.suffix,
+                            grid_thw=pl.grid_thw or (),
+                            feature_frames=pl.feature_frames,
+                        )
+                    )
             else:
                 encoded.text = out.text or ""
         return response

@@ -81,3 +81,22 @@ def test_layout_counts_the_tokens_of_its_text():
     assert layout.text_tokens == sum(
         len(b.tokenizer.encode(p, add_special_tokens=False)) for p in layout.pieces if p
     )
+
+
+def test_placed_media_keep_their_placement_and_count_their_wrapping_tokens():
+    """Embeddings the thinker model places itself (Qwen3-Omni) carry their placement into the
+    prompt, and the prompt's token count includes the tokens around them (the context check and
+    the quota count what the engine runs)."""
+    from services.pipeline.prompt import prompt_tokens
+
+    item = _chunk(0)
+    item.placement.CopyFrom(
+        stages_pb2.MediaPlacement(
+            modality="audio", placeholder_id=7, prefix_ids=[5], suffix_ids=[6], feature_frames=20
+        )
+    )
+    plain = render(_conversation(1), [_chunk(0)])
+    placed = render(_conversation(1), [item])
+    (seg,) = [s for s in placed.segments if s.HasField("embeddings")]
+    assert seg.placement.feature_frames == 20 and seg.placement.placeholder_id == 7
+    assert prompt_tokens(placed) == prompt_tokens(plain) + 2

@@ -19,11 +19,11 @@ def test_vision_encoder_gives_64_embeddings_per_tile():
     grid = stages_pb2.TileGrid(cols=3, rows=2, tile_px=128)
     tiles = cut_tiles(Image.new("RGB", (300, 200)), grid)
     assert len(tiles) == 6 and all(t.size == (128, 128) for t in tiles)
-    feats = enc.encode_tiles(np.stack([enc.preprocess(t) for t in tiles]))
-    out = enc.assemble(feats)
+    feats = enc.encode_tiles([enc.preprocess(t) for t in tiles])
+    out = enc.assemble(feats, 3, 2)
     assert out.embeddings.shape == (6 * 64, 128) and out.tiles == 6
     # Batching does not change a tile's features.
-    alone = enc.encode_tiles(np.stack([enc.preprocess(tiles[0])]))
+    alone = enc.encode_tiles([enc.preprocess(tiles[0])])
     np.testing.assert_allclose(alone[0], feats[0], atol=1e-5)
 
 

@@ -14,15 +14,14 @@ Weights: the `code2wav.` tensors of the model's checkpoint (the thinker's direct
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from services.models import options as o
+from services.models.qwen3_omni import checkpoint
 
 SAMPLE_RATE = 24_000
-PREFIX = "code2wav."
 
 
 class Code2Wav:
@@ -30,18 +29,12 @@ class Code2Wav:
 
     def __init__(self, path: Path):
         import torch
-        from safetensors import safe_open
         from transformers import AutoConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
         config = AutoConfig.from_pretrained(path).code2wav_config
         self.model = Qwen3OmniMoeCode2Wav._from_config(config, dtype=torch.float32).eval()
-        state = {}
-        for shard in sorted(path.glob("*.safetensors")):
-            with safe_open(str(shard), "pt") as f:
-                names = [k for k in f.keys() if k.startswith(PREFIX)]  # noqa: SIM118 (safe_open is not iterable)
-                state |= {k.removeprefix(PREFIX): f.get_tensor(k) for k in names}
-        self.model.load_state_dict(state, strict=True)
+        self.model.load_state_dict(checkpoint.tensors(path, "code2wav."), strict=True)
         self.samples_per_frame = int(self.model.total_upsample)
         self.codebooks = config.num_quantizers
         self.version = f"qwen3-omni-code2wav:{path.name}"
@@ -64,9 +57,11 @@ class Code2Wav:
 
 
 def verify(path: Path, options: o.Qwen3OmniCode2Wav) -> None:
-    config = json.loads((path / "config.json").read_text())
-    if "code2wav_config" not in config:
-        raise ValueError(f"{path} has no code2wav (not a Qwen3-Omni checkpoint with audio output)")
+    checkpoint.verify(path, "code2wav_config")
+
+
+def prepare(dest: Path, options: o.Qwen3OmniCode2Wav) -> None:
+    checkpoint.prepare(dest)
 
 
 def load(path: Path, options: o.Qwen3OmniCode2Wav) -> Code2Wav:

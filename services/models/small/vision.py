@@ -102,12 +102,12 @@ class MobileNetLabeler:
         return preprocess(tile)
 
     @torch.inference_mode()
-    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
-        return self.model(torch.from_numpy(tiles)).softmax(-1).numpy()
+    def encode_tiles(self, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        return list(self.model(torch.from_numpy(np.stack(tiles))).softmax(-1).numpy())
 
-    def assemble(self, features: np.ndarray) -> EncoderOutput:
+    def assemble(self, features: list[np.ndarray], cols: int, rows: int) -> EncoderOutput:
         """Class probabilities averaged over the tiles -> the top labels, as text for the thinker."""
-        probs = features.mean(axis=0)
+        probs = np.mean(features, axis=0)
         top = np.argsort(probs)[::-1][: self.top_k]
         listed = ", ".join(f"{self.labels[i]} ({probs[i]:.0%})" for i in top)
         text = f"[An image is attached. An image classifier (MobileNetV2, ImageNet classes) labels it: {listed}.]"

@@ -52,12 +52,12 @@ class TinyVisionEncoder:
         return tile_image(tile)
 
     @torch.inference_mode()
-    def encode_tiles(self, tiles: np.ndarray) -> np.ndarray:
-        return self.model(torch.from_numpy(tiles)).numpy()
+    def encode_tiles(self, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        return list(self.model(torch.from_numpy(np.stack(tiles))).numpy())
 
-    def assemble(self, features: np.ndarray) -> EncoderOutput:
+    def assemble(self, features: list[np.ndarray], cols: int, rows: int) -> EncoderOutput:
         """64 embeddings per tile, tiles in grid order."""
-        return EncoderOutput(embeddings=features.reshape(-1, features.shape[-1]), tiles=len(features))
+        return EncoderOutput(embeddings=np.concatenate(features), tiles=len(features))
 
 
 def load(path: Path, options: o.TinyVision) -> TinyVisionEncoder:

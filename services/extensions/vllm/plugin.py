@@ -1,0 +1,17 @@
+"""omniray's vLLM general plugin (entry point `vllm.general_plugins` in pyproject.toml): vLLM calls it
+in every process it starts, before it resolves a model architecture. Registration is by name, so
+nothing is imported until an engine serves the model."""
+
+from __future__ import annotations
+
+# Qwen3-Omni's thinker taking encoder outputs (services/extensions/vllm/qwen3_omni_thinker.py).
+QWEN3_OMNI_THINKER = "OmnirayQwen3OmniThinker"
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+
+    if QWEN3_OMNI_THINKER not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(
+            QWEN3_OMNI_THINKER, "services.extensions.vllm.qwen3_omni_thinker:OmnirayQwen3OmniThinker"
+        )

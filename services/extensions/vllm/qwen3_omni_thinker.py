@@ -1,0 +1,154 @@
+"""vLLM's Qwen3-Omni thinker, taking the encoder pool's outputs as multimodal embeddings.
+
+vLLM 0.32's thinker runs its own audio tower and vision encoder: a request may carry raw media, mel
+features (audio) — but not encoder outputs (its data parser drops the image embedding fields and
+takes no audio embeddings). omniray runs the model's encoders in its encoder pool (services/models/
+qwen3_omni/encoders.py), so this subclass accepts what they produce, and nothing else changes:
+
+- image: `{"image_embeds": [tokens, hidden * (1 + deepstack levels)], "image_grid_thw": [1, 3]}` —
+  the merger's output with the deepstack mergers' outputs beside it, as vLLM's own vision path
+  produces them (its embed_input_ids splits them off for the deepstack layers);
+- audio: `{"audio_embeds": [tokens, hidden], "audio_feature_lengths": [mel frames]}` — the mel frame
+  count sizes the placeholder span and the M-RoPE positions exactly as for raw audio.
+
+Placeholders, M-RoPE positions, deepstack injection and the prefix cache's media hashes are vLLM's
+own code. Registered as `OmnirayQwen3OmniThinker` (plugin.QWEN3_OMNI_THINKER) by the `vllm.general_plugins` entry point
+(services/extensions/vllm/plugin.py); the engine selects it for a Qwen3-Omni checkpoint
+(services/engine/thinker.py). Upstream: drop this when vLLM's Qwen3-Omni parser keeps
+`image_embeds` and gains audio embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser, _create_qwen2vl_field_factory
+from vllm.model_executor.models.qwen3_omni_moe_thinker import (
+    Qwen3OmniMoeThinkerDummyInputsBuilder,
+    Qwen3OmniMoeThinkerForConditionalGeneration,
+    Qwen3OmniMoeThinkerMultiModalDataParser,
+    Qwen3OmniMoeThinkerMultiModalProcessor,
+    Qwen3OmniMoeThinkerProcessingInfo,
+    _get_feat_extract_output_lengths,
+)
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.parse import DictEmbeddingItems
+
+AUDIO_KEYS = ("input_audio_features", "audio_embeds")
+IMAGE_KEYS = ("pixel_values", "image_embeds")
+VIDEO_KEYS = ("pixel_values_videos", "video_embeds")
+
+
+def _audio_embed_fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiModalFieldConfig]:
+    lengths = data.get("audio_feature_lengths", torch.empty((0,), dtype=torch.long)).flatten()
+    return {
+        "audio_embeds": MultiModalFieldConfig.flat_from_sizes(
+            "audio", _get_feat_extract_output_lengths(lengths)
+        ),
+        "audio_feature_lengths": MultiModalFieldConfig.batched("audio", keep_on_cpu=True),
+    }
+
+
+class EncoderOutputParser(Qwen3OmniMoeThinkerMultiModalDataParser):
+    embedding_fields = {
+        "image": Qwen2VLMultiModalDataParser.embedding_fields["image"],
+        "audio": {"audio_embeds": "values", "audio_feature_lengths": "metadata"},
+    }
+
+    def _parse_image_data(self, data):
+        if isinstance(data, dict):
+            required, optional = self.embedding_field_sets("image")
+            return DictEmbeddingItems(
+                data,
+                modality="image",
+                required_fields=required,
+                optional_fields=optional,
+                fields_factory=_create_qwen2vl_field_factory(self._spatial_merge_size),
+            )
+        return super()._parse_image_data(data)
+
+    def _parse_audio_data(self, data):
+        if isinstance(data, dict):
+            required, optional = self.embedding_field_sets("audio")
+            data = dict(data)
+            data["audio_feature_lengths"] = torch.as_tensor(data["audio_feature_lengths"]).flatten()
+            return DictEmbeddingItems(
+                data,
+                modality="audio",
+                required_fields=required,
+                optional_fields=optional,
+                fields_factory=_audio_embed_fields,
+            )
+        return super()._parse_audio_data(data)
+
+
+class EncoderOutputProcessingInfo(Qwen3OmniMoeThinkerProcessingInfo):
+    def get_data_parser(self):
+        return EncoderOutputParser(
+            spatial_merge_size=self.get_hf_config().vision_config.spatial_merge_size,
+            target_sr=self.get_feature_extractor().sampling_rate,
+            target_channels=self.get_target_channels(),
+            expected_hidden_size=self._get_expected_hidden_size(),
+            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
+        )
+
+
+class EncoderOutputProcessor(Qwen3OmniMoeThinkerMultiModalProcessor):
+    def _get_mm_fields_config(self, hf_inputs, hf_processor_mm_kwargs) -> Mapping[str, MultiModalFieldConfig]:
+        # The processor's own table drives which fields reach the model: audio embeddings join it.
+        fields = dict(super()._get_mm_fields_config(hf_inputs, hf_processor_mm_kwargs))
+        if "audio_embeds" in hf_inputs:
+            fields["audio_embeds"] = _audio_embed_fields(hf_inputs)["audio_embeds"]
+        return fields
+
+
+def _per_item(embeds, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    if isinstance(embeds, torch.Tensor):
+        return tuple(embeds.split(sizes))
+    return tuple(embeds)
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    EncoderOutputProcessor,
+    info=EncoderOutputProcessingInfo,
+    dummy_inputs=Qwen3OmniMoeThinkerDummyInputsBuilder,
+)
+class OmnirayQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
+    def _parse_and_validate_multimodal_inputs(self, **kwargs: object) -> dict:
+        by_modality: dict = {}
+        for key in list(kwargs):  # in the order the request's modalities came
+            if key in IMAGE_KEYS and "image" not in by_modality:
+                by_modality["image"] = self._parse_and_validate_image_input(**kwargs)
+            elif key in VIDEO_KEYS and "video" not in by_modality:
+                by_modality["video"] = self._parse_and_validate_video_input(**kwargs)
+            elif key in AUDIO_KEYS and "audio" not in by_modality:
+                by_modality["audio"] = self._parse_and_validate_audio_input(**kwargs)
+        return by_modality
+
+    def _parse_and_validate_audio_input(self, **kwargs: object):
+        embeds = kwargs.get("audio_embeds")
+        if embeds is None:
+            return super()._parse_and_validate_audio_input(**kwargs)
+        return {
+            "type": "audio_embeds",
+            "audio_embeds": embeds,
+            "audio_feature_lengths": kwargs["audio_feature_lengths"],
+        }
+
+    def _process_audio_input(self, audio_input) -> tuple[torch.Tensor, ...]:
+        if audio_input["type"] != "audio_embeds":
+            return super()._process_audio_input(audio_input)
+        lengths = torch.as_tensor(audio_input["audio_feature_lengths"]).flatten()
+        sizes = _get_feat_extract_output_lengths(lengths).tolist()
+        dtype = self.language_model.model.embed_tokens.weight.dtype
+        return tuple(e.to(dtype) for e in _per_item(audio_input["audio_embeds"], sizes))
+
+    def _process_image_input(self, image_input) -> tuple[torch.Tensor, ...]:
+        if image_input["type"] != "image_embeds":
+            return super()._process_image_input(image_input)
+        grid = image_input["image_grid_thw"]
+        merge = self.visual.spatial_merge_size
+        sizes = (torch.as_tensor(grid).reshape(-1, 3).prod(-1) // merge // merge).tolist()
+        return tuple(e.to(self.visual.dtype) for e in _per_item(image_input["image_embeds"], sizes))

@@ -1,0 +1,50 @@
+"""The Qwen3-Omni checkpoint that every Qwen3-Omni adapter reads: the thinker's directory (built by
+hf_checkpoint, or mounted). Each adapter loads only its own tensors from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def tensors(path: Path, prefix: str) -> dict:
+    """The checkpoint's tensors under `prefix`, named without it."""
+    from safetensors import safe_open
+
+    state = {}
+    for shard in sorted(path.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            names = [k for k in f.keys() if k.startswith(prefix)]  # noqa: SIM118 (safe_open is not iterable)
+            state |= {k.removeprefix(prefix): f.get_tensor(k) for k in names}
+    return state
+
+
+def token_ids(path: Path, *tokens: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return [tokenizer.convert_tokens_to_ids(t) for t in tokens]
+
+
+def verify(path: Path, part: str) -> None:
+    """`part`: the config key of the module an adapter loads (thinker_config, code2wav_config)."""
+    config = path / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (config.json missing)")
+    if part not in json.loads(config.read_text()):
+        raise ValueError(f"{path} has no {part} (not a Qwen3-Omni checkpoint with that part)")
+
+
+def prepare(dest: Path) -> None:
+    raise ValueError(
+        f"{dest}: Qwen3-Omni's parts read the thinker's checkpoint; give them the thinker's path "
+        "(hf_checkpoint, listed first, builds it)"
+    )
+
+
+def placed(module, dtype: str):
+    """`module` in `dtype`, on the process's GPU if it has one (a GPU replica), else on the CPU."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return module.to(device=device, dtype=getattr(torch, dtype)).eval()

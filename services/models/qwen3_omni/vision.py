@@ -1,0 +1,105 @@
+"""Qwen3-Omni's own vision encoder as the encoder pool's vision model.
+
+Weights: the `thinker.visual.` tensors of the model's checkpoint, loaded alone into transformers'
+module. Tiles are prepared by the checkpoint's own image processor, as vLLM prepares an image when
+its thinker encodes it itself, so the thinker receives the same features either way
+(tests/contracts/test_qwen3_omni_encoders.py compares the greedy tokens).
+
+A tile is a `tile_px` square (a multi-tile grid) or the whole image resized by the processor's rule
+within one tile's pixels (a 1x1 grid: aspect ratio kept). Tiles of any requests are one forward pass
+(attention stays within each tile). A multi-tile image is laid out as one image: tile tokens in the
+whole grid's raster order, its grid the tiles' patches side by side, so M-RoPE positions run across
+the whole image. Output rows: the merger's output with the deepstack mergers' outputs beside it
+([tokens, hidden x (1 + levels)], as vLLM's own vision path hands them to its language model), placed
+by vLLM as the model's image input (services/extensions/vllm/qwen3_omni_thinker.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.models import options as o
+from services.models.base import EncoderOutput, Placement
+from services.models.qwen3_omni import checkpoint
+
+
+@dataclass(frozen=True)
+class VisionTile:
+    pixel_values: np.ndarray  # [patches, channels x temporal x patch x patch]
+    grid_thw: tuple[int, int, int]  # in patches
+
+
+@dataclass(frozen=True)
+class TileFeatures:
+    rows: np.ndarray  # [tokens, hidden x (1 + deepstack levels)]
+    grid_thw: tuple[int, int, int]
+
+
+class VisionEncoder:
+    def __init__(self, path: Path, options: o.Qwen3OmniVision):
+        from transformers import AutoConfig, AutoImageProcessor
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
+
+        config = AutoConfig.from_pretrained(path).thinker_config.vision_config
+        model = Qwen3OmniMoeVisionEncoder._from_config(config)
+        model.load_state_dict(checkpoint.tensors(path, "thinker.visual."), strict=True)
+        self.model = checkpoint.placed(model, options.dtype)
+        self.processor = AutoImageProcessor.from_pretrained(path)
+        self.merge = config.spatial_merge_size
+        self.tile_px = options.tile_px
+        self.prefix, self.placeholder, self.suffix = checkpoint.token_ids(
+            path, "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
+        )
+        self.version = f"qwen3-omni-vision:{path.name}"
+
+    def preprocess(self, tile) -> VisionTile:
+        # A tile's pixels at most: a 1x1 grid costs what one tile does, whatever the image's size.
+        size = {"shortest_edge": self.processor.size["shortest_edge"], "longest_edge": self.tile_px**2}
+        out = self.processor(images=[tile.convert("RGB")], size=size, return_tensors="np")
+        return VisionTile(
+            out["pixel_values"].astype(np.float32), tuple(int(x) for x in out["image_grid_thw"][0])
+        )
+
+    def encode_tiles(self, tiles: list[VisionTile]) -> list[TileFeatures]:
+        import torch
+
+        p = next(self.model.parameters())
+        grid = torch.tensor([t.grid_thw for t in tiles], device=p.device)
+        pixels = torch.from_numpy(np.concatenate([t.pixel_values for t in tiles])).to(p.device, p.dtype)
+        with torch.inference_mode():
+            out = self.model(pixels, grid_thw=grid)
+            rows = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1).float().cpu().numpy()
+        sizes = [t * h * w // self.merge**2 for t, h, w in (x.grid_thw for x in tiles)]
+        split = np.split(rows, np.cumsum(sizes)[:-1])
+        return [TileFeatures(r, tile.grid_thw) for tile, r in zip(tiles, split, strict=True)]
+
+    def assemble(self, features: list[TileFeatures], cols: int, rows: int) -> EncoderOutput:
+        if len(features) == 1:
+            tokens, (t, h, w) = features[0].rows, features[0].grid_thw
+        else:  # the tiles' tokens in the whole image's raster order (tokens are 2x2-merged patches)
+            (t, th, tw), m = features[0].grid_thw, self.merge
+            stacked = np.stack([f.rows for f in features])  # [tiles, th/m * tw/m, dim], row-major tiles
+            tokens = stacked.reshape(rows, cols, th // m, tw // m, -1).transpose(0, 2, 1, 3, 4)
+            tokens, h, w = tokens.reshape(-1, stacked.shape[-1]), rows * th, cols * tw
+        return EncoderOutput(
+            embeddings=np.ascontiguousarray(tokens, dtype=np.float32),
+            tiles=len(features),
+            placement=Placement("image", self.placeholder, [self.prefix], [self.suffix], grid_thw=(t, h, w)),
+        )
+
+
+def verify(path: Path, options: o.Qwen3OmniVision) -> None:
+    checkpoint.verify(path, "thinker_config")
+
+
+def prepare(dest: Path, options: o.Qwen3OmniVision) -> None:
+    checkpoint.prepare(dest)
+
+
+def load(path: Path, options: o.Qwen3OmniVision) -> VisionEncoder:
+    if options.tile_px is None:
+        raise ValueError("qwen3_omni_vision needs tile_px (the profile's tiling.tile_px fills it)")
+    return VisionEncoder(path, options)

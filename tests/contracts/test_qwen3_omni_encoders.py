@@ -1,0 +1,77 @@
+"""Qwen3-Omni's own encoders in the encoder pool feed vLLM's thinker exactly what it computes itself:
+for an image + audio prompt, the greedy tokens are the same whether the thinker encodes the raw media
+or takes the adapters' outputs (deepstack rows, image grid, audio mel frames) as its multimodal
+inputs, placed and positioned (M-RoPE) by vLLM. Runs on `qwen3-omni-tiny` (make models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from services.common.paths import REPO_ROOT
+from services.models.profile import load_profile
+from services.models.registry import adapter_module
+
+
+@pytest.fixture(scope="module")
+def profile():
+    profile = load_profile("qwen3-omni-tiny")
+    if not (profile.model_path(profile.models.thinker) / "model.safetensors").is_file():
+        pytest.fail("qwen3-omni-tiny not built: make models PROFILE=qwen3-omni-tiny")
+    return profile
+
+
+@pytest.fixture(scope="module")
+def vision(profile):
+    return adapter_module("qwen3_omni_vision").load(
+        profile.model_path(profile.models.vision), profile.models.vision.options
+    )
+
+
+def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(profile):
+    run = subprocess.run([sys.executable, "-m", "tests.contracts.qwen3_omni_media"], capture_output=True, text=True,
+                         cwd=REPO_ROOT, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    runs = {
+        r["name"]: r for r in (json.loads(x[4:]) for x in run.stdout.splitlines() if x.startswith("RUN "))
+    }
+    raw, pool, tiles = runs["raw"], runs["encoder_pool"], runs["two_tiles"]
+    assert len(raw["tokens"]) == 16 and pool["tokens"] == raw["tokens"]
+    # The engine counts what vLLM expands: one placeholder per embedding row.
+    assert pool["prompt_tokens"] == raw["prompt_tokens"] == pool["counted"]
+    # A 2x1 grid is one image of twice the tokens, laid out across both tiles.
+    assert tiles["prompt_tokens"] == tiles["counted"] == pool["counted"] - 130 + 2 * 196
+
+
+def test_a_whole_image_gets_at_most_a_tiles_pixels_and_keeps_its_aspect(vision):
+    big = vision.preprocess(Image.new("RGB", (1600, 900)))
+    t, h, w = big.grid_thw
+    assert h * w * 16 * 16 <= 448 * 448 and w > h  # landscape stays landscape
+    small = vision.preprocess(Image.new("RGB", (320, 416)))
+    assert small.grid_thw == (1, 26, 20)  # the processor's own size, no upscaling to a tile
+
+
+def test_tiles_are_laid_out_in_the_whole_images_raster_order(vision):
+    rng = np.random.default_rng(1)
+    tiles = [
+        vision.preprocess(Image.fromarray((rng.random((448, 448, 3)) * 255).astype(np.uint8)))
+        for _ in range(6)
+    ]
+    feats = vision.encode_tiles(tiles)
+    out = vision.assemble(feats, 3, 2)
+    assert out.placement.grid_thw == (1, 2 * 28, 3 * 28) and out.tiles == 6
+    grid = out.embeddings.reshape(2 * 14, 3 * 14, -1)  # merged tokens: 14 x 14 per tile
+    for k, f in enumerate(feats):
+        r, c = divmod(k, 3)
+        np.testing.assert_array_equal(
+            grid[r * 14 : (r + 1) * 14, c * 14 : (c + 1) * 14].reshape(196, -1), f.rows
+        )
+    # deepstack rows beside the merger's: hidden x (1 + levels)
+    assert out.embeddings.shape[1] == 64 * (1 + 3)
+    # batching does not change a tile's features
+    np.testing.assert_allclose(vision.encode_tiles(tiles[:1])[0].rows, feats[0].rows, atol=1e-5)
