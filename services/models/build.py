@@ -28,11 +28,19 @@ def _checksums(root: Path) -> dict[str, str]:
     return sums
 
 
-def is_prepared(path: Path) -> bool:
+def _recipe(spec: ModelSpec) -> str:
+    """What a built model was built from: an adapter that builds weights itself says (its builder's
+    version and options), so a changed builder rebuilds instead of serving stale weights."""
+    recipe = getattr(adapter_module(spec.adapter), "recipe", None)
+    return recipe(spec.options) if recipe is not None else ""
+
+
+def is_prepared(path: Path, recipe: str = "") -> bool:
     manifest = path / MANIFEST
     if not manifest.exists():
         return False
-    return json.loads(manifest.read_text())["files"] == _checksums(path)
+    built = json.loads(manifest.read_text())
+    return built.get("recipe", "") == recipe and built["files"] == _checksums(path)
 
 
 def prepare(spec: ModelSpec, path: Path) -> bool:
@@ -40,12 +48,14 @@ def prepare(spec: ModelSpec, path: Path) -> bool:
     if Path(spec.path).is_absolute():  # provided by the deployment (a mounted volume): check only
         adapter_module(spec.adapter).verify(path, spec.options)
         return False
-    if is_prepared(path):
+    recipe = _recipe(spec)
+    if is_prepared(path, recipe):
         return False
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     adapter_module(spec.adapter).prepare(tmp, spec.options)
-    (tmp / MANIFEST).write_text(json.dumps({"adapter": spec.adapter, "files": _checksums(tmp)}, indent=1))
+    manifest = {"adapter": spec.adapter, "recipe": recipe, "files": _checksums(tmp)}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
     return True
@@ -56,10 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="tiny")
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
+    owners: dict[Path, str] = {}  # a directory several roles read (one checkpoint) is built once
     for role, spec in profile.models:
         if spec is None:
             continue
         path = profile.model_path(spec)
+        if path in owners:
+            print(f"[models] {profile.name}/{role:8s} {spec.adapter:14s} the {owners[path]}'s: {path}", flush=True)
+            continue
+        owners[path] = role
         t0 = time.monotonic()
         built = prepare(spec, path)
         state = f"built in {time.monotonic() - t0:.1f}s" if built else "ok"

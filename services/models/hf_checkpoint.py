@@ -26,6 +26,14 @@ def verify(path: Path, options: o.HfCheckpoint) -> None:
         raise ValueError(f"{path} is a {found} checkpoint, the profile expects {expected}")
 
 
+def recipe(options: o.HfCheckpoint) -> str:
+    if options.random_init is None:
+        return ""
+    from services.models.qwen3_omni import random_checkpoint
+
+    return f"{random_checkpoint.BUILDER_VERSION}:{options.random_init.model_dump_json()}"
+
+
 def prepare(dest: Path, options: o.HfCheckpoint) -> None:
     if options.random_init is None:
         raise ValueError(

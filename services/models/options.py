@@ -70,21 +70,25 @@ class Qwen3OmniCode2Wav(Options):
     """Qwen3-Omni's code2wav, from the thinker's checkpoint (nothing to set)."""
 
 
-class Qwen3OmniEncoder(Options):
-    """One of Qwen3-Omni's encoders, from the thinker's checkpoint; on the replica's GPU if it has one."""
+class Qwen3OmniModule(Options):
+    """One of Qwen3-Omni's modules, from the thinker's checkpoint; on the replica's GPU if it has one."""
 
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
-class Qwen3OmniVision(Qwen3OmniEncoder):
+class Qwen3OmniVision(Qwen3OmniModule):
     """A tile's side in pixels: the profile's `tiling.tile_px` unless set (a 1x1 grid's whole image
     gets at most its pixels)."""
 
     tile_px: int | None = Field(default=None, ge=32, multiple_of=32)
 
 
-class Qwen3OmniAudio(Qwen3OmniEncoder):
+class Qwen3OmniAudio(Qwen3OmniModule):
     pass
+
+
+class Qwen3OmniTalker(Qwen3OmniModule):
+    """Qwen3-Omni's talker (with the thinker's token embeddings), from the thinker's checkpoint."""
 
 
 # ---- tiny (random weights, built locally) --------------------------------------------------------

@@ -19,6 +19,29 @@ def tensors(path: Path, prefix: str) -> dict:
     return state
 
 
+def fused_experts(state: dict) -> dict:
+    """Per-expert MoE weights as checkpoints store them (`experts.{i}.gate_proj/up_proj/down_proj`)
+    -> the stacked tensors transformers' modules hold (`experts.gate_up_proj` [E, 2I, H] with gate
+    rows first, `experts.down_proj` [E, H, I]): what `from_pretrained` converts on load."""
+    import re
+
+    import torch
+
+    pattern = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    out = {}
+    for name, tensor in state.items():
+        if m := pattern.match(name):
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = tensor
+        else:
+            out[name] = tensor
+    for prefix, by_index in experts.items():
+        ordered = [by_index[i] for i in sorted(by_index)]
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([e["gate"], e["up"]]) for e in ordered])
+        out[f"{prefix}.down_proj"] = torch.stack([e["down"] for e in ordered])
+    return out
+
+
 def token_ids(path: Path, *tokens: str) -> list[int]:
     from transformers import AutoTokenizer
 

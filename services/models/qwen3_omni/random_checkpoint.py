@@ -50,7 +50,13 @@ MEDIA_TOKENS = {
     "audio_bos_token": "<|audio_start|>",
     "audio_eos_token": "<|audio_end|>",
 }
-SPEAKERS = {"ethan": 2302, "chelsie": 2301}  # the talker's speaker ids (codec vocabulary)
+# Bump when the builder's output changes: `make models` rebuilds checkpoints of another version.
+BUILDER_VERSION = 2
+SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}  # the talker's speaker ids (codec vocabulary)
+# The codec's control codes (Qwen3-Omni-30B-A3B's; transformers defaults to Qwen2.5-Omni's, outside
+# the 3072-code vocabulary): codes 0-2047 are audio, the rest control codes and speakers.
+CODEC_IDS = {"codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_nothink_id": 2155,
+             "codec_think_bos_id": 2156, "codec_think_eos_id": 2157}  # fmt: skip
 
 # ChatML as Qwen3-Omni writes it; media parts are their start / pad / end tokens (the engine expands
 # a pad to the item's length).
@@ -100,7 +106,7 @@ def config(sizes: Qwen3OmniSizes):
                  "num_hidden_layers": sizes.talker_layers, "num_code_groups": 16, **heads}  # fmt: skip
     talker = {"code_predictor_config": predictor, "text_config": talker_text, "num_code_groups": 16,
               "thinker_hidden_size": sizes.text_hidden, "accept_hidden_layer": sizes.vision_layers + 1,
-              "spatial_merge_size": 2, "speaker_id": SPEAKERS, **media_ids}  # fmt: skip
+              "spatial_merge_size": 2, "speaker_id": SPEAKERS, **CODEC_IDS, **media_ids}  # fmt: skip
     code2wav = {"codebook_size": 2048, "hidden_size": sizes.code2wav_width, "num_attention_heads": 4,
                 "num_key_value_heads": 4, "intermediate_size": 2 * sizes.code2wav_width,
                 "num_hidden_layers": sizes.code2wav_layers, "num_quantizers": 16, "upsample_rates": [8, 5, 4, 3],

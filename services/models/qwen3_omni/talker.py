@@ -1,0 +1,292 @@
+"""Qwen3-Omni's talker as a streaming stage model: the thinker's tokens in, as it writes them; codec
+frames (16 codes each, 12.5 a second) out, as the talker writes them.
+
+Weights: the `talker.` tensors of the model's checkpoint and the thinker's token embedding table
+(`thinker.model.embed_tokens.`), loaded alone into transformers' modules. The inputs are built as
+transformers' `Qwen3OmniMoeForConditionalGeneration.generate` builds them, from what the thinker
+gives (tests/contracts/test_qwen3_omni_talker.py: the frames equal transformers' for the same
+thinker output and seed):
+
+- the user turns of the prompt: the thinker's hidden states at layer `accept_hidden_layer` where the
+  prompt holds image/audio/video placeholders, its token embeddings elsewhere, each projected into
+  the talker (`hidden_projection` / `text_projection`);
+- the assistant turn: its three template tokens and the first generated token, with the codec's
+  control codes and the speaker's id (the voice);
+- then one generated token's embedding per talker step (the text still to speak), `tts_eos` where
+  the thinker ended and `tts_pad` after it.
+
+The talker starts on the thinker's first token and needs token k+2 only at its step k, so it
+streams while the thinker writes (async chunk); a step waits for the text it needs
+(`TalkerStream.feed` / `finish`). Generation is transformers' own modules step by step (talker,
+code predictor, logits processors), greedy or sampled (top-k 50, top-p 1.0, temperature 0.9,
+repetition penalty 1.05 by default, as the model's generate).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from services.models import options as o
+from services.models.qwen3_omni import checkpoint
+
+ASSISTANT_TEMPLATE_TOKENS = 3  # <|im_start|> assistant \n
+
+
+@dataclass
+class TalkerPrompt:
+    """What the talker needs from the thinker's prompt."""
+
+    token_ids: list[int]
+    # [placeholder positions of the prompt, thinker hidden] — layer `accept_hidden_layer` at the
+    # image/audio/video placeholders, in order (none for a text prompt)
+    media_hidden: np.ndarray | None = None
+    image_grid_thw: list[tuple[int, int, int]] = field(default_factory=list)
+    audio_feature_lengths: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    do_sample: bool = True
+    top_k: int = 50
+    top_p: float = 1.0
+    temperature: float = 0.9
+    repetition_penalty: float = 1.05
+    max_frames: int = 4096  # codes drawn at most (transformers' talker_max_new_tokens)
+
+
+class Talker:
+    def __init__(self, path: Path, options: o.Qwen3OmniTalker):
+        import torch
+        from transformers import AutoConfig
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeTalkerForConditionalGeneration,
+        )
+
+        config = AutoConfig.from_pretrained(path)
+        # transformers 5.19: the talker's M-RoPE over audio reads `audio_config` from its own config,
+        # which the checkpoint's talker config does not carry (fixed in the thinker's).
+        config.talker_config.audio_config = config.thinker_config.audio_config
+        self.config = config
+        model = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
+        model.load_state_dict(checkpoint.fused_experts(checkpoint.tensors(path, "talker.")), strict=True)
+        self.model = checkpoint.placed(model, options.dtype)
+        p = next(self.model.parameters())
+        self.embed = checkpoint.tensors(path, "thinker.model.embed_tokens.")["weight"].to(p.device, p.dtype)
+        self.voices = dict(config.talker_config.speaker_id)  # name -> speaker id
+        self.codebooks = config.talker_config.num_code_groups
+        t = config.talker_config
+        self.media_ids = {t.audio_token_id, t.image_token_id, t.video_token_id}
+        vocab = t.text_config.vocab_size
+        self.suppressed = [i for i in range(vocab - 1024, vocab) if i != t.codec_eos_token_id]
+        with torch.inference_mode():
+            tts = torch.tensor([config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id])
+            self.tts_bos, self.tts_eos, self.tts_pad = self.model.text_projection(
+                self.embed[tts.to(p.device)]
+            )[:, None].unbind(0)  # each [1, hidden]
+        self.version = f"qwen3-omni-talker:{path.name}"
+        # One forward at a time: the talker keeps its M-RoPE offset on the module.
+        self._lock = threading.Lock()
+
+    def stream(self, prompt: TalkerPrompt, voice: str, sampling: Sampling = Sampling()) -> TalkerStream:
+        if voice not in self.voices:
+            raise ValueError(f"unknown voice {voice!r}; this talker has {sorted(self.voices)}")
+        return TalkerStream(self, prompt, self.voices[voice], sampling)
+
+
+class TalkerStream:
+    """One response's talker: `feed` the thinker's tokens as they come, `finish` when it is done;
+    `frames()` yields [n, 16] int64 codes as the talker writes them."""
+
+    def __init__(self, talker: Talker, prompt: TalkerPrompt, speaker_id: int, sampling: Sampling):
+        self.t, self.prompt, self.speaker_id, self.sampling = talker, prompt, speaker_id, sampling
+        self._tokens: list[int] = []
+        self._finished = False
+        self._more = threading.Condition()
+        self._eos = talker.config.im_end_token_id
+
+    # ---- the thinker's side ---------------------------------------------------------------------
+
+    def feed(self, token_ids: list[int]) -> None:
+        with self._more:
+            self._tokens.extend(token_ids)
+            self._more.notify_all()
+
+    def finish(self) -> None:
+        with self._more:
+            self._finished = True
+            self._more.notify_all()
+
+    def _generated(self, n: int, timeout: float | None) -> tuple[list[int], bool]:
+        """The thinker's tokens once it has written `n` of them or ended (up to its eos), and
+        whether it has ended."""
+        with self._more:
+            ok = self._more.wait_for(
+                lambda: len(self._tokens) >= n or self._finished or self._eos in self._tokens, timeout
+            )
+            if not ok:
+                raise TimeoutError(f"the thinker wrote no token {n - 1} within {timeout} s")
+            tokens = list(self._tokens)
+            if self._eos in tokens:
+                return tokens[: tokens.index(self._eos) + 1], True
+            return tokens, self._finished
+
+    # ---- the talker -----------------------------------------------------------------------------
+
+    def _prefill_embeds(self, first: int):
+        """The user turns and the assistant's opening, as transformers' generate builds them."""
+        import torch
+
+        t, cfg, model = self.t, self.t.config, self.t.model
+        ids = self.prompt.token_ids
+        device = t.embed.device
+        role, previous_start = [], 0
+        for i, tok in enumerate(ids):
+            if tok == cfg.im_start_token_id:
+                previous_start = i
+            role.append(ids[min(previous_start + 1, len(ids) - 1)])
+        user = [i for i, r in enumerate(role) if r == cfg.user_token_id]
+        media = [i for i, tok in enumerate(ids) if tok in t.media_ids]
+        rows = {}
+        if media:
+            hidden = torch.from_numpy(np.ascontiguousarray(self.prompt.media_hidden)).to(
+                device, t.embed.dtype
+            )
+            if hidden.shape[0] != len(media):
+                raise ValueError(f"{hidden.shape[0]} media hidden states for {len(media)} placeholders")
+            rows = dict(zip(media, model.hidden_projection(hidden), strict=True))
+        text = [i for i in user if i not in rows]
+        projected = dict(zip(text, model.text_projection(t.embed[torch.tensor([ids[i] for i in text], device=device)]),
+                             strict=True)) if text else {}  # fmt: skip
+        user_part = (
+            torch.stack([rows[i] if i in rows else projected[i] for i in user])[None] if user else None
+        )
+
+        starts = [
+            i
+            for i in range(len(ids) - 1)
+            if ids[i] == cfg.im_start_token_id and ids[i + 1] == cfg.assistant_token_id
+        ]
+        if not starts or len(ids) - starts[-1] != ASSISTANT_TEMPLATE_TOKENS:
+            raise ValueError("the prompt must end with the assistant's opening (<|im_start|>assistant\\n)")
+        opening = ids[starts[-1] :] + [first]
+        a = model.text_projection(t.embed[torch.tensor(opening, device=device)])[None]  # [1, 4, h]
+        text_part = torch.cat([a[:, :3], t.tts_pad.expand(4, -1)[None], t.tts_bos[None], a[:, 3:4]], dim=1)
+        tc = cfg.talker_config
+        codes = torch.tensor([[tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id, self.speaker_id,
+                               tc.codec_pad_id, tc.codec_bos_id]], device=device)  # fmt: skip
+        codec_part = torch.cat(
+            [torch.zeros((1, 3, text_part.shape[-1]), device=device, dtype=text_part.dtype),
+             model.get_input_embeddings()(codes)], dim=1)  # fmt: skip
+        assistant = text_part + codec_part
+        embeds = assistant if user_part is None else torch.cat([user_part, assistant], dim=1)
+        talker_ids = [ids[i] for i in user] + [cfg.tts_pad_token_id] * assistant.shape[1]
+        return embeds, torch.tensor([talker_ids], device=device)
+
+    def _text(self, step: int, timeout: float | None):
+        """The text the talker reads at `step`: generated token step+1 while more follows it,
+        `tts_eos` at the end, `tts_pad` after. As the model's generate reads the thinker's output,
+        the last generated token (its eos, or the last of a length-capped answer) is not read, so
+        step k needs token k+2 (or the end) before it runs."""
+        import torch
+
+        tokens, ended = self._generated(step + 3, timeout)
+        end = max(len(tokens) - 2, 0) if ended else step + 1
+        if step < end:
+            ids = torch.tensor([tokens[step + 1]], device=self.t.embed.device)
+            return self.t.model.text_projection(self.t.embed[ids])
+        return self.t.tts_eos if step == end else self.t.tts_pad
+
+    def frames(self, timeout: float | None = None) -> Iterator[np.ndarray]:
+        """[1, 16] codes per frame as generated (callers batch them); `timeout` bounds each wait for
+        the thinker's next token."""
+        import torch
+        from transformers import DynamicCache
+        from transformers.generation.logits_process import (
+            LogitsProcessorList,
+            RepetitionPenaltyLogitsProcessor,
+            SuppressTokensLogitsProcessor,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        t, model, s = self.t, self.t.model, self.sampling
+        device = t.embed.device
+        processors = LogitsProcessorList()
+        if s.repetition_penalty != 1.0:
+            processors.append(RepetitionPenaltyLogitsProcessor(s.repetition_penalty))
+        processors.append(SuppressTokensLogitsProcessor(t.suppressed, device=device))
+        if s.do_sample:
+            processors.extend([TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k),
+                               TopPLogitsWarper(s.top_p)])  # fmt: skip
+        eos = t.config.talker_config.codec_eos_token_id
+
+        def pick(logits, generated):
+            scores = processors(generated, logits[:, -1].float())
+            if s.do_sample:
+                return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+            return scores.argmax(-1, keepdim=True)
+
+        tokens, _ = self._generated(1, timeout)
+        first = tokens[0] if tokens else self._eos
+        cache = DynamicCache()
+        with torch.inference_mode():
+            embeds, talker_ids = self._prefill_embeds(first)
+            mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
+            media = {}
+            if self.prompt.image_grid_thw:
+                media["image_grid_thw"] = torch.tensor(self.prompt.image_grid_thw, device=device)
+            if self.prompt.audio_feature_lengths:
+                media["audio_feature_lengths"] = torch.tensor(
+                    self.prompt.audio_feature_lengths, device=device
+                )
+            with t._lock:
+                model.rope_deltas = None
+                out = model(inputs_embeds=embeds, attention_mask=mask, talker_input_ids=talker_ids,
+                            past_key_values=cache, use_cache=True, output_hidden_states=True, **media)  # fmt: skip
+                rope_deltas = model.rope_deltas
+            generated = torch.zeros((1, 0), dtype=torch.long, device=device)
+            code = pick(out.logits, generated)
+            for step in range(s.max_frames):
+                generated = torch.cat([generated, code], dim=1)
+                if int(code) == eos or generated.shape[1] == s.max_frames:
+                    return  # (as generate: the last code drawn gets no residual codes)
+                last_hidden = model.get_input_embeddings()(code)
+                past_hidden = out.hidden_states[0][-1][:, -1:]
+                predictor_kwargs = {"top_k": 50, "top_p": 0.8} if s.do_sample else {}
+                predicted = model.code_predictor.generate(
+                    inputs_embeds=torch.cat((past_hidden, last_hidden), dim=1),
+                    max_new_tokens=t.codebooks - 1, do_sample=s.do_sample, output_hidden_states=True,
+                    return_dict_in_generate=True, **predictor_kwargs,
+                )  # fmt: skip
+                yield torch.cat((code, predicted.sequences), dim=-1).cpu().numpy()
+                codec = torch.cat(
+                    [last_hidden]
+                    + [h[0] for h in predicted.hidden_states[1:]]
+                    + [model.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])],
+                    dim=1,
+                )
+                step_embeds = codec.sum(1, keepdim=True) + self._text(step, timeout)[None]
+                mask = torch.cat([mask, mask.new_ones((1, 1))], dim=1)
+                with t._lock:
+                    model.rope_deltas = rope_deltas
+                    out = model(inputs_embeds=step_embeds, attention_mask=mask, past_key_values=cache,
+                                use_cache=True, output_hidden_states=True, generation_step=step)  # fmt: skip
+                code = pick(out.logits, generated)
+
+
+def verify(path: Path, options: o.Qwen3OmniTalker) -> None:
+    checkpoint.verify(path, "talker_config")
+
+
+def prepare(dest: Path, options: o.Qwen3OmniTalker) -> None:
+    checkpoint.prepare(dest)
+
+
+def load(path: Path, options: o.Qwen3OmniTalker) -> Talker:
+    return Talker(path, options)

@@ -1,0 +1,128 @@
+"""Qwen3-Omni's talker as omniray runs it (services/models/qwen3_omni/talker.py: the thinker's tokens
+fed as they come, frames out as they are drawn) writes the codec frames transformers'
+`Qwen3OmniMoeForConditionalGeneration.generate` writes, for the same thinker output and seed: a text
+prompt greedy and sampled, and an image + audio prompt (the thinker's hidden states at the media
+placeholders projected into the talker, M-RoPE over the image grid and the audio). Runs on
+`qwen3-omni-tiny` (make models)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from services.models.profile import load_profile
+from services.models.qwen3_omni import talker as qt
+from services.models.registry import adapter_module
+
+MAX_CODES = 40
+
+
+@pytest.fixture(scope="module")
+def path():
+    profile = load_profile("qwen3-omni-tiny")
+    path = profile.model_path(profile.models.thinker)
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"{path} not built: make models PROFILE=qwen3-omni-tiny")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(path):
+    """transformers' whole model; its generate's codes are captured where it hands them to code2wav."""
+    from transformers import AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    # transformers 5.19: the talker reads the audio config from its own config with audio in and out
+    model.talker.config.audio_config = model.config.thinker_config.audio_config
+    return model, AutoProcessor.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def talker(path):
+    return adapter_module("qwen3_omni_talker").load(
+        path, load_profile("qwen3-omni-tiny").models.talker.options
+    )
+
+
+def _transformers_codes(model, inputs: dict, sample: bool, seed: int = 0):
+    captured = {}
+    decode = model.code2wav.chunked_decode
+
+    def capture(codes, *args, **kwargs):
+        captured["codes"] = codes.clone()
+        return decode(codes, *args, **kwargs)
+
+    model.code2wav.chunked_decode = capture
+    try:
+        torch.manual_seed(seed)
+        sequences, _ = model.generate(**inputs, speaker="Ethan", thinker_max_new_tokens=24, thinker_do_sample=False,
+                                      talker_do_sample=sample, talker_max_new_tokens=MAX_CODES)  # fmt: skip
+    finally:
+        model.code2wav.chunked_decode = decode
+    return sequences[0].tolist(), captured["codes"][0].T.numpy()
+
+
+def _omniray_codes(talker, prompt: qt.TalkerPrompt, generated: list[int], sample: bool, seed: int = 0):
+    stream = talker.stream(prompt, "ethan", qt.Sampling(do_sample=sample, max_frames=MAX_CODES))
+
+    def thinker():  # the thinker's tokens arrive while the talker runs
+        for token in generated:
+            stream.feed([token])
+            time.sleep(0.001)
+        stream.finish()
+
+    threading.Thread(target=thinker, daemon=True).start()
+    torch.manual_seed(seed)
+    return np.concatenate(list(stream.frames(timeout=30)))
+
+
+def _text_inputs(processor):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is in Paris?"}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return dict(processor(text=[text], return_tensors="pt"))
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_text_prompt_frames_equal_transformers(reference, talker, sample):
+    model, processor = reference
+    inputs = _text_inputs(processor)
+    prompt = inputs["input_ids"][0].tolist()
+    sequence, expected = _transformers_codes(model, inputs, sample, seed=7)
+    got = _omniray_codes(talker, qt.TalkerPrompt(prompt), sequence[len(prompt) :], sample, seed=7)
+    assert expected.shape[1] == 16 and len(expected) > 5
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_image_and_audio_prompt_frames_equal_transformers(reference, talker):
+    model, processor = reference
+    rng = np.random.default_rng(3)
+    image = Image.fromarray((rng.random((224, 288, 3)) * 255).astype(np.uint8))
+    wave = (0.3 * np.sin(2 * np.pi * 220 * np.arange(20800) / 16000)).astype(np.float32)
+    chat = [
+        {
+            "role": "user",
+            "content": [{"type": "image"}, {"type": "audio"}, {"type": "text", "text": "Say it."}],
+        }
+    ]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    inputs = dict(processor(text=[text], images=[image], audio=[wave], return_tensors="pt"))
+    prompt = inputs["input_ids"][0].tolist()
+    sequence, expected = _transformers_codes(model, inputs, sample=False)
+
+    # the thinker's hidden states at the talker's layer, at the image/audio placeholders
+    with torch.no_grad():
+        out = model.thinker(**inputs, output_hidden_states=True)
+    layer = model.config.talker_config.accept_hidden_layer
+    media = [i for i, t in enumerate(prompt) if t in talker.media_ids]
+    lengths = inputs["feature_attention_mask"].sum(-1).tolist()
+    thinker_prompt = qt.TalkerPrompt(
+        prompt, media_hidden=out.hidden_states[layer][0, media].numpy(),
+        image_grid_thw=[tuple(g) for g in inputs["image_grid_thw"].tolist()], audio_feature_lengths=lengths,
+    )  # fmt: skip
+    got = _omniray_codes(talker, thinker_prompt, sequence[len(prompt) :], sample=False)
+    np.testing.assert_array_equal(got, expected)
