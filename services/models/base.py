@@ -7,7 +7,7 @@ speaks these interfaces, so a new profile is a YAML plus adapters, never new plu
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -69,6 +69,38 @@ class Talker(Protocol):
 
     def stream_units(self, text: str, voice: str) -> Iterator[np.ndarray]:
         """Text -> speech units (int32 [n]) or latent frames (float32 [n, d]), chunk by chunk."""
+
+
+@dataclass
+class ThinkerPrompt:
+    """What a token talker reads from the thinker's prompt (its generated tokens come as they are
+    written: TokenTalkerStream.feed)."""
+
+    token_ids: list[int]  # each media item's placeholders expanded to its rows
+    # [placeholders, thinker hidden]: the thinker's hidden states at the talker's layer at the media
+    # placeholders, in order (None for a prompt without media)
+    media_hidden: np.ndarray | None = None
+    image_grid_thw: list[tuple[int, int, int]] = field(default_factory=list)
+    audio_feature_lengths: list[int] = field(default_factory=list)
+
+
+class TokenTalkerStream(Protocol):
+    def feed(self, token_ids: list[int]) -> None: ...
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """The thinker ended (or failed: `frames` raises `error`)."""
+
+    def frames(self, timeout: float | None = None) -> Iterator[np.ndarray]:
+        """[1, codebooks] codes per frame as they are drawn; `timeout` bounds each wait for text."""
+
+
+class TokenTalker(Protocol):
+    """A talker that reads the thinker's prompt and tokens (Qwen3-Omni), one stream per response."""
+
+    version: str
+    chunk_frames: list[int]  # frames per unit chunk sent on: the first, then the rest
+
+    def stream(self, prompt: ThinkerPrompt, voice: str) -> TokenTalkerStream: ...
 
 
 class Vocoder(Protocol):

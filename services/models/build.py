@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         path = profile.model_path(spec)
         if path in owners:
-            print(f"[models] {profile.name}/{role:8s} {spec.adapter:14s} the {owners[path]}'s: {path}", flush=True)
+            print(
+                f"[models] {profile.name}/{role:8s} {spec.adapter:14s} the {owners[path]}'s: {path}",
+                flush=True,
+            )
             continue
         owners[path] = role
         t0 = time.monotonic()

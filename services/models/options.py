@@ -7,7 +7,7 @@ adapter name to its class. An adapter's `prepare`, `load` and `verify` receive t
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -88,7 +88,12 @@ class Qwen3OmniAudio(Qwen3OmniModule):
 
 
 class Qwen3OmniTalker(Qwen3OmniModule):
-    """Qwen3-Omni's talker (with the thinker's token embeddings), from the thinker's checkpoint."""
+    """Qwen3-Omni's talker (with the thinker's token embeddings), from the thinker's checkpoint. It
+    reads the thinker's tokens (a token talker), not text pieces."""
+
+    reads_thinker_tokens: ClassVar[bool] = True
+    # Frames per unit chunk sent to the vocoder: a small first one (first audio sooner), then larger.
+    chunk_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [4, 25], min_length=1)
 
 
 # ---- tiny (random weights, built locally) --------------------------------------------------------

@@ -31,12 +31,12 @@ from services.common.errors import OmniError, bad_request, too_large
 from services.common.session_key import SessionKey
 from services.common.streams import next_batch
 from services.common.telemetry import metric
-from services.dataplane import tensors
+from services.dataplane import tensors, token_stream
 from services.extensions.ray.metrics import zero
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline import media
-from services.pipeline.prompt import Layout, PromptBuilder, prompt_tokens
+from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.turn import AudioClip, ImageInput, Turn
 from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
@@ -165,6 +165,9 @@ class Pipeline:
         for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
             zero(self.version_mismatches, modality=modality)
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
+        # A talker that reads the thinker's tokens (Qwen3-Omni) rather than text pieces.
+        talker = profile.models.talker
+        self.token_talker = talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
 
     # ---- validation and preparation -----------------------------------------------------
@@ -191,6 +194,14 @@ class Pipeline:
             if why := self.profile.speech_out_unavailable():
                 raise bad_request(
                     f"{why}; use modalities ['text']", code="unsupported_modality", param="modalities"
+                )
+            if self.token_talker and turn.media:
+                raise bad_request(
+                    f"profile {self.profile.name!r} speaks only answers to text for now (its talker needs the "
+                    "thinker's hidden states at image and audio inputs, which the engine does not hand over yet); "
+                    "use modalities ['text'] with images or audio",
+                    code="unsupported_modality",
+                    param="modalities",
                 )
             voice = turn.speech.voice or pipe.default_voice
             if voice not in pipe.voices:
@@ -452,9 +463,11 @@ class Pipeline:
         prompt: stages_pb2.Prompt,
         tokens: int,
         sampling: common_pb2.SamplingParams,
+        token_stream: str = "",
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
         """The thinker: prefill (for prompts long enough to pay for the hand-off) then decode,
-        streamed. Turns of one session go to the replicas that served it before (session_affinity)."""
+        streamed. Turns of one session go to the replicas that served it before (session_affinity).
+        With `token_stream`, decode also writes the tokens there for a token talker."""
         kv_params = ""
         session = {"session_id": ctx.session_id} if ctx.session_id else {}
         with stage_calls():
@@ -467,7 +480,11 @@ class Pipeline:
                 )
                 kv_params = pre.kv_transfer_params
             request = stages_pb2.DecodeRequest(
-                ctx=ctx, prompt=prompt, sampling=sampling, kv_transfer_params=kv_params
+                ctx=ctx,
+                prompt=prompt,
+                sampling=sampling,
+                kv_transfer_params=kv_params,
+                token_stream=token_stream,
             )
             async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
                 yield chunk
@@ -478,6 +495,9 @@ class Pipeline:
         out: asyncio.Queue = asyncio.Queue()
         pieces: asyncio.Queue = asyncio.Queue()
         final: dict = {}
+        tokens_to = token_stream.key(p.ctx.request_id) if p.plan.speak and self.token_talker else ""
+        written: list[str] = []  # the answer's text as written (a token talker's transcript)
+        thought = asyncio.Event()
 
         async def think() -> None:
             try:
@@ -485,6 +505,7 @@ class Pipeline:
                     await self._build_prompt(p, progress=lambda pr: out.put(Event(progress=pr)))
                 await generate_text()
             finally:
+                thought.set()
                 await pieces.put(None)  # speak() ends even when thinking failed
 
         async def generate_text() -> None:
@@ -492,22 +513,24 @@ class Pipeline:
                 self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
             )
             text = []
-            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling):
+            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, tokens_to):
                 final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
                 if chunk.token_ids or chunk.text:
                     # Tokens whose text is empty still count (as vLLM's server sends them).
                     await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
                 if chunk.text:
                     text.append(chunk.text)
+                    written.append(chunk.text)
                     if (
                         p.plan.speak
+                        and not tokens_to
                         and self.async_chunk
                         and (piece := chunker.push(chunk.text, len(chunk.token_ids)))
                     ):
                         await pieces.put(piece)
                 if chunk.finish_reason:
                     final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
-            if p.plan.speak:
+            if p.plan.speak and not tokens_to:
                 rest = chunker.flush() if self.async_chunk else "".join(text)
                 if rest and rest.strip():
                     await pieces.put(rest)
@@ -541,6 +564,43 @@ class Pipeline:
                         call = VocodeCall(np.concatenate(whole), None, None)
                         await self._vocode(p, call, out, piece, split_s=WHOLE_AUDIO_PIECE_S)
 
+        async def speak_tokens() -> None:
+            """A token talker: one call for the whole response, reading the thinker's tokens as
+            decode writes them (async chunk) or, without async chunk, once the thinker is done."""
+            vocoder = self.profile.models.vocoder
+            if not self.async_chunk:
+                await thought.wait()
+            ids, placements = expanded_ids(p.prompt)
+            talk = stages_pb2.TalkRequest(
+                ctx=p.ctx,
+                voice=p.voice,
+                thinker=stages_pb2.ThinkerOutput(prompt_ids=ids, media=placements, token_stream=tokens_to),
+            )
+            spoken = 0
+
+            def transcript() -> str | None:  # the text written since the last audio went out
+                nonlocal spoken
+                new, spoken = "".join(written[spoken:]), len(written)
+                return new or None
+
+            units = (
+                tensors.materialize(uc.units)
+                async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
+                if not uc.is_final
+            )
+            if self.async_chunk:
+                window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
+                async for chunk in units:
+                    if call := window.push(chunk):
+                        await self._vocode(p, call, out, transcript())
+                if call := window.flush():
+                    await self._vocode(p, call, out, transcript())
+            else:
+                whole = [u async for u in units]
+                if whole:
+                    call = VocodeCall(np.concatenate(whole), None, None)
+                    await self._vocode(p, call, out, transcript(), split_s=WHOLE_AUDIO_PIECE_S)
+
         async def run(coro) -> None:
             try:
                 with stage_calls():
@@ -550,7 +610,7 @@ class Pipeline:
 
         tasks = [asyncio.create_task(run(think()))]
         if p.plan.speak:
-            tasks.append(asyncio.create_task(run(speak())))
+            tasks.append(asyncio.create_task(run(speak_tokens() if tokens_to else speak())))
         try:
             done = 0
             while done < len(tasks):

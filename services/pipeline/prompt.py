@@ -104,3 +104,21 @@ def segment_tokens(segment: stages_pb2.PromptSegment) -> int:
 
 def prompt_tokens(prompt: stages_pb2.Prompt) -> int:
     return sum(segment_tokens(s) for s in prompt.segments)
+
+
+def expanded_ids(prompt: stages_pb2.Prompt) -> tuple[list[int], list[stages_pb2.MediaPlacement]]:
+    """The prompt's token ids as the thinker runs them, each placed media item's placeholder
+    repeated once per row, and the items' placements in order (what a token talker reads). Plain
+    prompt embeddings have no token ids: a ValueError."""
+    ids: list[int] = []
+    placements: list[stages_pb2.MediaPlacement] = []
+    for seg in prompt.segments:
+        if seg.HasField("tokens"):
+            ids.extend(seg.tokens.ids)
+        elif seg.HasField("placement"):
+            pl = seg.placement
+            ids.extend([*pl.prefix_ids, *[pl.placeholder_id] * seg.embeddings.shape[0], *pl.suffix_ids])
+            placements.append(pl)
+        else:
+            raise ValueError("prompt embeddings have no token ids")
+    return ids, placements

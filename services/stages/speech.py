@@ -1,4 +1,4 @@
-"""Talker and vocoder stages: text -> speech units -> PCM, chunk by chunk. Each model step waits
+"""Talker and vocoder stages: text (or the thinker's tokens) -> speech units -> PCM, chunk by chunk. Each model step waits
 for a slot of the replica's urgency gate (services/stages/urgency_gate.py): the sessions closest to a
 playback gap go first."""
 
@@ -12,15 +12,18 @@ import numpy as np
 from omni.v1 import stages_pb2
 from ray import serve
 
-from services.common.redis_config import redis_url
+from services.common.redis_config import async_client, redis_url
 from services.common.telemetry import metric
-from services.dataplane import tensors
+from services.dataplane import tensors, token_stream
+from services.models.base import ThinkerPrompt
 from services.playback.board import BoardReader
 from services.policies import urgency
 from services.stages._stage import Stage
 from services.stages.urgency_gate import UrgencyGate
 
 _DONE = object()
+# A token talker waits this long for the thinker's next token before it gives up on the response.
+TOKEN_WAIT_S = 30.0
 
 
 class _SpeechStage(Stage):
@@ -45,8 +48,14 @@ class Talker(_SpeechStage):
     def __init__(self, profile: dict):
         super().__init__(profile)
         self.model = self.load_model(self.profile.models.talker)
+        self.redis = async_client()  # token streams (token talkers)
+        self.token_wait_s = TOKEN_WAIT_S
 
     async def Talk(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
+        if request.HasField("thinker"):
+            async for chunk in self._talk_tokens(request):
+                yield chunk
+            return
         with self.operation("talk", request.ctx, chunk_index=request.chunk_index):
             units = self.model.stream_units(
                 request.text, request.voice or self.profile.pipeline.default_voice
@@ -59,6 +68,59 @@ class Talker(_SpeechStage):
                     break
                 yield stages_pb2.UnitChunk(units=tensors.describe(chunk, producer_version=self.model.version))
             yield stages_pb2.UnitChunk(is_final=True)
+
+    async def _talk_tokens(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
+        """A token talker: the whole response in one call, reading the thinker's tokens from the
+        response's token stream while it writes frames (services/models/qwen3_omni/talker.py)."""
+        thinker = request.thinker
+        with self.operation("talk_tokens", request.ctx):
+            stream = self.model.stream(
+                _thinker_prompt(thinker), request.voice or self.profile.pipeline.default_voice
+            )
+
+            async def follow() -> None:
+                try:
+                    async for ids in token_stream.read(thinker.token_stream, self.token_wait_s, self.redis):
+                        stream.feed(ids)
+                except BaseException as e:  # a stalled thinker or Redis: the talker stops with it
+                    stream.finish(e)
+                    raise
+                stream.finish()
+
+            reader = asyncio.create_task(follow())
+            frames = stream.frames(timeout=self.token_wait_s)
+            sizes = iter(self.model.chunk_frames)
+            size = next(sizes)
+            try:
+                done = False
+                while not done:
+                    batch = []
+                    while len(batch) < size:
+                        async with self.step(request.ctx):
+                            frame = await asyncio.to_thread(next, frames, _DONE)
+                        if frame is _DONE:
+                            done = True
+                            break
+                        batch.append(frame)
+                    if batch:
+                        units = np.concatenate(batch)
+                        yield stages_pb2.UnitChunk(
+                            units=tensors.describe(units, producer_version=self.model.version)
+                        )
+                    size = next(sizes, size)
+                yield stages_pb2.UnitChunk(is_final=True)
+            finally:
+                reader.cancel()
+                stream.finish()  # a talker thread still waiting for text stops
+
+
+def _thinker_prompt(thinker: stages_pb2.ThinkerOutput) -> ThinkerPrompt:
+    return ThinkerPrompt(
+        token_ids=list(thinker.prompt_ids),
+        media_hidden=tensors.materialize(thinker.media_hidden) if thinker.HasField("media_hidden") else None,
+        image_grid_thw=[tuple(m.grid_thw) for m in thinker.media if m.modality == "image"],
+        audio_feature_lengths=[m.feature_frames for m in thinker.media if m.modality == "audio"],
+    )
 
 
 @serve.deployment

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from omni.v1 import common_pb2, stages_pb2
 from ray import serve
 
+from services.common.redis_config import async_client
 from services.common.streams import coalesce
+from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
 from services.stages._stage import Stage
 
@@ -50,6 +53,10 @@ class Prefill(_Thinker):
 class Decode(_Thinker):
     name = "decode"
 
+    def __init__(self, profile: dict):
+        super().__init__(profile)
+        self.redis = async_client()  # token streams to token talkers
+
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):
             deltas = self.engine.decode(
@@ -59,16 +66,27 @@ class Decode(_Thinker):
                 request.kv_transfer_params,
                 request.ctx,
             )
-            # Tokens that piled up while the previous chunk was in flight go out as one chunk.
-            async for delta in coalesce(deltas, DecodeDelta.merge):
-                yield stages_pb2.DecodeChunk(
-                    token_ids=delta.token_ids,
-                    text=delta.text,
-                    finish_reason=delta.finish_reason or "",
-                    usage=common_pb2.Usage(
-                        prompt_tokens=delta.prompt_tokens,
-                        completion_tokens=delta.completion_tokens,
-                        total_tokens=delta.prompt_tokens + delta.completion_tokens,
-                        cached_prompt_tokens=delta.cached_tokens,
-                    ),
-                )
+            talker = TokenStreamWriter(request.token_stream, self.redis) if request.token_stream else None
+            try:
+                # Tokens that piled up while the previous chunk was in flight go out as one chunk.
+                async for delta in coalesce(deltas, DecodeDelta.merge):
+                    if talker is not None and delta.token_ids:
+                        await talker.add(delta.token_ids)
+                    yield self._chunk(delta)
+            finally:
+                if talker is not None:  # the talker stops reading here, whatever ended the response
+                    await asyncio.shield(talker.end())
+
+    @staticmethod
+    def _chunk(delta: DecodeDelta) -> stages_pb2.DecodeChunk:
+        return stages_pb2.DecodeChunk(
+            token_ids=delta.token_ids,
+            text=delta.text,
+            finish_reason=delta.finish_reason or "",
+            usage=common_pb2.Usage(
+                prompt_tokens=delta.prompt_tokens,
+                completion_tokens=delta.completion_tokens,
+                total_tokens=delta.prompt_tokens + delta.completion_tokens,
+                cached_prompt_tokens=delta.cached_tokens,
+            ),
+        )

@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from services.models.base import ThinkerPrompt
 from services.models.profile import load_profile
 from services.models.qwen3_omni import talker as qt
 from services.models.registry import adapter_module
@@ -67,7 +68,7 @@ def _transformers_codes(model, inputs: dict, sample: bool, seed: int = 0):
     return sequences[0].tolist(), captured["codes"][0].T.numpy()
 
 
-def _omniray_codes(talker, prompt: qt.TalkerPrompt, generated: list[int], sample: bool, seed: int = 0):
+def _omniray_codes(talker, prompt: ThinkerPrompt, generated: list[int], sample: bool, seed: int = 0):
     stream = talker.stream(prompt, "ethan", qt.Sampling(do_sample=sample, max_frames=MAX_CODES))
 
     def thinker():  # the thinker's tokens arrive while the talker runs
@@ -93,7 +94,7 @@ def test_text_prompt_frames_equal_transformers(reference, talker, sample):
     inputs = _text_inputs(processor)
     prompt = inputs["input_ids"][0].tolist()
     sequence, expected = _transformers_codes(model, inputs, sample, seed=7)
-    got = _omniray_codes(talker, qt.TalkerPrompt(prompt), sequence[len(prompt) :], sample, seed=7)
+    got = _omniray_codes(talker, ThinkerPrompt(prompt), sequence[len(prompt) :], sample, seed=7)
     assert expected.shape[1] == 16 and len(expected) > 5
     np.testing.assert_array_equal(got, expected)
 
@@ -120,9 +121,24 @@ def test_image_and_audio_prompt_frames_equal_transformers(reference, talker):
     layer = model.config.talker_config.accept_hidden_layer
     media = [i for i, t in enumerate(prompt) if t in talker.media_ids]
     lengths = inputs["feature_attention_mask"].sum(-1).tolist()
-    thinker_prompt = qt.TalkerPrompt(
+    thinker_prompt = ThinkerPrompt(
         prompt, media_hidden=out.hidden_states[layer][0, media].numpy(),
         image_grid_thw=[tuple(g) for g in inputs["image_grid_thw"].tolist()], audio_feature_lengths=lengths,
     )  # fmt: skip
     got = _omniray_codes(talker, thinker_prompt, sequence[len(prompt) :], sample=False)
     np.testing.assert_array_equal(got, expected)
+
+
+def test_a_thinker_that_fails_or_stalls_stops_the_talker(talker, reference):
+    _, processor = reference
+    prompt = ThinkerPrompt(_text_inputs(processor)["input_ids"][0].tolist())
+    stalled = talker.stream(prompt, "ethan")
+    with pytest.raises(TimeoutError):
+        next(stalled.frames(timeout=0.2))
+    failed = talker.stream(prompt, "ethan")
+    failed.feed([9, 10])
+    failed.finish(ConnectionError("redis went away"))
+    with pytest.raises(ConnectionError):
+        list(failed.frames(timeout=5))
+    with pytest.raises(ValueError, match="unknown voice"):
+        talker.stream(prompt, "alloy")

@@ -2,7 +2,8 @@
 the real Qwen3-Omni at a tiny size: the official `openai` SDK streams an answer to text, an image and
 speech (the model's own encoders in the encoder pool, their outputs placed by vLLM's thinker), a long
 multimodal prompt goes through prefill -> decode over the KV store and is found there the next time,
-gRPC Chat answers, and what is not wired yet (speech out) is refused with a clear 400."""
+gRPC Chat answers, and speech streams from the model's talker and code2wav (for text prompts; with
+media in it is refused with a clear 400 until the engine hands over the thinker's hidden states)."""
 
 from __future__ import annotations
 
@@ -102,8 +103,41 @@ def test_a_long_multimodal_prompt_goes_through_prefill_and_the_kv_store(client):
     assert u2.prompt_tokens_details.cached_tokens >= 4 * 196
 
 
-def test_speech_out_is_refused_until_wired(cluster, client):
-    with pytest.raises(openai.BadRequestError):
+def test_the_sdk_streams_speech_from_the_talker_and_code2wav(client):
+    """Text and 24 kHz audio in one stream: the talker reads the thinker's tokens as decode writes
+    them (async chunk), so audio arrives before the last text token."""
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me about Paris."}], max_tokens=96,
+        temperature=0, stream=True, modalities=["text", "audio"], audio={"voice": "chelsie", "format": "pcm16"},
+    )  # fmt: skip
+    events = []  # "text" (the words, as the audio's transcript: OpenAI's audio mode) or "audio"
+    pcm, rates, transcript = bytearray(), set(), []
+    for chunk in stream:
+        audio = chunk.choices[0].delta.audio if chunk.choices else None
+        if audio:
+            audio = audio.model_dump()
+            if audio.get("data"):
+                pcm += base64.b64decode(audio["data"])
+                rates.add(audio["sample_rate"])
+                events.append("audio")
+            if audio.get("transcript"):
+                transcript.append(audio["transcript"])
+                events.append("text")
+    assert rates == {24_000} and len(pcm) >= 2 * 1920 * 4  # at least the first chunk's 4 frames
+    assert events.index("audio") < len(events) - 1 - events[::-1].index("text"), events
+    assert "".join(transcript)
+
+
+def test_speech_out_with_media_in_is_refused_until_hidden_states_are_handed_over(client):
+    with pytest.raises(openai.BadRequestError, match="hidden states"):
+        client.chat.completions.create(
+            model=MODEL, messages=_media_question(png_bytes(seed=13)), max_tokens=4,
+            modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+        )  # fmt: skip
+
+
+def test_an_unknown_voice_is_refused(client):
+    with pytest.raises(openai.BadRequestError, match="unknown voice"):
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
             modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"},

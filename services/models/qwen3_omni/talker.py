@@ -26,27 +26,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from services.models import options as o
+from services.models.base import ThinkerPrompt
 from services.models.qwen3_omni import checkpoint
 
 ASSISTANT_TEMPLATE_TOKENS = 3  # <|im_start|> assistant \n
-
-
-@dataclass
-class TalkerPrompt:
-    """What the talker needs from the thinker's prompt."""
-
-    token_ids: list[int]
-    # [placeholder positions of the prompt, thinker hidden] — layer `accept_hidden_layer` at the
-    # image/audio/video placeholders, in order (none for a text prompt)
-    media_hidden: np.ndarray | None = None
-    image_grid_thw: list[tuple[int, int, int]] = field(default_factory=list)
-    audio_feature_lengths: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -89,10 +78,11 @@ class Talker:
                 self.embed[tts.to(p.device)]
             )[:, None].unbind(0)  # each [1, hidden]
         self.version = f"qwen3-omni-talker:{path.name}"
+        self.chunk_frames = list(options.chunk_frames)
         # One forward at a time: the talker keeps its M-RoPE offset on the module.
         self._lock = threading.Lock()
 
-    def stream(self, prompt: TalkerPrompt, voice: str, sampling: Sampling = Sampling()) -> TalkerStream:
+    def stream(self, prompt: ThinkerPrompt, voice: str, sampling: Sampling = Sampling()) -> TalkerStream:
         if voice not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; this talker has {sorted(self.voices)}")
         return TalkerStream(self, prompt, self.voices[voice], sampling)
@@ -102,10 +92,11 @@ class TalkerStream:
     """One response's talker: `feed` the thinker's tokens as they come, `finish` when it is done;
     `frames()` yields [n, 16] int64 codes as the talker writes them."""
 
-    def __init__(self, talker: Talker, prompt: TalkerPrompt, speaker_id: int, sampling: Sampling):
+    def __init__(self, talker: Talker, prompt: ThinkerPrompt, speaker_id: int, sampling: Sampling):
         self.t, self.prompt, self.speaker_id, self.sampling = talker, prompt, speaker_id, sampling
         self._tokens: list[int] = []
         self._finished = False
+        self._error: BaseException | None = None
         self._more = threading.Condition()
         self._eos = talker.config.im_end_token_id
 
@@ -116,9 +107,10 @@ class TalkerStream:
             self._tokens.extend(token_ids)
             self._more.notify_all()
 
-    def finish(self) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
         with self._more:
             self._finished = True
+            self._error = self._error or error
             self._more.notify_all()
 
     def _generated(self, n: int, timeout: float | None) -> tuple[list[int], bool]:
@@ -130,6 +122,8 @@ class TalkerStream:
             )
             if not ok:
                 raise TimeoutError(f"the thinker wrote no token {n - 1} within {timeout} s")
+            if self._error is not None:
+                raise self._error
             tokens = list(self._tokens)
             if self._eos in tokens:
                 return tokens[: tokens.index(self._eos) + 1], True

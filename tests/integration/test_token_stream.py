@@ -1,0 +1,47 @@
+"""The token stream from decode to a token talker, on a real Redis: chunks arrive in order and end at
+the end entry; a reader that sees nothing for its wait gives up with TimeoutError (a thinker that
+stalled or died) rather than waiting forever; a stream expires after its last write."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from services.common.redis_config import async_client
+from services.dataplane import token_stream
+from services.dataplane.token_stream import TokenStreamWriter, read
+
+
+@pytest.fixture
+def redis(redis_url):
+    return async_client(redis_url)
+
+
+async def test_chunks_arrive_in_order_until_the_end(redis):
+    stream = token_stream.key(uuid.uuid4().hex)
+    writer = TokenStreamWriter(stream, redis)
+
+    async def thinker():
+        for chunk in ([1, 2], [3], [151645]):
+            await writer.add(chunk)
+            await asyncio.sleep(0.05)
+        await writer.end()
+
+    task = asyncio.create_task(thinker())
+    got = [ids async for ids in read(stream, 5.0, redis)]
+    await task
+    assert got == [[1, 2], [3], [151645]]
+    assert 0 < await redis.ttl(stream) <= token_stream.TTL_S
+
+
+async def test_a_silent_stream_times_out_within_its_wait(redis):
+    stream = token_stream.key(uuid.uuid4().hex)
+    await TokenStreamWriter(stream, redis).add([7])
+    loop = asyncio.get_running_loop()
+    start, got = loop.time(), []
+    with pytest.raises(TimeoutError):
+        async for ids in read(stream, 0.5, redis):
+            got.append(ids)
+    assert got == [[7]] and loop.time() - start < 0.5 + 2 * token_stream.BLOCK_MS / 1000 + 0.5
