@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PROFILE ?= small
 LEVELS ?= 1,4,16
+OMNI_LEVELS ?= 1,4,10
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 9000
 export OMNIRAY_DATA ?= $(CURDIR)/.data
@@ -14,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast bench bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -74,6 +75,11 @@ test-fast: setup
 
 bench: models
 	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
+
+# vLLM-Omni's Qwen3-Omni workload (100-token prompt -> text + audio, c = 1/4/10): TTFP and RTF, async
+# chunk on/off. For the GPU profile; PROFILE=qwen3-omni-tiny runs the same paths on a CPU.
+bench-omni: models
+	$(PY) -m loadtest.omni_compare --profile $(PROFILE) --levels $(OMNI_LEVELS)
 
 # Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
 bench-encoder: models

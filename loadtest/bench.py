@@ -68,7 +68,7 @@ def _ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def _bodies(model: str, prompts, audio: bool, voice: str) -> list[dict]:
+def chat_bodies(model: str, prompts, audio: bool, voice: str) -> list[dict]:
     out = []
     for p in prompts:
         b = {
@@ -139,7 +139,7 @@ def _versus(targets: dict[str, str], bodies: list[dict], levels, per_level, roun
     return out
 
 
-def _service(url: str, bodies: list[dict], levels, per_level, label: str) -> dict:
+def audio_levels(url: str, bodies: list[dict], levels, per_level, label: str) -> dict:
     asyncio.run(run_closed_loop(url, bodies[:4], 2))  # warm-up
     out = {}
     for c in levels:
@@ -181,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = load_profile(args.profile)
     model, voice = profile.served_model_name, profile.pipeline.default_voice
     n_max = _requests_for(max(levels), args.per_level)
-    text_bodies = _bodies(model, chat_prompts(n_max, seed=0, max_tokens=args.max_tokens), False, voice)
-    audio_bodies = _bodies(model, chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens), True, voice)
+    text_bodies = chat_bodies(model, chat_prompts(n_max, seed=0, max_tokens=args.max_tokens), False, voice)
+    audio_bodies = chat_bodies(
+        model, chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens), True, voice
+    )
 
     report: dict = {
         "profile": args.profile,
@@ -209,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         report["text"] = _versus(targets, text_bodies, levels, args.per_level, args.rounds, roots)
         if not args.no_audio:
             print("[bench] 2/3 service, audio out, async chunk", flush=True)
-            report["audio_async"] = _service(url, audio_bodies, levels, args.per_level, "async chunk")
+            report["audio_async"] = audio_levels(url, audio_bodies, levels, args.per_level, "async chunk")
             print("[bench] 3/3 service, audio out, no async chunk (redeploying)", flush=True)
             runtime.deploy(cluster, args.profile, app_args={"async_chunk": False}, timeout_s=600)
-            report["audio_sync"] = _service(url, audio_bodies, levels, args.per_level, "no async")
+            report["audio_sync"] = audio_levels(url, audio_bodies, levels, args.per_level, "no async")
 
     print("\n[bench] summary (same run, same machine; medians over rounds)")
     print(

@@ -94,6 +94,9 @@ class Qwen3OmniTalker(Qwen3OmniModule):
     reads_thinker_tokens: ClassVar[bool] = True
     # Frames per unit chunk sent to the vocoder: a small first one (first audio sooner), then larger.
     chunk_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [4, 25], min_length=1)
+    # A response's speech is at most this many frames (80 ms each) per token of its text, plus a
+    # second: the talker stops there if it has not ended itself (trained weights end well before).
+    max_frames_per_token: int = Field(default=6, ge=1, le=64)
 
 
 # ---- tiny (random weights, built locally) --------------------------------------------------------

@@ -142,3 +142,13 @@ def test_a_thinker_that_fails_or_stalls_stops_the_talker(talker, reference):
         list(failed.frames(timeout=5))
     with pytest.raises(ValueError, match="unknown voice"):
         talker.stream(prompt, "alloy")
+
+
+def test_speech_is_bounded_by_the_texts_length(talker, reference):
+    """Random weights never draw the codec's end: the talker stops at its per-token share."""
+    _, processor = reference
+    stream = talker.stream(ThinkerPrompt(_text_inputs(processor)["input_ids"][0].tolist()), "aiden")
+    stream.feed([100, 200, 300])
+    stream.finish()
+    frames = list(stream.frames(timeout=5))
+    assert len(frames) <= talker.max_frames_per_token * 3 + qt.TAIL_FRAMES

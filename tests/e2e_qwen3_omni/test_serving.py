@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import openai
 import pytest
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
@@ -142,3 +143,38 @@ def test_an_unknown_voice_is_refused(client):
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
             modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"},
         )  # fmt: skip
+
+
+def test_a_realtime_session_sends_raw_audio_into_the_models_audio_encoder(client):
+    """Realtime on Qwen3-Omni: the session's audio goes to the model's own audio encoder (no ASR), the
+    answer is text (its spoken reply waits for the thinker's hidden states), and a second turn sees
+    the first."""
+    manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"]}
+    rate = 24_000
+    t = np.arange(int(0.8 * rate)) / rate
+    speech = base64.b64encode((np.sin(2 * np.pi * 180 * t) * 8000).astype("<i2").tobytes()).decode()
+
+    def until(conn, kind, seen):
+        for event in conn:
+            seen.append(event)
+            if event.type == "error":
+                raise AssertionError(event)
+            if event.type == kind:
+                return event
+        raise AssertionError(f"closed before {kind}")
+
+    with client.realtime.connect(model=MODEL) as conn:
+        seen: list = []
+        until(conn, "session.created", seen)
+        conn.session.update(session={**manual, "max_output_tokens": 12})
+        until(conn, "session.updated", seen)
+        usage = []
+        for _ in range(2):
+            conn.input_audio_buffer.append(audio=speech)
+            conn.input_audio_buffer.commit()
+            conn.response.create()
+            done = until(conn, "response.done", seen)
+            assert done.response.status == "completed"
+            usage.append(done.response.usage.input_tokens)
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        assert text and usage[1] > usage[0] > 13  # 0.8 s of audio: 11 audio tokens and more

@@ -36,6 +36,7 @@ from services.models.base import ThinkerPrompt
 from services.models.qwen3_omni import checkpoint
 
 ASSISTANT_TEMPLATE_TOKENS = 3  # <|im_start|> assistant \n
+TAIL_FRAMES = 12  # ~1 s of speech past the text's share (Sampling.max_frames_per_token)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Sampling:
     temperature: float = 0.9
     repetition_penalty: float = 1.05
     max_frames: int = 4096  # codes drawn at most (transformers' talker_max_new_tokens)
+    # and at most this many per token of the text once it is known, plus TAIL_FRAMES (0: no bound)
+    max_frames_per_token: int = 0
 
 
 class Talker:
@@ -79,12 +82,14 @@ class Talker:
             )[:, None].unbind(0)  # each [1, hidden]
         self.version = f"qwen3-omni-talker:{path.name}"
         self.chunk_frames = list(options.chunk_frames)
+        self.max_frames_per_token = options.max_frames_per_token
         # One forward at a time: the talker keeps its M-RoPE offset on the module.
         self._lock = threading.Lock()
 
-    def stream(self, prompt: ThinkerPrompt, voice: str, sampling: Sampling = Sampling()) -> TalkerStream:
+    def stream(self, prompt: ThinkerPrompt, voice: str, sampling: Sampling | None = None) -> TalkerStream:
         if voice not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; this talker has {sorted(self.voices)}")
+        sampling = sampling or Sampling(max_frames_per_token=self.max_frames_per_token)
         return TalkerStream(self, prompt, self.voices[voice], sampling)
 
 
@@ -195,6 +200,13 @@ class TalkerStream:
             return self.t.model.text_projection(self.t.embed[ids])
         return self.t.tts_eos if step == end else self.t.tts_pad
 
+    def _over_budget(self, step: int) -> bool:
+        """Past its share of frames for a text that has ended (Sampling.max_frames_per_token)."""
+        per_token = self.sampling.max_frames_per_token
+        with self._more:
+            ended = self._finished or self._eos in self._tokens
+            return bool(per_token and ended and step + 1 >= per_token * len(self._tokens) + TAIL_FRAMES)
+
     def frames(self, timeout: float | None = None) -> Iterator[np.ndarray]:
         """[1, 16] codes per frame as generated (callers batch them); `timeout` bounds each wait for
         the thinker's next token."""
@@ -248,7 +260,7 @@ class TalkerStream:
             code = pick(out.logits, generated)
             for step in range(s.max_frames):
                 generated = torch.cat([generated, code], dim=1)
-                if int(code) == eos or generated.shape[1] == s.max_frames:
+                if int(code) == eos or generated.shape[1] == s.max_frames or self._over_budget(step):
                     return  # (as generate: the last code drawn gets no residual codes)
                 last_hidden = model.get_input_embeddings()(code)
                 past_hidden = out.hidden_states[0][-1][:, -1:]
