@@ -164,6 +164,15 @@ def _declared() -> list[Metric]:
             ("stage",),
             (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         ),
+        # token talkers (services/stages/speech.py; Qwen3-Omni)
+        Metric("omniray_talker_frames_total", c, "Codec frames a token talker drew."),
+        Metric(
+            "omniray_talker_streams_total",
+            c,
+            "Token talker responses by how they ended: codec_eos (the talker ended itself), text_budget"
+            " (its share of frames for the text: max_frames_per_token), max_frames, error.",
+            ("end",),
+        ),
         Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
         Metric("omniray_encoder_batch_tiles", h, "Tiles per encoder batch.", (), (1, 2, 4, 8, 16, 32, 64)),
         Metric("omniray_encoder_pending_tiles", g, "Tiles waiting in this replica."),

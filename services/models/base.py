@@ -85,6 +85,8 @@ class ThinkerPrompt:
 
 
 class TokenTalkerStream(Protocol):
+    ended_by: str  # why frames() ended: codec_eos | text_budget | max_frames
+
     def feed(self, token_ids: list[int]) -> None: ...
 
     def finish(self, error: BaseException | None = None) -> None:

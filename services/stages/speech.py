@@ -50,6 +50,8 @@ class Talker(_SpeechStage):
         self.model = self.load_model(self.profile.models.talker)
         self.redis = async_client()  # token streams (token talkers)
         self.token_wait_s = TOKEN_WAIT_S
+        self.frames = metric("omniray_talker_frames_total")
+        self.streams = metric("omniray_talker_streams_total")
 
     async def Talk(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
         if request.HasField("thinker"):
@@ -103,12 +105,17 @@ class Talker(_SpeechStage):
                             break
                         batch.append(frame)
                     if batch:
+                        self.frames.inc(len(batch))
                         units = np.concatenate(batch)
                         yield stages_pb2.UnitChunk(
                             units=tensors.describe(units, producer_version=self.model.version)
                         )
                     size = next(sizes, size)
+                self.streams.inc(tags={"end": stream.ended_by or "codec_eos"})
                 yield stages_pb2.UnitChunk(is_final=True)
+            except Exception:
+                self.streams.inc(tags={"end": "error"})
+                raise
             finally:
                 reader.cancel()
                 stream.finish()  # a talker thread still waiting for text stops

@@ -102,6 +102,7 @@ class TalkerStream:
         self._tokens: list[int] = []
         self._finished = False
         self._error: BaseException | None = None
+        self.ended_by = ""  # codec_eos | text_budget | max_frames, once frames() has returned
         self._more = threading.Condition()
         self._eos = talker.config.im_end_token_id
 
@@ -261,7 +262,12 @@ class TalkerStream:
             for step in range(s.max_frames):
                 generated = torch.cat([generated, code], dim=1)
                 if int(code) == eos or generated.shape[1] == s.max_frames or self._over_budget(step):
-                    return  # (as generate: the last code drawn gets no residual codes)
+                    # (as generate: the last code drawn gets no residual codes)
+                    self.ended_by = (
+                        "codec_eos" if int(code) == eos else "max_frames" if generated.shape[1] == s.max_frames
+                        else "text_budget"
+                    )  # fmt: skip
+                    return
                 last_hidden = model.get_input_embeddings()(code)
                 past_hidden = out.hidden_states[0][-1][:, -1:]
                 predictor_kwargs = {"top_k": 50, "top_p": 0.8} if s.do_sample else {}
