@@ -2,8 +2,10 @@
 Qwen3-Omni's, reads them as they are written): a Redis stream per response, so whichever replicas
 serve the two calls find each other, and nothing passes through the gateway.
 
-Decode appends each chunk's token ids and, when the response ends for any reason, an end entry;
-the talker reads from the start with bounded blocking reads. The stream expires a while after its
+Decode appends, first, the thinker's hidden states at the prompt's media placeholders when the prompt
+has media (the talker's input, services/extensions/vllm/media_rows.py), then each chunk's token ids,
+and when the response ends for any reason an end entry (or an error entry); the talker reads from
+the start with bounded blocking reads. The stream expires a while after its
 last write, so an abandoned one (a stage killed mid-response) does not stay.
 """
 
@@ -32,22 +34,33 @@ class TokenStreamWriter:
         self.redis = redis or async_client()
 
     async def add(self, token_ids) -> None:
-        ids = np.asarray(token_ids, dtype="<i4").tobytes()
+        await self._add({"ids": np.asarray(token_ids, dtype="<i4").tobytes()})
+
+    async def add_media_rows(self, rows: np.ndarray) -> None:
+        rows = np.ascontiguousarray(rows, dtype="<f4")
+        await self._add({"media": rows.tobytes(), "width": str(rows.shape[1])})
+
+    async def fail(self, reason: str) -> None:
+        await self._add({"error": reason.encode()})
+
+    async def _add(self, fields: dict) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, {"ids": ids})
+            pipe.xadd(self.stream, fields)
             pipe.expire(self.stream, TTL_S)
             await pipe.execute()
 
     async def end(self) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, {"end": b"1"})
-            pipe.expire(self.stream, TTL_S)
-            await pipe.execute()
+        await self._add({"end": b"1"})
 
 
-async def read(stream: str, wait_s: float, redis=None) -> AsyncIterator[list[int]]:
-    """The token ids written to `stream`, chunk by chunk, until its end entry. Raises TimeoutError
-    when nothing is written for `wait_s` (a thinker that stalled or died)."""
+class ThinkerFailed(RuntimeError):
+    """Decode wrote an error entry: the talker cannot go on (e.g. its media rows are missing)."""
+
+
+async def read(stream: str, wait_s: float, redis=None) -> AsyncIterator[list[int] | np.ndarray]:
+    """What `stream` carries until its end entry: the media rows ([rows, hidden] float32) if any,
+    then token ids chunk by chunk. Raises TimeoutError when nothing is written for `wait_s` (a
+    thinker that stalled or died), ThinkerFailed on an error entry."""
     redis = redis or async_client()
     last, deadline = "0-0", time.monotonic() + wait_s
     while True:
@@ -61,4 +74,9 @@ async def read(stream: str, wait_s: float, redis=None) -> AsyncIterator[list[int
             last = entry_id
             if b"end" in fields:
                 return
-            yield np.frombuffer(fields[b"ids"], dtype="<i4").tolist()
+            if b"error" in fields:
+                raise ThinkerFailed(fields[b"error"].decode(errors="replace"))
+            if b"media" in fields:
+                yield np.frombuffer(fields[b"media"], dtype="<f4").reshape(-1, int(fields[b"width"]))
+            else:
+                yield np.frombuffer(fields[b"ids"], dtype="<i4").tolist()

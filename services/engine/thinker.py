@@ -26,11 +26,14 @@ from omni.v1 import common_pb2, stages_pb2
 from services.common.paths import data_dir
 from services.common.redis_config import redis_url
 from services.dataplane import tensors
+from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
+from services.extensions.vllm.media_rows import media_row_keys
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
 Role = Literal["prefill", "decode"]
+MEDIA_ROWS_WORKER = "services.extensions.vllm.media_rows.MediaRowsWorker"
 _NO_CONTEXT = common_pb2.RequestContext()
 
 
@@ -54,6 +57,9 @@ class DecodeDelta:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # On a response's first delta: where the thinker's rows at its media placeholders are
+    # (services/extensions/vllm/media_rows.py), for a token talker.
+    media_rows: tuple[str, ...] = ()
 
     @staticmethod
     def merge(deltas: list[DecodeDelta]) -> DecodeDelta:
@@ -65,6 +71,7 @@ class DecodeDelta:
             prompt_tokens=last.prompt_tokens,
             completion_tokens=last.completion_tokens,
             cached_tokens=last.cached_tokens,
+            media_rows=next((d.media_rows for d in deltas if d.media_rows), ()),
         )
 
 
@@ -226,6 +233,9 @@ class ThinkerEngine:
             **profile.engine.extra,
         )
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
+        # A model whose rows at the media go to a talker (profile: engine.extra.worker_extension_cls).
+        self.media_rows = profile.engine.extra.get("worker_extension_cls") == MEDIA_ROWS_WORKER
+        self._media_rows_on = False
         self._embed_table: torch.Tensor | None = None
 
     # -- prompts --------------------------------------------------------------------------
@@ -266,6 +276,7 @@ class ThinkerEngine:
         kv_transfer_params: dict | None,
         max_tokens: int | None = None,
         session_id: str = "",
+        media_rows: list | None = None,
     ):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -275,6 +286,8 @@ class ThinkerEngine:
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else {}
         if session_id:  # the scheduler's key into the session board
             extra[SESSION_ARG] = session_id
+        if media_rows:  # the worker writes these items' rows for the talker
+            extra[MEDIA_ROWS_ARG] = [list(r) for r in media_rows]
         return SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else sampling.max_tokens,
             temperature=sampling.temperature,
@@ -301,7 +314,8 @@ class ThinkerEngine:
         engine_prompt, n_tokens, segments = self.engine_prompt(prompt, ctx.tenant)
         kind = "session" if ctx.session_id else "prefix"
         kv = self.kv_params(segments, ctx, kind, do_remote_decode=True)
-        params = self.sampling_params(sampling, kv_transfer_params=kv, max_tokens=1)
+        rows = await self._media_rows(engine_prompt, segments, ctx.tenant)
+        params = self.sampling_params(sampling, kv_transfer_params=kv, max_tokens=1, media_rows=rows)
         async for _ in self.engine.generate(engine_prompt, params, request_id=request_id):
             pass
         return n_tokens, json.dumps({"omniray": {"kind": "pd"}})
@@ -318,12 +332,17 @@ class ThinkerEngine:
         handed = json.loads(kv_transfer_params) if kv_transfer_params else {}
         kind = handed.get("omniray", {}).get("kind") or ("session" if ctx.session_id else "prefix")
         kv = self.kv_params(segments, ctx, kind) if self.kv_enabled else None
-        params = self.sampling_params(sampling, kv_transfer_params=kv, session_id=ctx.session_id)
+        rows = await self._media_rows(engine_prompt, segments, ctx.tenant)
+        params = self.sampling_params(
+            sampling, kv_transfer_params=kv, session_id=ctx.session_id, media_rows=rows
+        )
         completion = 0
+        media_rows = tuple(key for _, _, key in rows)
         async for out in self.engine.generate(engine_prompt, params, request_id=request_id):
             c = out.outputs[0]
             completion += len(c.token_ids)
             yield DecodeDelta(
+                media_rows=media_rows if completion == len(c.token_ids) else (),
                 token_ids=list(c.token_ids),
                 text=c.text,
                 finish_reason=c.finish_reason if out.finished else None,
@@ -331,6 +350,16 @@ class ThinkerEngine:
                 completion_tokens=completion,
                 cached_tokens=out.num_cached_tokens or 0,
             )
+
+    async def _media_rows(self, engine_prompt: dict, segments: list | None, salt: str) -> list:
+        """(start, rows, key) of the prompt's placed media items when the model writes its rows for
+        a talker (media_rows.py); the first call starts the writing in the engine's workers."""
+        if not self.media_rows or "multi_modal_data" not in engine_prompt or not segments:
+            return []
+        if not self._media_rows_on:
+            await self.engine.collective_rpc("omniray_capture_media_rows")
+            self._media_rows_on = True
+        return media_row_keys(segments, salt, self.llm_version)
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (a client that went away must leave none behind)."""

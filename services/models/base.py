@@ -89,6 +89,9 @@ class TokenTalkerStream(Protocol):
 
     def feed(self, token_ids: list[int]) -> None: ...
 
+    def set_media_hidden(self, rows: np.ndarray) -> None:
+        """The thinker's hidden states at the prompt's media placeholders (before its first token)."""
+
     def finish(self, error: BaseException | None = None) -> None:
         """The thinker ended (or failed: `frames` raises `error`)."""
 

@@ -195,14 +195,6 @@ class Pipeline:
                 raise bad_request(
                     f"{why}; use modalities ['text']", code="unsupported_modality", param="modalities"
                 )
-            if self.token_talker and turn.media:
-                raise bad_request(
-                    f"profile {self.profile.name!r} speaks only answers to text for now (its talker needs the "
-                    "thinker's hidden states at image and audio inputs, which the engine does not hand over yet); "
-                    "use modalities ['text'] with images or audio",
-                    code="unsupported_modality",
-                    param="modalities",
-                )
             voice = turn.speech.voice or pipe.default_voice
             if voice not in pipe.voices:
                 raise bad_request(

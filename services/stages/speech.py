@@ -82,8 +82,11 @@ class Talker(_SpeechStage):
 
             async def follow() -> None:
                 try:
-                    async for ids in token_stream.read(thinker.token_stream, self.token_wait_s, self.redis):
-                        stream.feed(ids)
+                    async for item in token_stream.read(thinker.token_stream, self.token_wait_s, self.redis):
+                        if isinstance(item, np.ndarray):  # the thinker's rows at the media, first
+                            stream.set_media_hidden(item)
+                        else:
+                            stream.feed(item)
                 except BaseException as e:  # a stalled thinker or Redis: the talker stops with it
                     stream.finish(e)
                     raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 from ray import serve
 
@@ -12,6 +13,7 @@ from services.common.redis_config import async_client
 from services.common.streams import coalesce
 from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
+from services.extensions.vllm.media_rows import read_rows_async
 from services.stages._stage import Stage
 
 
@@ -70,12 +72,24 @@ class Decode(_Thinker):
             try:
                 # Tokens that piled up while the previous chunk was in flight go out as one chunk.
                 async for delta in coalesce(deltas, DecodeDelta.merge):
+                    if talker is not None and delta.media_rows:
+                        await self._hand_media_rows(talker, delta.media_rows)
                     if talker is not None and delta.token_ids:
                         await talker.add(delta.token_ids)
                     yield self._chunk(delta)
             finally:
                 if talker is not None:  # the talker stops reading here, whatever ended the response
                     await asyncio.shield(talker.end())
+
+    async def _hand_media_rows(self, talker: TokenStreamWriter, keys: tuple[str, ...]) -> None:
+        """The thinker's rows at the prompt's media, in prompt order, ahead of the tokens (written
+        by whichever engine computed them: this one, the prefill engine, or an earlier request's)."""
+        found = await read_rows_async(self.redis, list(keys))
+        if any(rows is None for rows in found):
+            missing = sum(rows is None for rows in found)
+            await talker.fail(f"the thinker's hidden states for {missing} media item(s) are gone; ask again")
+            return
+        await talker.add_media_rows(np.concatenate(found))
 
     @staticmethod
     def _chunk(delta: DecodeDelta) -> stages_pb2.DecodeChunk:

@@ -2,7 +2,10 @@
 engine binds threads and holds the model): the thinker encoding the raw media itself, and the
 encoder pool's adapters encoding them with their outputs placed by the engine's own prompt code
 (services/engine/thinker.py vllm_prompt). Also a 2x1-tile image through the placed path. Prints
-one JSON line per run: `RUN {"name", "tokens", "prompt_tokens", "counted"}`."""
+one JSON line per run: `RUN {"name", "tokens", "prompt_tokens", "counted"}`; and, for the placed
+run, how far the rows the workers wrote for the talker (media_rows.py, in the Redis at
+$OMNIRAY_REDIS_URL) are from transformers' thinker hidden states at the same layer and positions:
+`ROWS {"items", "rows", "max_abs", "scale"}`."""
 
 import json
 
@@ -11,8 +14,10 @@ from omni.v1 import stages_pb2
 from PIL import Image
 from vllm import LLM, SamplingParams
 
+from services.common.redis_config import sync_client
 from services.dataplane import tensors
 from services.engine.thinker import vllm_prompt
+from services.extensions.vllm.media_rows import EXTRA_ARG, media_row_keys, read_rows
 from services.extensions.vllm.plugin import QWEN3_OMNI_THINKER
 from services.models.profile import load_profile
 from services.models.registry import adapter_module
@@ -42,8 +47,9 @@ def main() -> None:
     assert profile.engine.extra["hf_overrides"]["architectures"] == [QWEN3_OMNI_THINKER]
     greedy = SamplingParams(max_tokens=16, temperature=0)
 
-    def run(name: str, request: dict, counted: int) -> None:
-        (out,) = llm.generate([request], greedy)
+    def run(name: str, request: dict, counted: int, **extra) -> None:
+        params = SamplingParams(max_tokens=16, temperature=0, **extra) if extra else greedy
+        (out,) = llm.generate([request], params)
         line = {"name": name, "tokens": list(out.outputs[0].token_ids), "prompt_tokens": len(out.prompt_token_ids),
                 "counted": counted}  # fmt: skip
         print("RUN", json.dumps(line), flush=True)
@@ -85,10 +91,33 @@ def main() -> None:
         {"prompt_token_ids": raw_ids, "multi_modal_data": {"image": image, "audio": (wave, 16000)}},
         counted,
     )
-    run("encoder_pool", request, counted)
+    llm.collective_rpc("omniray_capture_media_rows")
+    llm_version = FeatureVersions.parse(FeatureVersions.for_profile(profile, "image").encode()).llm
+    keys = media_row_keys(segments, "", llm_version)
+    run("encoder_pool", request, counted, extra_args={EXTRA_ARG: [list(k) for k in keys]})
+    rows = read_rows(sync_client(), [k for _, _, k in keys])
+    assert all(r is not None for r in rows), "the workers wrote no rows"
+    expected = _transformers_rows(path, tok.decode(raw_ids), image, wave, [(s, n) for s, n, _ in keys])
+    got = np.concatenate(rows)
+    print("ROWS", json.dumps({"items": len(rows), "rows": len(got), "max_abs": float(np.abs(got - expected).max()),
+                              "scale": float(np.abs(expected).max())}), flush=True)  # fmt: skip
     request, counted, _ = vllm_prompt(prompt(encode_image(wide, 2, 1), audio_out), FeatureVersions.parse(
         FeatureVersions.for_profile(profile, "image").encode()).llm, lambda: None)  # fmt: skip
     run("two_tiles", request, counted)
+
+
+def _transformers_rows(path, text: str, image, wave, spans: list[tuple[int, int]]) -> np.ndarray:
+    """transformers' thinker hidden states after `accept_hidden_layer` layers at the spans."""
+    import torch
+    from transformers import AutoConfig, AutoProcessor, Qwen3OmniMoeForConditionalGeneration
+
+    layer = AutoConfig.from_pretrained(path).talker_config.accept_hidden_layer
+    processor = AutoProcessor.from_pretrained(path)
+    inputs = processor(text=[text], images=[image], audio=[wave], return_tensors="pt")
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model.thinker(**inputs, output_hidden_states=True).hidden_states[layer][0]
+    return np.concatenate([hidden[s : s + n].numpy() for s, n in spans])
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Qwen3-Omni's own encoders in the encoder pool feed vLLM's thinker exactly what it computes itself:
 for an image + audio prompt, the greedy tokens are the same whether the thinker encodes the raw media
 or takes the adapters' outputs (deepstack rows, image grid, audio mel frames) as its multimodal
-inputs, placed and positioned (M-RoPE) by vLLM. Runs on `qwen3-omni-tiny` (make models)."""
+inputs, placed and positioned (M-RoPE) by vLLM; and the rows vLLM's workers write for the talker are
+transformers' hidden states at the talker's layer. Runs on `qwen3-omni-tiny` (make models)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,9 +35,10 @@ def vision(profile):
     )
 
 
-def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(profile):
+def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(profile, redis_url):
+    env = {**os.environ, "OMNIRAY_REDIS_URL": redis_url}
     run = subprocess.run([sys.executable, "-m", "tests.contracts.qwen3_omni_media"], capture_output=True, text=True,
-                         cwd=REPO_ROOT, timeout=900)  # fmt: skip
+                         cwd=REPO_ROOT, timeout=900, env=env)  # fmt: skip
     assert run.returncode == 0, run.stderr[-4000:]
     runs = {
         r["name"]: r for r in (json.loads(x[4:]) for x in run.stdout.splitlines() if x.startswith("RUN "))
@@ -46,6 +49,12 @@ def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(prof
     assert pool["prompt_tokens"] == raw["prompt_tokens"] == pool["counted"]
     # A 2x1 grid is one image of twice the tokens, laid out across both tiles.
     assert tiles["prompt_tokens"] == tiles["counted"] == pool["counted"] - 130 + 2 * 196
+    # The workers wrote the thinker's rows at the media placeholders for the talker: transformers'
+    # hidden states after accept_hidden_layer layers at the same positions.
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("ROWS ")]
+    rows = json.loads(line[5:])
+    assert rows["items"] == 2 and rows["rows"] == 130 + 18
+    assert rows["max_abs"] <= 1e-3 * max(1.0, rows["scale"]), rows
 
 
 def test_a_whole_image_gets_at_most_a_tiles_pixels_and_keeps_its_aspect(vision):

@@ -2,8 +2,8 @@
 the real Qwen3-Omni at a tiny size: the official `openai` SDK streams an answer to text, an image and
 speech (the model's own encoders in the encoder pool, their outputs placed by vLLM's thinker), a long
 multimodal prompt goes through prefill -> decode over the KV store and is found there the next time,
-gRPC Chat answers, and speech streams from the model's talker and code2wav (for text prompts; with
-media in it is refused with a clear 400 until the engine hands over the thinker's hidden states)."""
+gRPC Chat answers, and speech streams from the model's talker and code2wav, for text prompts and for
+images and speech in (the thinker's hidden states at the media handed from vLLM's workers)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from openai import OpenAI
 
 from services.quota import LOCAL_API_KEY
-from tests.conftest import data_url, grpc_channel, local_cluster, png_bytes, wav_bytes
+from tests.conftest import collect_audio, data_url, grpc_channel, local_cluster, png_bytes, wav_bytes
 
 MODEL = "qwen3-omni-tiny"
 
@@ -129,12 +129,17 @@ def test_the_sdk_streams_speech_from_the_talker_and_code2wav(client):
     assert "".join(transcript)
 
 
-def test_speech_out_with_media_in_is_refused_until_hidden_states_are_handed_over(client):
-    with pytest.raises(openai.BadRequestError, match="hidden states"):
-        client.chat.completions.create(
-            model=MODEL, messages=_media_question(png_bytes(seed=13)), max_tokens=4,
-            modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+def test_speech_answers_an_image_and_speech(client):
+    """With media in, the talker reads the thinker's hidden states at the media (written by vLLM's
+    workers, handed over by decode), and a 2x2-tile prompt goes prefill -> decode first: the rows
+    come from the prefill engine."""
+    for detail, size in (("auto", (300, 200)), ("high", (896, 896))):
+        stream = client.chat.completions.create(
+            model=MODEL, messages=_media_question(png_bytes(*size, seed=14), detail), max_tokens=24, temperature=0,
+            stream=True, modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
         )  # fmt: skip
+        audio = collect_audio(stream)
+        assert audio.rates == {24_000} and len(audio.pcm) >= 2 * 1920 * 4 and audio.transcript, detail
 
 
 def test_an_unknown_voice_is_refused(client):
@@ -146,9 +151,8 @@ def test_an_unknown_voice_is_refused(client):
 
 
 def test_a_realtime_session_sends_raw_audio_into_the_models_audio_encoder(client):
-    """Realtime on Qwen3-Omni: the session's audio goes to the model's own audio encoder (no ASR), the
-    answer is text (its spoken reply waits for the thinker's hidden states), and a second turn sees
-    the first."""
+    """Realtime on Qwen3-Omni: the session's audio goes to the model's own audio encoder (no ASR), a
+    text answer and then a spoken one, and a second turn sees the first."""
     manual = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"]}
     rate = 24_000
     t = np.arange(int(0.8 * rate)) / rate
@@ -178,3 +182,13 @@ def test_a_realtime_session_sends_raw_audio_into_the_models_audio_encoder(client
             usage.append(done.response.usage.input_tokens)
         text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
         assert text and usage[1] > usage[0] > 13  # 0.8 s of audio: 11 audio tokens and more
+        seen.clear()
+        conn.session.update(
+            session={"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": 16}
+        )
+        until(conn, "session.updated", seen)
+        conn.input_audio_buffer.append(audio=speech)
+        conn.input_audio_buffer.commit()
+        conn.response.create()
+        assert until(conn, "response.done", seen).response.status == "completed"
+        assert [e for e in seen if e.type == "response.output_audio.delta"]

@@ -116,6 +116,38 @@ def _per_item(embeds, sizes: list[int]) -> tuple[torch.Tensor, ...]:
     dummy_inputs=Qwen3OmniMoeThinkerDummyInputsBuilder,
 )
 class OmnirayQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        # The talker reads the residual stream after this many layers at the media placeholders:
+        # vLLM's aux-hidden-state hook keeps it (services/extensions/vllm/media_rows.py).
+        talker = getattr(vllm_config.model_config.hf_config, "talker_config", None)
+        if talker is not None:
+            self.language_model.model._set_aux_hidden_state_layers((talker.accept_hidden_layer,))
+        self._step_rows: torch.Tensor | None = None
+        self._step_mask: torch.Tensor | None = None
+
+    def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):
+        self._step_mask = is_multimodal
+        return super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if isinstance(out, tuple):  # (hidden states, [the talker's layer])
+            out, (self._step_rows,) = out
+        return out
+
+    def take_media_rows(self):
+        """This step's rows at the talker's layer where media embeddings were placed, and the mask
+        over the step's tokens (numpy), or None; cleared for the next step."""
+        rows, mask = self._step_rows, self._step_mask
+        self._step_rows = self._step_mask = None
+        if rows is None or mask is None:
+            return None
+        mask = mask[: rows.shape[0]].cpu().numpy().astype(bool)
+        if not mask.any():
+            return None
+        return rows.float().cpu().numpy(), mask
+
     def _parse_and_validate_multimodal_inputs(self, **kwargs: object) -> dict:
         by_modality: dict = {}
         for key in list(kwargs):  # in the order the request's modalities came

@@ -113,6 +113,10 @@ class TalkerStream:
             self._tokens.extend(token_ids)
             self._more.notify_all()
 
+    def set_media_hidden(self, rows: np.ndarray) -> None:
+        with self._more:
+            self.prompt.media_hidden = rows
+
     def finish(self, error: BaseException | None = None) -> None:
         with self._more:
             self._finished = True
