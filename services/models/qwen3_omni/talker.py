@@ -214,7 +214,15 @@ class TalkerStream:
 
     def frames(self, timeout: float | None = None) -> Iterator[np.ndarray]:
         """[1, 16] codes per frame as generated (callers batch them); `timeout` bounds each wait for
-        the thinker's next token."""
+        the thinker's next token. Each step runs in inference mode on its own: a caller may resume
+        the generator on another thread (grad mode is per thread)."""
+        run = self._begin(timeout)
+        while (frame := self._residuals(run)) is not None:
+            yield frame
+            self._advance(run, timeout)
+
+    def _begin(self, timeout: float | None) -> _Run:
+        """The talker's prefill on the thinker's first token, and its first code."""
         import torch
         from transformers import DynamicCache
         from transformers.generation.logits_process import (
@@ -235,17 +243,8 @@ class TalkerStream:
         if s.do_sample:
             processors.extend([TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k),
                                TopPLogitsWarper(s.top_p)])  # fmt: skip
-        eos = t.config.talker_config.codec_eos_token_id
-
-        def pick(logits, generated):
-            scores = processors(generated, logits[:, -1].float())
-            if s.do_sample:
-                return torch.multinomial(torch.softmax(scores, dim=-1), 1)
-            return scores.argmax(-1, keepdim=True)
-
         tokens, _ = self._generated(1, timeout)
         first = tokens[0] if tokens else self._eos
-        cache = DynamicCache()
         with torch.inference_mode():
             embeds, talker_ids = self._prefill_embeds(first)
             mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
@@ -256,44 +255,92 @@ class TalkerStream:
                 media["audio_feature_lengths"] = torch.tensor(
                     self.prompt.audio_feature_lengths, device=device
                 )
+            cache = DynamicCache()
             with t._lock:
                 model.rope_deltas = None
                 out = model(inputs_embeds=embeds, attention_mask=mask, talker_input_ids=talker_ids,
                             past_key_values=cache, use_cache=True, output_hidden_states=True, **media)  # fmt: skip
                 rope_deltas = model.rope_deltas
-            generated = torch.zeros((1, 0), dtype=torch.long, device=device)
-            code = pick(out.logits, generated)
-            for step in range(s.max_frames):
-                generated = torch.cat([generated, code], dim=1)
-                if int(code) == eos or generated.shape[1] == s.max_frames or self._over_budget(step):
-                    # (as generate: the last code drawn gets no residual codes)
-                    self.ended_by = (
-                        "codec_eos" if int(code) == eos else "max_frames" if generated.shape[1] == s.max_frames
-                        else "text_budget"
-                    )  # fmt: skip
-                    return
-                last_hidden = model.get_input_embeddings()(code)
-                past_hidden = out.hidden_states[0][-1][:, -1:]
-                predictor_kwargs = {"top_k": 50, "top_p": 0.8} if s.do_sample else {}
-                predicted = model.code_predictor.generate(
-                    inputs_embeds=torch.cat((past_hidden, last_hidden), dim=1),
-                    max_new_tokens=t.codebooks - 1, do_sample=s.do_sample, output_hidden_states=True,
-                    return_dict_in_generate=True, **predictor_kwargs,
+            run = _Run(
+                processors,
+                cache,
+                mask,
+                rope_deltas,
+                out,
+                torch.zeros((1, 0), dtype=torch.long, device=device),
+            )
+            run.code = self._pick(run, out.logits)
+        return run
+
+    def _pick(self, run: _Run, logits):
+        import torch
+
+        scores = run.processors(run.generated, logits[:, -1].float())
+        if self.sampling.do_sample:
+            return torch.multinomial(torch.softmax(scores, dim=-1), 1)
+        return scores.argmax(-1, keepdim=True)
+
+    def _residuals(self, run: _Run) -> np.ndarray | None:
+        """The frame of the code just drawn (the code predictor's 15 residual codes beside it), or
+        None when the talker ends here (as generate: the last code drawn gets no residual codes)."""
+        import torch
+
+        t, model, s = self.t, self.t.model, self.sampling
+        eos = t.config.talker_config.codec_eos_token_id
+        with torch.inference_mode():
+            run.generated = torch.cat([run.generated, run.code], dim=1)
+            code = int(run.code)
+            if code == eos or run.generated.shape[1] == s.max_frames or self._over_budget(run.step):
+                self.ended_by = (
+                    "codec_eos" if code == eos else "max_frames" if run.generated.shape[1] == s.max_frames
+                    else "text_budget"
                 )  # fmt: skip
-                yield torch.cat((code, predicted.sequences), dim=-1).cpu().numpy()
-                codec = torch.cat(
-                    [last_hidden]
-                    + [h[0] for h in predicted.hidden_states[1:]]
-                    + [model.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])],
-                    dim=1,
-                )
-                step_embeds = codec.sum(1, keepdim=True) + self._text(step, timeout)[None]
-                mask = torch.cat([mask, mask.new_ones((1, 1))], dim=1)
-                with t._lock:
-                    model.rope_deltas = rope_deltas
-                    out = model(inputs_embeds=step_embeds, attention_mask=mask, past_key_values=cache,
-                                use_cache=True, output_hidden_states=True, generation_step=step)  # fmt: skip
-                code = pick(out.logits, generated)
+                return None
+            last_hidden = model.get_input_embeddings()(run.code)
+            past_hidden = run.out.hidden_states[0][-1][:, -1:]
+            predictor_kwargs = {"top_k": 50, "top_p": 0.8} if s.do_sample else {}
+            predicted = model.code_predictor.generate(
+                inputs_embeds=torch.cat((past_hidden, last_hidden), dim=1),
+                max_new_tokens=t.codebooks - 1, do_sample=s.do_sample, output_hidden_states=True,
+                return_dict_in_generate=True, **predictor_kwargs,
+            )  # fmt: skip
+            run.codec = torch.cat(
+                [last_hidden]
+                + [h[0] for h in predicted.hidden_states[1:]]
+                + [model.code_predictor.get_input_embeddings()[-1](predicted.sequences[..., -1:])],
+                dim=1,
+            )
+            return torch.cat((run.code, predicted.sequences), dim=-1).cpu().numpy()
+
+    def _advance(self, run: _Run, timeout: float | None) -> None:
+        """The talker's next step: the frame's codes and the text it reads now in, the next code out."""
+        import torch
+
+        t, model = self.t, self.t.model
+        with torch.inference_mode():
+            step_embeds = run.codec.sum(1, keepdim=True) + self._text(run.step, timeout)[None]
+            run.mask = torch.cat([run.mask, run.mask.new_ones((1, 1))], dim=1)
+            with t._lock:
+                model.rope_deltas = run.rope_deltas
+                run.out = model(inputs_embeds=step_embeds, attention_mask=run.mask, past_key_values=run.cache,
+                                use_cache=True, output_hidden_states=True, generation_step=run.step)  # fmt: skip
+            run.code = self._pick(run, run.out.logits)
+            run.step += 1
+
+
+@dataclass
+class _Run:
+    """One talker generation's state between its steps."""
+
+    processors: object
+    cache: object
+    mask: object
+    rope_deltas: object
+    out: object
+    generated: object
+    code: object = None
+    codec: object = None
+    step: int = 0
 
 
 def verify(path: Path, options: o.Qwen3OmniTalker) -> None:
