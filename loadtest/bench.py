@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +25,6 @@ from loadtest import process_cpu, results, vllm_server
 from loadtest.client import Result, run_closed_loop
 from loadtest.workload import chat_prompts
 from services import runtime
-from services.common.paths import REPO_ROOT
 from services.models.profile import load_profile
 
 
@@ -186,17 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         model, chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens), True, voice
     )
 
-    report: dict = {
-        "profile": args.profile,
-        "levels": levels,
-        "rounds": args.rounds,
-        "max_tokens": args.max_tokens,
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-        ).stdout.strip(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    report = results.header(args.profile, levels=levels, rounds=args.rounds, max_tokens=args.max_tokens)
     print(f"[bench] profile {args.profile}, levels {levels}, commit {report['commit']}", flush=True)
     log = Path(tempfile.mkdtemp(prefix="omniray-bench-")) / "vllm-server.log"
     with (

@@ -12,10 +12,6 @@ paths at a tiny random size (figures that say where time goes, not how the model
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import subprocess
-import time
 
 import numpy as np
 
@@ -23,7 +19,6 @@ from loadtest import results
 from loadtest.bench import audio_levels, chat_bodies
 from loadtest.workload import _WORDS, ChatPrompt
 from services import runtime
-from services.common.paths import REPO_ROOT
 from services.models.profile import load_profile
 
 # vLLM-Omni's published Qwen3-Omni figures (H800; concurrency -> (TTFP ms, RTF)).
@@ -58,17 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         profile.model_path(profile.models.thinker), n, args.prompt_tokens, args.max_tokens
     )
     bodies = chat_bodies(profile.served_model_name, prompts, True, profile.pipeline.default_voice)
-    report: dict = {
-        "profile": args.profile,
-        "levels": levels,
-        "prompt_tokens": args.prompt_tokens,
-        "max_tokens": args.max_tokens,
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
-        ).stdout.strip(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    report = results.header(
+        args.profile, levels=levels, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens
+    )
     print(f"[bench-omni] {args.profile}: {args.prompt_tokens}-token prompts -> text + audio, levels {levels}")
     with runtime.temporary(args.profile, prefix="omniray-omni-", app_args={"async_chunk": True}) as cluster:
         url = f"{cluster.http_url}/v1/chat/completions"

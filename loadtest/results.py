@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,3 +21,17 @@ def write(kind: str, profile: str | None, data: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+def header(profile: str, **settings) -> dict:
+    """What a report starts with: the profile, the run's settings, the machine, the commit."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    return {
+        "profile": profile,
+        **settings,
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "commit": commit.stdout.strip(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }

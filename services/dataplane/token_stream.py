@@ -15,13 +15,15 @@ import time
 from collections.abc import AsyncIterator
 
 import numpy as np
+import redis
 
-from services.common.redis_config import async_client
+from services.common.redis_config import UNAVAILABLE, async_client
 
 PREFIX = "omniray:tokens:"
 TTL_S = 120
 # One blocking read: below the client's socket timeout (a longer block would read as a stalled Redis).
 BLOCK_MS = 200
+WRITE_ATTEMPTS = 2
 
 
 def key(request_id: str) -> str:
@@ -29,9 +31,10 @@ def key(request_id: str) -> str:
 
 
 class TokenStreamWriter:
-    def __init__(self, stream: str, redis=None):
+    def __init__(self, stream: str, client=None):
         self.stream = stream
-        self.redis = redis or async_client()
+        self.redis = client or async_client()
+        self._seq = 0
 
     async def add(self, token_ids) -> None:
         await self._add({"ids": np.asarray(token_ids, dtype="<i4").tobytes()})
@@ -44,10 +47,23 @@ class TokenStreamWriter:
         await self._add({"error": reason.encode()})
 
     async def _add(self, fields: dict) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xadd(self.stream, fields)
-            pipe.expire(self.stream, TTL_S)
-            await pipe.execute()
+        # Entries carry their own ids (1-0, 2-0, ...): a write retried after a slow answer that did
+        # land is refused as a duplicate id, never read twice.
+        self._seq += 1
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.xadd(self.stream, fields, id=f"{self._seq}-0")
+                    pipe.expire(self.stream, TTL_S)
+                    await pipe.execute()
+                return
+            except redis.ResponseError as e:
+                if "equal or smaller" not in str(e) or attempt == 0:
+                    raise
+                return  # the first attempt landed
+            except UNAVAILABLE:  # one slow answer is retried; a Redis that stays away fails the talker
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
 
     async def end(self) -> None:
         await self._add({"end": b"1"})
@@ -57,14 +73,17 @@ class ThinkerFailed(RuntimeError):
     """Decode wrote an error entry: the talker cannot go on (e.g. its media rows are missing)."""
 
 
-async def read(stream: str, wait_s: float, redis=None) -> AsyncIterator[list[int] | np.ndarray]:
+async def read(stream: str, wait_s: float, client=None) -> AsyncIterator[list[int] | np.ndarray]:
     """What `stream` carries until its end entry: the media rows ([rows, hidden] float32) if any,
     then token ids chunk by chunk. Raises TimeoutError when nothing is written for `wait_s` (a
     thinker that stalled or died), ThinkerFailed on an error entry."""
-    redis = redis or async_client()
+    client = client or async_client()
     last, deadline = "0-0", time.monotonic() + wait_s
     while True:
-        entries = await redis.xread({stream: last}, count=64, block=BLOCK_MS)
+        try:
+            entries = await client.xread({stream: last}, count=64, block=BLOCK_MS)
+        except UNAVAILABLE:  # a slow answer (a loaded node) is retried until the deadline
+            entries = None
         if not entries:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no thinker tokens on {stream} for {wait_s} s")

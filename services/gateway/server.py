@@ -338,6 +338,8 @@ class Gateway:
             "owned_by": "omniray",
             "input_modalities": inputs,
             "output_modalities": outputs,
+            # omniray's: the voices `audio.voice` takes (a token talker's are its speakers)
+            "voices": list(self.profile.pipeline.voices) if "audio" in outputs else [],
         }
 
     @api.get("/health")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import uuid
@@ -528,38 +529,16 @@ class Pipeline:
                     await pieces.put(rest)
 
         async def speak() -> None:
-            vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
             index = 0
             while (piece := await pieces.get()) is not None:
                 talk = stages_pb2.TalkRequest(ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index)
                 index += 1
-                units = (
-                    tensors.materialize(uc.units)
-                    async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
-                    if not uc.is_final
-                )
-                if self.async_chunk:
-                    # One talker stream is one utterance: vocode its units as they arrive, each
-                    # call with the context that makes it equal to a whole-utterance decode.
-                    window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
-                    transcript: str | None = piece
-                    async for chunk in units:
-                        if call := window.push(chunk):
-                            await self._vocode(p, call, out, transcript)
-                            transcript = None
-                    if call := window.flush():
-                        await self._vocode(p, call, out, transcript)
-                else:
-                    # Baseline: each stage waits for the whole output of the previous one.
-                    whole = [u async for u in units]
-                    if whole:
-                        call = VocodeCall(np.concatenate(whole), None, None)
-                        await self._vocode(p, call, out, piece, split_s=WHOLE_AUDIO_PIECE_S)
+                # the piece goes with its first audio
+                await self._voice(p, talk, out, functools.partial(next, iter([piece]), None))
 
         async def speak_tokens() -> None:
             """A token talker: one call for the whole response, reading the thinker's tokens as
             decode writes them (async chunk) or, without async chunk, once the thinker is done."""
-            vocoder = self.profile.models.vocoder
             if not self.async_chunk:
                 await thought.wait()
             ids, placements = expanded_ids(p.prompt)
@@ -575,23 +554,7 @@ class Pipeline:
                 new, spoken = "".join(written[spoken:]), len(written)
                 return new or None
 
-            units = (
-                tensors.materialize(uc.units)
-                async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
-                if not uc.is_final
-            )
-            if self.async_chunk:
-                window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
-                async for chunk in units:
-                    if call := window.push(chunk):
-                        await self._vocode(p, call, out, transcript())
-                if call := window.flush():
-                    await self._vocode(p, call, out, transcript())
-            else:
-                whole = [u async for u in units]
-                if whole:
-                    call = VocodeCall(np.concatenate(whole), None, None)
-                    await self._vocode(p, call, out, transcript(), split_s=WHOLE_AUDIO_PIECE_S)
+            await self._voice(p, talk, out, transcript)
 
         async def run(coro) -> None:
             try:
@@ -633,6 +596,30 @@ class Pipeline:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
             await asyncio.shield(release)
+
+    async def _voice(self, p: Prepared, talk: stages_pb2.TalkRequest, out: asyncio.Queue, transcript) -> None:
+        """One talker stream to PCM: with async chunk its units are vocoded as they arrive, each call
+        with the context that makes it equal to a whole-utterance decode; without, each stage waits
+        for the whole output of the one before (the baseline). `transcript()` gives the text that
+        goes with the next audio."""
+        vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
+        units = (
+            tensors.materialize(uc.units)
+            async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
+            if not uc.is_final
+        )
+        if self.async_chunk:
+            window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
+            async for chunk in units:
+                if call := window.push(chunk):
+                    await self._vocode(p, call, out, transcript())
+            if call := window.flush():
+                await self._vocode(p, call, out, transcript())
+        else:
+            whole = [u async for u in units]
+            if whole:
+                call = VocodeCall(np.concatenate(whole), None, None)
+                await self._vocode(p, call, out, transcript(), split_s=WHOLE_AUDIO_PIECE_S)
 
     async def _vocode(
         self,

@@ -15,6 +15,7 @@ from ray import serve
 from services.common.redis_config import async_client, redis_url
 from services.common.telemetry import metric
 from services.dataplane import tensors, token_stream
+from services.extensions.ray.metrics import zero
 from services.models.base import ThinkerPrompt
 from services.playback.board import BoardReader
 from services.policies import urgency
@@ -24,6 +25,7 @@ from services.stages.urgency_gate import UrgencyGate
 _DONE = object()
 # A token talker waits this long for the thinker's next token before it gives up on the response.
 TOKEN_WAIT_S = 30.0
+STREAM_ENDS = ("codec_eos", "text_budget", "max_frames", "error")  # omniray_talker_streams_total
 
 
 class _SpeechStage(Stage):
@@ -52,6 +54,10 @@ class Talker(_SpeechStage):
         self.token_wait_s = TOKEN_WAIT_S
         self.frames = metric("omniray_talker_frames_total")
         self.streams = metric("omniray_talker_streams_total")
+        # Exported at 0 on every talker: the panel shows a healthy run, not "no data".
+        zero(self.frames)
+        for end in STREAM_ENDS:
+            zero(self.streams, end=end)
 
     async def Talk(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
         if request.HasField("thinker"):

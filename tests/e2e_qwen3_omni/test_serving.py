@@ -8,6 +8,7 @@ images and speech in (the thinker's hidden states at the media handed from vLLM'
 from __future__ import annotations
 
 import base64
+import json
 
 import numpy as np
 import openai
@@ -15,6 +16,7 @@ import pytest
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from openai import OpenAI
 
+from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from tests.conftest import collect_audio, data_url, grpc_channel, local_cluster, png_bytes, wav_bytes
 
@@ -140,6 +142,14 @@ def test_speech_answers_an_image_and_speech(client):
         )  # fmt: skip
         audio = collect_audio(stream)
         assert audio.rates == {24_000} and len(audio.pcm) >= 2 * 1920 * 4 and audio.transcript, detail
+
+
+def test_the_models_voices_are_the_talkers_speakers(client):
+    profile = load_profile(MODEL)
+    config = json.loads((profile.model_path(profile.models.talker) / "config.json").read_text())
+    (card,) = client.models.list().data
+    assert card.model_dump()["voices"] == profile.pipeline.voices
+    assert sorted(profile.pipeline.voices) == sorted(config["talker_config"]["speaker_id"])
 
 
 def test_an_unknown_voice_is_refused(client):

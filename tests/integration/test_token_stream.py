@@ -45,3 +45,31 @@ async def test_a_silent_stream_times_out_within_its_wait(redis):
         async for ids in read(stream, 0.5, redis):
             got.append(ids)
     assert got == [[7]] and loop.time() - start < 0.5 + 2 * token_stream.BLOCK_MS / 1000 + 0.5
+
+
+async def test_a_write_retried_after_a_slow_answer_is_not_read_twice(redis):
+    """The first attempt lands but its answer times out: the retry is refused as a duplicate id."""
+    import redis as redis_lib
+
+    stream = token_stream.key(uuid.uuid4().hex)
+    writer = TokenStreamWriter(stream, redis)
+    execute = redis_lib.asyncio.client.Pipeline.execute
+    calls = 0
+
+    async def slow_once(self, *args, **kwargs):
+        nonlocal calls
+        calls += 1
+        result = await execute(self, *args, **kwargs)
+        if calls == 1:
+            raise redis_lib.TimeoutError("answer lost")
+        return result
+
+    redis_lib.asyncio.client.Pipeline.execute = slow_once
+    try:
+        await writer.add([5, 6])
+    finally:
+        redis_lib.asyncio.client.Pipeline.execute = execute
+    await writer.add([7])
+    await writer.end()
+    assert calls == 2
+    assert [ids async for ids in read(stream, 2.0, redis)] == [[5, 6], [7]]

@@ -26,9 +26,9 @@ class AudioEncoder:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeAudioEncoder
 
         config = AutoConfig.from_pretrained(path).thinker_config.audio_config
-        model = Qwen3OmniMoeAudioEncoder._from_config(config)
-        model.load_state_dict(checkpoint.tensors(path, "thinker.audio_tower."), strict=True)
-        self.model = checkpoint.placed(model, options.dtype)
+        self.model = checkpoint.module(
+            Qwen3OmniMoeAudioEncoder, config, path, "thinker.audio_tower.", options.dtype
+        )
         self.features = WhisperFeatureExtractor.from_pretrained(path)
         self.prefix, self.placeholder, self.suffix = checkpoint.token_ids(
             path, "<|audio_start|>", "<|audio_pad|>", "<|audio_end|>"

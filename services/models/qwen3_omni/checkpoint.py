@@ -65,9 +65,12 @@ def prepare(dest: Path) -> None:
     )
 
 
-def placed(module, dtype: str):
-    """`module` in `dtype`, on the process's GPU if it has one (a GPU replica), else on the CPU."""
+def module(cls, config, path: Path, prefix: str, dtype: str = "float32"):
+    """transformers' `cls` built from `config` with the checkpoint's `prefix` tensors (per-expert MoE
+    weights stacked), in `dtype`, on the process's GPU if it has one (a GPU replica), else the CPU."""
     import torch
 
+    model = cls._from_config(config)
+    model.load_state_dict(fused_experts(tensors(path, prefix)), strict=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    return module.to(device=device, dtype=getattr(torch, dtype)).eval()
+    return model.to(device=device, dtype=getattr(torch, dtype)).eval()

@@ -28,13 +28,11 @@ class Code2Wav:
     sample_rate = SAMPLE_RATE
 
     def __init__(self, path: Path):
-        import torch
         from transformers import AutoConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
         config = AutoConfig.from_pretrained(path).code2wav_config
-        self.model = Qwen3OmniMoeCode2Wav._from_config(config, dtype=torch.float32).eval()
-        self.model.load_state_dict(checkpoint.tensors(path, "code2wav."), strict=True)
+        self.model = checkpoint.module(Qwen3OmniMoeCode2Wav, config, path, "code2wav.")
         self.samples_per_frame = int(self.model.total_upsample)
         self.codebooks = config.num_quantizers
         self.version = f"qwen3-omni-code2wav:{path.name}"
@@ -48,12 +46,14 @@ class Code2Wav:
 
         left = np.zeros((0, self.codebooks), np.int64) if left is None else left
         right = np.zeros((0, self.codebooks), np.int64) if right is None else right
-        codes = torch.from_numpy(np.concatenate([left, units, right]).astype(np.int64).T[None])
+        codes = torch.from_numpy(np.concatenate([left, units, right]).astype(np.int64).T[None]).to(
+            next(self.model.parameters()).device
+        )
         with torch.inference_mode():
             wav = self.model(codes)[0, 0]
         start = len(left) * self.samples_per_frame
         end = start + len(units) * self.samples_per_frame if len(right) else None
-        return wav[start:end].float().numpy()
+        return wav[start:end].float().cpu().numpy()
 
 
 def verify(path: Path, options: o.Qwen3OmniCode2Wav) -> None:

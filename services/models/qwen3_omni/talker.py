@@ -64,9 +64,9 @@ class Talker:
         # which the checkpoint's talker config does not carry (fixed in the thinker's).
         config.talker_config.audio_config = config.thinker_config.audio_config
         self.config = config
-        model = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
-        model.load_state_dict(checkpoint.fused_experts(checkpoint.tensors(path, "talker.")), strict=True)
-        self.model = checkpoint.placed(model, options.dtype)
+        self.model = checkpoint.module(
+            Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config, path, "talker.", options.dtype
+        )
         p = next(self.model.parameters())
         self.embed = checkpoint.tensors(path, "thinker.model.embed_tokens.")["weight"].to(p.device, p.dtype)
         self.voices = dict(config.talker_config.speaker_id)  # name -> speaker id

@@ -44,9 +44,9 @@ class VisionEncoder:
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeVisionEncoder
 
         config = AutoConfig.from_pretrained(path).thinker_config.vision_config
-        model = Qwen3OmniMoeVisionEncoder._from_config(config)
-        model.load_state_dict(checkpoint.tensors(path, "thinker.visual."), strict=True)
-        self.model = checkpoint.placed(model, options.dtype)
+        self.model = checkpoint.module(
+            Qwen3OmniMoeVisionEncoder, config, path, "thinker.visual.", options.dtype
+        )
         self.processor = AutoImageProcessor.from_pretrained(path)
         self.merge = config.spatial_merge_size
         self.tile_px = options.tile_px
