@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -22,6 +23,7 @@ from services.policies import urgency
 from services.stages._stage import Stage
 from services.stages.urgency_gate import UrgencyGate
 
+log = logging.getLogger("ray.serve")
 _DONE = object()
 # A token talker waits this long for the thinker's next token before it gives up on the response.
 TOKEN_WAIT_S = 30.0
@@ -102,6 +104,7 @@ class Talker(_SpeechStage):
             frames = stream.frames(timeout=self.token_wait_s)
             sizes = iter(self.model.chunk_frames)
             size = next(sizes)
+            frames_sent = 0
             try:
                 done = False
                 while not done:
@@ -114,6 +117,7 @@ class Talker(_SpeechStage):
                             break
                         batch.append(frame)
                     if batch:
+                        frames_sent += len(batch)
                         self.frames.inc(len(batch))
                         units = np.concatenate(batch)
                         yield stages_pb2.UnitChunk(
@@ -121,6 +125,9 @@ class Talker(_SpeechStage):
                         )
                     size = next(sizes, size)
                 self.streams.inc(tags={"end": stream.ended_by or "codec_eos"})
+                log.info(
+                    "talker %s: %d frames, ended by %s", request.ctx.request_id, frames_sent, stream.ended_by
+                )
                 yield stages_pb2.UnitChunk(is_final=True)
             except Exception:
                 self.streams.inc(tags={"end": "error"})
