@@ -120,8 +120,11 @@ class OmnirayQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         # The talker reads the residual stream after this many layers at the media placeholders:
         # vLLM's aux-hidden-state hook keeps it (services/extensions/vllm/media_rows.py).
+        # Only where the media-rows worker extension will read it: elsewhere no step pays for it.
         talker = getattr(vllm_config.model_config.hf_config, "talker_config", None)
-        if talker is not None:
+        if talker is not None and vllm_config.parallel_config.worker_extension_cls.endswith(
+            ".MediaRowsWorker"
+        ):
             self.language_model.model._set_aux_hidden_state_layers((talker.accept_hidden_layer,))
         self._step_rows: torch.Tensor | None = None
         self._step_mask: torch.Tensor | None = None
