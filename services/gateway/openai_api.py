@@ -15,10 +15,9 @@ from services.common.errors import OmniError, bad_request, too_large
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
-from services.pipeline.turn import Message, Part, Sampling, Turn, speech_out
+from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, speech_out
 
 INT32_MAX = 2**31 - 1
-INT64 = 2**63
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
 IMAGE_DETAILS = ("auto", "low", "high")
 
@@ -62,7 +61,7 @@ class ChatCompletionRequest(_Loose):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    seed: int | None = Field(default=None, ge=-INT64, lt=INT64)
+    seed: int | None = Field(default=None, ge=-SEED_BOUND, lt=SEED_BOUND)
     stop: StopSequence | list[StopSequence] | None = Field(default=None)
     n: int = Field(default=1, ge=1, le=1)
     # Log probabilities are not returned; bounds as OpenAI's so a valid request is not refused.

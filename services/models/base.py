@@ -105,7 +105,8 @@ class TokenTalker(Protocol):
     version: str
     chunk_frames: list[int]  # frames per unit chunk sent on: the first, then the rest
 
-    def stream(self, prompt: ThinkerPrompt, voice: str) -> TokenTalkerStream: ...
+    def stream(self, prompt: ThinkerPrompt, voice: str, seed: int | None = None) -> TokenTalkerStream:
+        """One response's talker; with a `seed`, its draws depend on the seed and its input only."""
 
 
 class Vocoder(Protocol):

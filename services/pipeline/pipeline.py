@@ -39,7 +39,7 @@ from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline import media
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.text_chunker import TextChunker
-from services.pipeline.turn import AudioClip, ImageInput, Turn
+from services.pipeline.turn import SEED_BOUND, AudioClip, ImageInput, Turn
 from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
 from services.quota.service import Cost, Lease, QuotaService
 from services.quota.tenants import TenantSpec
@@ -95,7 +95,6 @@ SAMPLING_RANGES = {
 }
 MAX_STOP, MAX_STOP_CHARS = 4, 256
 MAX_SESSION_CHARS = 128
-INT64 = 2**63
 
 
 @contextlib.contextmanager
@@ -219,7 +218,7 @@ class Pipeline:
                 f"stop takes at most {MAX_STOP} non-empty sequences of at most {MAX_STOP_CHARS} characters",
                 param="stop",
             )
-        if s.seed is not None and not -INT64 <= s.seed < INT64:
+        if s.seed is not None and not -SEED_BOUND <= s.seed < SEED_BOUND:
             raise bad_request("seed must be a 64-bit integer", param="seed")
         sampling = common_pb2.SamplingParams(
             max_tokens=max_tokens,
@@ -546,6 +545,7 @@ class Pipeline:
                 ctx=p.ctx,
                 voice=p.voice,
                 thinker=stages_pb2.ThinkerOutput(prompt_ids=ids, media=placements, token_stream=tokens_to),
+                seed=p.sampling.seed,
             )
             spoken = 0
 

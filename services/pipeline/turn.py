@@ -131,6 +131,9 @@ class Message:
         return [p for p in self.parts if not isinstance(p, str)]
 
 
+SEED_BOUND = 2**63  # seeds are int64: -SEED_BOUND <= seed < SEED_BOUND
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling as every API asks for it (ranges checked by the pipeline for all of them)."""

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from services.common import untrusted_json
+from services.pipeline.turn import SEED_BOUND
 from services.realtime.vad import ServerVad
 
 # One append carries at most this much audio (15 s of 24 kHz pcm16, as base64).
@@ -62,6 +63,17 @@ class AudioConfig(BaseModel):
     output: AudioOutput = Field(default_factory=AudioOutput)
 
 
+class SessionExtension(BaseModel):
+    """omniray's own session settings (`session.omniray`, docs/realtime.md)."""
+
+    model_config = ConfigDict(extra="allow")
+    # Prefill the turn while the user speaks (where the profile enables it).
+    speculative_prefill: bool = True
+    # Every response's sampling seed (the thinker's and the talker's draws): the same conversation
+    # gets the same answer and the same speech.
+    seed: Annotated[int, Field(ge=-SEED_BOUND, lt=SEED_BOUND)] | None = None
+
+
 class SessionConfig(BaseModel):
     """The parts of `session` this server honours; the rest is accepted and echoed."""
 
@@ -71,6 +83,7 @@ class SessionConfig(BaseModel):
     output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"], max_length=2)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     max_output_tokens: OutputTokens = None
+    omniray: SessionExtension = Field(default_factory=SessionExtension)
 
 
 class SessionUpdate(_Event):

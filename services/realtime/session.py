@@ -420,8 +420,7 @@ class RealtimeSession:
 
     def _ahead_wanted(self) -> bool:
         """The session's own setting (`session.omniray.speculative_prefill`, default on)."""
-        extension = (self.config.model_extra or {}).get("omniray") or {}
-        return extension.get("speculative_prefill", True) is not False
+        return self.config.omniray.speculative_prefill
 
     async def _run_ahead(self, pending: Item) -> None:
         try:
@@ -535,7 +534,9 @@ class RealtimeSession:
         turn = Turn(
             model=self.profile.served_model_name,
             messages=tuple(messages),
-            sampling=Sampling(max_tokens=limit if isinstance(limit, int) else None),
+            sampling=Sampling(
+                max_tokens=limit if isinstance(limit, int) else None, seed=self.config.omniray.seed
+            ),
             speech=speech,
             session=self.id,
         )

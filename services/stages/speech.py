@@ -85,7 +85,9 @@ class Talker(_SpeechStage):
         thinker = request.thinker
         with self.operation("talk_tokens", request.ctx):
             stream = self.model.stream(
-                _thinker_prompt(thinker), request.voice or self.profile.pipeline.default_voice
+                _thinker_prompt(thinker),
+                request.voice or self.profile.pipeline.default_voice,
+                seed=request.seed or None,
             )
 
             async def follow() -> None:

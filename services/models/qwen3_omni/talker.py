@@ -19,11 +19,13 @@ The talker starts on the thinker's first token and needs token k+2 only at its s
 streams while the thinker writes (async chunk); a step waits for the text it needs
 (`TalkerStream.feed` / `finish`). Generation is transformers' own modules step by step (talker,
 code predictor, logits processors), greedy or sampled (top-k 50, top-p 1.0, temperature 0.9,
-repetition penalty 1.05 by default, as the model's generate).
+repetition penalty 1.05 by default, as the model's generate). A stream given a seed draws from its
+own random state, so its frames depend on the seed and its input only (the request's `seed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +39,10 @@ from services.models.qwen3_omni import checkpoint
 
 ASSISTANT_TEMPLATE_TOKENS = 3  # <|im_start|> assistant \n
 TAIL_FRAMES = 12  # ~1 s of speech past the text's share (Sampling.max_frames_per_token)
+# One talker step at a time in a process: the talker keeps its M-RoPE offset on the module, and a
+# seeded stream swaps its random state into torch's generators (transformers' generate, which the
+# code predictor runs, draws from those), so no other stream's draw may come between.
+_STEP = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -83,22 +89,55 @@ class Talker:
         self.version = f"qwen3-omni-talker:{path.name}"
         self.chunk_frames = list(options.chunk_frames)
         self.max_frames_per_token = options.max_frames_per_token
-        # One forward at a time: the talker keeps its M-RoPE offset on the module.
-        self._lock = threading.Lock()
 
-    def stream(self, prompt: ThinkerPrompt, voice: str, sampling: Sampling | None = None) -> TalkerStream:
+    def stream(
+        self, prompt: ThinkerPrompt, voice: str, seed: int | None = None, sampling: Sampling | None = None
+    ) -> TalkerStream:
         if voice not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; this talker has {sorted(self.voices)}")
         sampling = sampling or Sampling(max_frames_per_token=self.max_frames_per_token)
-        return TalkerStream(self, prompt, self.voices[voice], sampling)
+        rng = _Rng(seed, self.embed.device) if seed is not None else None
+        return TalkerStream(self, prompt, self.voices[voice], sampling, rng)
+
+
+class _Rng:
+    """A seeded stream's random state (CPU and its device's), as `torch.manual_seed(seed)` leaves it
+    and as its draws advance it; swapped into torch's generators for each of the stream's steps."""
+
+    def __init__(self, seed: int, device):
+        import torch
+
+        self.devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(self.devices):
+            torch.manual_seed(seed)
+            self.states = self._current()
+
+    def _current(self) -> list:
+        import torch
+
+        return [torch.get_rng_state()] + [torch.cuda.get_rng_state(d) for d in self.devices]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        import torch
+
+        with torch.random.fork_rng(self.devices):  # torch's own state is back afterwards
+            torch.set_rng_state(self.states[0])
+            for device, state in zip(self.devices, self.states[1:], strict=True):
+                torch.cuda.set_rng_state(state, device)
+            yield
+            self.states = self._current()
 
 
 class TalkerStream:
     """One response's talker: `feed` the thinker's tokens as they come, `finish` when it is done;
     `frames()` yields [n, 16] int64 codes as the talker writes them."""
 
-    def __init__(self, talker: Talker, prompt: ThinkerPrompt, speaker_id: int, sampling: Sampling):
+    def __init__(
+        self, talker: Talker, prompt: ThinkerPrompt, speaker_id: int, sampling: Sampling, rng: _Rng | None
+    ):
         self.t, self.prompt, self.speaker_id, self.sampling = talker, prompt, speaker_id, sampling
+        self._rng = rng
         self._tokens: list[int] = []
         self._finished = False
         self._error: BaseException | None = None
@@ -201,8 +240,9 @@ class TalkerStream:
         tokens, ended = self._generated(step + 3, timeout)
         end = max(len(tokens) - 2, 0) if ended else step + 1
         if step < end:
-            ids = torch.tensor([tokens[step + 1]], device=self.t.embed.device)
-            return self.t.model.text_projection(self.t.embed[ids])
+            with torch.inference_mode():
+                ids = torch.tensor([tokens[step + 1]], device=self.t.embed.device)
+                return self.t.model.text_projection(self.t.embed[ids])
         return self.t.tts_eos if step == end else self.t.tts_pad
 
     def _over_budget(self, step: int) -> bool:
@@ -220,6 +260,15 @@ class TalkerStream:
         while (frame := self._residuals(run)) is not None:
             yield frame
             self._advance(run, timeout)
+
+    @contextlib.contextmanager
+    def _step(self) -> Iterator[None]:
+        """One model step: alone in the process (_STEP), in inference mode, drawing from the
+        stream's own random state when it has one. Waits for the thinker come before, outside."""
+        import torch
+
+        with _STEP, torch.inference_mode(), self._rng.active() if self._rng else contextlib.nullcontext():
+            yield
 
     def _begin(self, timeout: float | None) -> _Run:
         """The talker's prefill on the thinker's first token, and its first code."""
@@ -245,7 +294,7 @@ class TalkerStream:
                                TopPLogitsWarper(s.top_p)])  # fmt: skip
         tokens, _ = self._generated(1, timeout)
         first = tokens[0] if tokens else self._eos
-        with torch.inference_mode():
+        with self._step():
             embeds, talker_ids = self._prefill_embeds(first)
             mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
             media = {}
@@ -256,16 +305,14 @@ class TalkerStream:
                     self.prompt.audio_feature_lengths, device=device
                 )
             cache = DynamicCache()
-            with t._lock:
-                model.rope_deltas = None
-                out = model(inputs_embeds=embeds, attention_mask=mask, talker_input_ids=talker_ids,
-                            past_key_values=cache, use_cache=True, output_hidden_states=True, **media)  # fmt: skip
-                rope_deltas = model.rope_deltas
+            model.rope_deltas = None
+            out = model(inputs_embeds=embeds, attention_mask=mask, talker_input_ids=talker_ids,
+                        past_key_values=cache, use_cache=True, output_hidden_states=True, **media)  # fmt: skip
             run = _Run(
                 processors,
                 cache,
                 mask,
-                rope_deltas,
+                model.rope_deltas,
                 out,
                 torch.zeros((1, 0), dtype=torch.long, device=device),
             )
@@ -287,7 +334,7 @@ class TalkerStream:
 
         t, model, s = self.t, self.t.model, self.sampling
         eos = t.config.talker_config.codec_eos_token_id
-        with torch.inference_mode():
+        with self._step():
             run.generated = torch.cat([run.generated, run.code], dim=1)
             code = int(run.code)
             if code == eos or run.generated.shape[1] == s.max_frames or self._over_budget(run.step):
@@ -316,14 +363,14 @@ class TalkerStream:
         """The talker's next step: the frame's codes and the text it reads now in, the next code out."""
         import torch
 
-        t, model = self.t, self.t.model
-        with torch.inference_mode():
-            step_embeds = run.codec.sum(1, keepdim=True) + self._text(run.step, timeout)[None]
+        model = self.t.model
+        text = self._text(run.step, timeout)
+        with self._step():
+            step_embeds = run.codec.sum(1, keepdim=True) + text[None]
             run.mask = torch.cat([run.mask, run.mask.new_ones((1, 1))], dim=1)
-            with t._lock:
-                model.rope_deltas = run.rope_deltas
-                run.out = model(inputs_embeds=step_embeds, attention_mask=run.mask, past_key_values=run.cache,
-                                use_cache=True, output_hidden_states=True, generation_step=run.step)  # fmt: skip
+            model.rope_deltas = run.rope_deltas
+            run.out = model(inputs_embeds=step_embeds, attention_mask=run.mask, past_key_values=run.cache,
+                            use_cache=True, output_hidden_states=True, generation_step=run.step)  # fmt: skip
             run.code = self._pick(run, run.out.logits)
             run.step += 1
 

@@ -30,6 +30,9 @@ def test_known_events_parse_into_their_classes():
         "omniray.playback.progress": ({"item_id": "i", "played_ms": 120.5}, ev.PlaybackProgress),
     }
     assert set(cases) == ev.CLIENT_TYPES
+    extension = {"session": {"omniray": {"seed": -(2**63), "speculative_prefill": False}}}
+    update = ev.parse_client_event(json.dumps({"type": "session.update", **extension}))
+    assert update.session.omniray.seed == -(2**63) and update.session.omniray.speculative_prefill is False
     for kind, (fields, cls) in cases.items():
         parsed = ev.parse_client_event(json.dumps({"type": kind, "event_id": "e1", **fields}))
         assert isinstance(parsed, cls) and parsed.event_id == "e1"
@@ -51,6 +54,12 @@ def test_known_events_parse_into_their_classes():
             "invalid_event",
             "output_modalities",
         ),
+        (
+            '{"type": "session.update", "session": {"omniray": {"seed": 9223372036854775808}}}',
+            "invalid_event",
+            "seed",
+        ),
+        ('{"type": "session.update", "session": {"omniray": {"seed": "seven"}}}', "invalid_event", "seed"),
     ],
 )
 def test_bad_events_name_the_problem(raw, code, says):
