@@ -325,7 +325,10 @@ class Gateway:
 
     @api.get("/v1/models")
     async def models(self):
-        return {"object": "list", "data": [self._model_card()]}
+        card = self._model_card()
+        # an alias is the same model under another name (vLLM's `root`: what it serves)
+        aliases = [{**card, "id": name, "root": card["id"]} for name in self.profile.aliases.models]
+        return {"object": "list", "data": [card, *aliases]}
 
     def _model_card(self) -> dict:
         m = self.profile.models
@@ -338,8 +341,10 @@ class Gateway:
             "owned_by": "omniray",
             "input_modalities": inputs,
             "output_modalities": outputs,
-            # omniray's: the voices `audio.voice` takes (a token talker's are its speakers)
-            "voices": list(self.profile.pipeline.voices) if "audio" in outputs else [],
+            "root": self.profile.served_model_name,
+            # omniray's: the voices `audio.voice` takes (a token talker's are its speakers), then
+            # the other names they answer to (profile `aliases.voices`)
+            "voices": self.profile.voice_names() if "audio" in outputs else [],
         }
 
     @api.get("/health")

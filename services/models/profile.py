@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validator, model_validator
@@ -204,6 +204,14 @@ class PipelineSpec(_Strict):
     voices: list[str] = Field(default_factory=lambda: ["default"])
 
 
+class AliasSpec(_Strict):
+    """Other names clients may use for this deployment's model and voices: OpenAI's defaults, so an
+    SDK or a voice-agent framework left at its defaults works (docs/api.md). Own names always work."""
+
+    models: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
+    voices: dict[str, str] = Field(default_factory=dict)  # alias -> one of pipeline.voices
+
+
 class TilingSpec(_Strict):
     """The router's tile policy for this profile's vision encoder (services/router/tiles.py)."""
 
@@ -274,6 +282,7 @@ class Profile(_Strict):
     models: ModelsSpec
     engine: EngineSpec = Field(default_factory=EngineSpec)
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec)
+    aliases: AliasSpec = Field(default_factory=AliasSpec)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     tiling: TilingSpec = Field(default_factory=TilingSpec)
     encoder_pool: EncoderPoolSpec = Field(default_factory=EncoderPoolSpec)
@@ -292,6 +301,27 @@ class Profile(_Strict):
         ):
             vision.options = vision.options.model_copy(update={"tile_px": self.tiling.tile_px})
         return self
+
+    @model_validator(mode="after")
+    def _aliases(self) -> Profile:
+        voices = self.pipeline.voices
+        if bad := {a: v for a, v in self.aliases.voices.items() if v not in voices or a in voices}:
+            raise ValueError(f"aliases.voices must map other names to one of {voices}: {bad}")
+        if self.served_model_name in self.aliases.models:
+            raise ValueError("aliases.models must not repeat served_model_name")
+        return self
+
+    def serves(self, model: str) -> bool:
+        """Whether `model` names this deployment's model (its own name or an alias)."""
+        return model == self.served_model_name or model in self.aliases.models
+
+    def voice(self, name: str) -> str | None:
+        """The voice `name` stands for (its own name or an alias's), or None for an unknown one."""
+        return name if name in self.pipeline.voices else self.aliases.voices.get(name)
+
+    def voice_names(self) -> list[str]:
+        """Every name `voice` takes: the voices, then their aliases."""
+        return [*self.pipeline.voices, *self.aliases.voices]
 
     def model_path(self, spec: ModelSpec) -> Path:
         return data_dir() / "models" / spec.path

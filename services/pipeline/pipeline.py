@@ -38,6 +38,7 @@ from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline import media
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
+from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.turn import SEED_BOUND, AudioClip, ImageInput, Turn
 from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
@@ -129,6 +130,8 @@ class Prepared:
     # progress events stream to the client while the tiles are encoded.
     prompt: stages_pb2.Prompt | None = None
     prompt_tokens: int = 0
+    # The response's speech to OUTPUT_RATE (made at its first audio: the vocoder says its rate).
+    resampler: StreamResampler | None = None
 
 
 @dataclass
@@ -174,7 +177,7 @@ class Pipeline:
 
     def _validate(self, turn: Turn) -> tuple[common_pb2.SamplingParams, str, str]:
         limits, pipe = self.profile.limits, self.profile.pipeline
-        if turn.model != self.profile.served_model_name:
+        if not self.profile.serves(turn.model):
             raise OmniError(
                 400,
                 f"model {turn.model[:64]!r} does not exist; this server serves {self.profile.served_model_name!r}",
@@ -195,10 +198,11 @@ class Pipeline:
                 raise bad_request(
                     f"{why}; use modalities ['text']", code="unsupported_modality", param="modalities"
                 )
-            voice = turn.speech.voice or pipe.default_voice
-            if voice not in pipe.voices:
+            voice = self.profile.voice(turn.speech.voice or pipe.default_voice)
+            if voice is None:
                 raise bad_request(
-                    f"unknown voice {voice[:64]!r}; available: {pipe.voices}", param="audio.voice"
+                    f"unknown voice {turn.speech.voice[:64]!r}; available: {self.profile.voice_names()}",
+                    param="audio.voice",
                 )
             audio_format = turn.speech.format
             if audio_format not in media.AUDIO_FORMATS:
@@ -534,6 +538,7 @@ class Pipeline:
                 index += 1
                 # the piece goes with its first audio
                 await self._voice(p, talk, out, functools.partial(next, iter([piece]), None))
+            await self._end_speech(p, out)
 
         async def speak_tokens() -> None:
             """A token talker: one call for the whole response, reading the thinker's tokens as
@@ -555,6 +560,7 @@ class Pipeline:
                 return new or None
 
             await self._voice(p, talk, out, transcript)
+            await self._end_speech(p, out)
 
         async def run(coro) -> None:
             try:
@@ -635,12 +641,23 @@ class Pipeline:
         if call.right is not None:
             req.right_context.CopyFrom(tensors.describe(call.right))
         chunk = await self.h.vocoder.Vocode.remote(req)
-        pcm, rate = chunk.pcm16, chunk.sample_rate
-        step = len(pcm) if split_s is None else max(2, int(split_s * rate) * 2)
+        p.resampler = p.resampler or StreamResampler(chunk.sample_rate)
+        pcm = p.resampler.push(chunk.pcm16)
+        step = len(pcm) if split_s is None else max(2, int(split_s * OUTPUT_RATE) * 2)
         for k in range(0, len(pcm), step):
             await out.put(
-                Event(pcm16=pcm[k : k + step], sample_rate=rate, transcript=transcript if k == 0 else None)
+                Event(
+                    pcm16=pcm[k : k + step],
+                    sample_rate=OUTPUT_RATE,
+                    transcript=transcript if k == 0 else None,
+                )
             )
+
+    @staticmethod
+    async def _end_speech(p: Prepared, out: asyncio.Queue) -> None:
+        """The last samples the response's resampler held back."""
+        if p.resampler is not None and (pcm := p.resampler.flush()):
+            await out.put(Event(pcm16=pcm, sample_rate=OUTPUT_RATE))
 
 
 def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:

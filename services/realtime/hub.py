@@ -65,7 +65,7 @@ class RealtimeHub:
                 se.error(e.message, e.code or "invalid_api_key", kind="authentication_error"),
                 "unauthenticated",
             ) from None
-        if model and model != self.profile.served_model_name:
+        if model and not self.profile.serves(model):
             raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
         session_id = se.new_id("sess")
         try:

@@ -285,10 +285,10 @@ class RealtimeSession:
     def _check(self, config: ev.SessionConfig, event_id: str | None) -> None:
         """What only this deployment knows (its voices, its token cap): refused at `session.update`,
         with the session's settings unchanged, not at the next response."""
-        voice, pipe = config.audio.output.voice, self.profile.pipeline
-        if voice is not None and voice not in pipe.voices:
+        voice = config.audio.output.voice
+        if voice is not None and self.profile.voice(voice) is None:
             raise ev.RealtimeEventError(
-                f"unknown voice {voice[:64]!r}; available: {pipe.voices}",
+                f"unknown voice {voice[:64]!r}; available: {self.profile.voice_names()}",
                 code="invalid_value",
                 event_id=event_id,
             )

@@ -9,6 +9,7 @@ import io
 import numpy as np
 import soundfile
 
+from services.models.profile import load_profile
 from tests.conftest import collect_audio, data_url, png_bytes, wav_bytes
 
 OPENAI_PCM_RATE = 24000
@@ -134,9 +135,25 @@ def test_speech_input(openai_client, model_name):
     assert r.usage.prompt_tokens > 40  # 2 s of audio -> 50 embeddings
 
 
-def test_models_endpoint(openai_client, model_name):
-    models = openai_client.models.list()
-    assert [m.id for m in models.data] == [model_name]
+def test_models_endpoint_lists_the_model_and_its_openai_names(openai_client, model_name):
+    cards = [m.model_dump() for m in openai_client.models.list().data]
+    assert [c["id"] for c in cards] == [model_name, *load_profile("tiny").aliases.models]
+    assert "gpt-realtime" in [c["id"] for c in cards] and {c["root"] for c in cards} == {model_name}
+    assert cards[0]["voices"][0] == "default" and {"alloy", "marin"} <= set(cards[0]["voices"])
+
+
+def test_openai_model_and_voice_names_work(openai_client):
+    """An SDK left at OpenAI's defaults: the model and voice names are the profile's aliases."""
+    stream = openai_client.chat.completions.create(
+        model="gpt-4o-audio-preview",
+        messages=[{"role": "user", "content": "Say something"}],
+        max_tokens=8,
+        modalities=["text", "audio"],
+        audio={"voice": "alloy", "format": "pcm16"},
+        stream=True,
+    )
+    audio = collect_audio(stream)
+    assert audio.rates == {OPENAI_PCM_RATE} and audio.pcm and audio.transcript
 
 
 def test_document_streams_encoder_progress_the_sdk_skips(openai_client, model_name):

@@ -108,6 +108,10 @@ def test_cancel_and_truncate(openai_client, model_name):
             json.dumps({"type": "omniray.playback.progress", "item_id": "nope", "played_ms": 5}),
             "item_not_found",
         ),
+        (  # refused when set, not at the next response
+            json.dumps({"type": "session.update", "session": {"audio": {"output": {"voice": "zz"}}}}),
+            "invalid_value",
+        ),
     ],
 )
 def test_bad_events_get_an_error_and_the_session_goes_on(openai_client, model_name, event, code):
@@ -119,6 +123,21 @@ def test_bad_events_get_an_error_and_the_session_goes_on(openai_client, model_na
         assert error.error.code == code, error
         conn.session.update(session={"type": "realtime"})
         _until(conn, "session.updated", seen)  # still answering
+
+
+def test_openai_model_and_voice_names_open_a_spoken_session(openai_client, model_name):
+    """A client left at OpenAI's defaults (gpt-realtime, marin): the profile's aliases."""
+    with openai_client.realtime.connect(model="gpt-realtime") as conn:
+        seen: list = []
+        assert _until(conn, "session.created", seen).session.model == model_name
+        voice = {"input": MANUAL_TURNS["audio"]["input"], "output": {"voice": "marin"}}
+        conn.session.update(session={**MANUAL_TURNS, "audio": voice, "max_output_tokens": 8})
+        assert _until(conn, "session.updated", seen).session.audio.output.voice == "marin"
+        conn.input_audio_buffer.append(audio=_speech(0.4))
+        conn.input_audio_buffer.commit()
+        conn.response.create()
+        assert _until(conn, "response.done", seen).response.status == "completed"
+        assert [e for e in seen if e.type == "response.output_audio.delta"]
 
 
 def test_unknown_key_and_model_are_refused(omniray, model_name):

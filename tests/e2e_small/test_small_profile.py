@@ -67,7 +67,10 @@ def test_spoken_answer_is_streamed_and_says_its_transcript(small):
     assert len(audio.transcript.split()) >= 10
     # Streamed: several chunks, the first well before the stream ends.
     assert len(audio.chunk_times) >= 3 and audio.chunk_times[0] < audio.chunk_times[-1]
+    # Piper writes 22.05 kHz; pcm16 out is 24 kHz (OpenAI's): resampled, not relabelled, or
+    # Whisper below would hear it 9% fast and high
     (rate,) = audio.rates
+    assert rate == 24_000
     wave = np.frombuffer(audio.pcm, "<i2").astype(np.float32) / 32768.0
     assert len(wave) / rate > 1.0
     heard = _transcribe(wave, rate)

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from services.app import DEPLOYMENT_NAMES, serve_config
-from services.models.profile import CONFIG_DIR, STAGES, load_profile
+from services.models.profile import CONFIG_DIR, STAGES, Profile, load_profile
 from services.models.registry import ADAPTERS
 
 PROFILES = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -58,3 +58,21 @@ def test_mounted_checkpoint_is_verified_not_fetched(tmp_path):
     (tmp_path / "config.json").write_text('{"architectures": ["Qwen3OmniMoeForConditionalGeneration"]}')
     assert prepare(spec, tmp_path) is False
     assert not (tmp_path / "omniray_manifest.json").exists()
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_openai_names_are_aliases_of_the_model_and_its_voices(name):
+    profile = load_profile(name)
+    assert profile.serves(profile.served_model_name) and profile.serves("gpt-realtime")
+    assert not profile.serves("gpt-17")
+    for voice in ("alloy", "ash", "marin", "cedar", *profile.pipeline.voices):
+        assert profile.voice(voice) in profile.pipeline.voices
+    assert profile.voice("zz") is None
+
+
+def test_an_alias_must_stand_for_a_voice_of_the_profile():
+    raw = yaml.safe_load((CONFIG_DIR / "tiny.yaml").read_text())
+    for bad in ({"alloy": "nobody"}, {"default": "default"}):
+        raw["aliases"]["voices"] = bad
+        with pytest.raises(ValueError, match="aliases.voices"):
+            Profile.model_validate(raw)
