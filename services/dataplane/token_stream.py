@@ -7,10 +7,16 @@ has media (the talker's input, services/extensions/vllm/media_rows.py), then eac
 and when the response ends for any reason an end entry (or an error entry); the talker reads from
 the start with bounded blocking reads. The stream expires a while after its
 last write, so an abandoned one (a stage killed mid-response) does not stay.
+
+The stream is speech's side channel: a slow Redis answer (a loaded node) is retried for a few
+seconds, and a Redis that stays away breaks the stream, not the response — decode's text goes on,
+the talker's read times out and the speech fails alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -23,7 +29,10 @@ PREFIX = "omniray:tokens:"
 TTL_S = 120
 # One blocking read: below the client's socket timeout (a longer block would read as a stalled Redis).
 BLOCK_MS = 200
-WRITE_ATTEMPTS = 2
+# How long one write keeps retrying slow answers (each bounded by the client's socket timeout).
+WRITE_DEADLINE_S = 5.0
+RETRY_PAUSE_S = 0.05
+log = logging.getLogger(__name__)
 
 
 def key(request_id: str) -> str:
@@ -35,6 +44,7 @@ class TokenStreamWriter:
         self.stream = stream
         self.redis = client or async_client()
         self._seq = 0
+        self.broken = False  # a write failed for good: the rest are dropped (the talker times out)
 
     async def add(self, token_ids) -> None:
         await self._add({"ids": np.asarray(token_ids, dtype="<i4").tobytes()})
@@ -49,8 +59,11 @@ class TokenStreamWriter:
     async def _add(self, fields: dict) -> None:
         # Entries carry their own ids (1-0, 2-0, ...): a write retried after a slow answer that did
         # land is refused as a duplicate id, never read twice.
+        if self.broken:
+            return
         self._seq += 1
-        for attempt in range(WRITE_ATTEMPTS):
+        deadline, retried = time.monotonic() + WRITE_DEADLINE_S, False
+        while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.xadd(self.stream, fields, id=f"{self._seq}-0")
@@ -58,12 +71,17 @@ class TokenStreamWriter:
                     await pipe.execute()
                 return
             except redis.ResponseError as e:
-                if "equal or smaller" not in str(e) or attempt == 0:
+                if "equal or smaller" not in str(e) or not retried:
                     raise
-                return  # the first attempt landed
-            except UNAVAILABLE:  # one slow answer is retried; a Redis that stays away fails the talker
-                if attempt == WRITE_ATTEMPTS - 1:
-                    raise
+                return  # an earlier attempt landed
+            except UNAVAILABLE as e:
+                if time.monotonic() > deadline:
+                    self.broken = True
+                    log.warning("token stream %s: Redis unavailable for %.0f s (%s); speech stops here",
+                                self.stream, WRITE_DEADLINE_S, type(e).__name__)  # fmt: skip
+                    return
+                retried = True
+                await asyncio.sleep(RETRY_PAUSE_S)  # a refused connection answers at once
 
     async def end(self) -> None:
         await self._add({"end": b"1"})

@@ -229,6 +229,10 @@ class ThinkerEngine:
             enable_prompt_embeds=True,
             block_size=profile.engine.block_size,
             kv_transfer_config=kv_config,
+            # Structured output by xgrammar (the gateway compiles schemas with it first), as
+            # compact JSON: with whitespace allowed between tokens, a weak model can write
+            # whitespace until max_tokens (tiny does at once) and never close the object.
+            structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
             **extensions,
             **profile.engine.extra,
         )
@@ -279,7 +283,7 @@ class ThinkerEngine:
         media_rows: list | None = None,
     ):
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         from services.extensions.vllm.scheduler import SESSION_ARG
 
@@ -288,6 +292,12 @@ class ThinkerEngine:
             extra[SESSION_ARG] = session_id
         if media_rows:  # the worker writes these items' rows for the talker
             extra[MEDIA_ROWS_ARG] = [list(r) for r in media_rows]
+        structured = None
+        # Decode's tokens follow the schema; prefill's one token is dropped (no grammar to build).
+        if max_tokens is None and (sampling.json_schema or sampling.json_object):
+            structured = StructuredOutputsParams(
+                json=sampling.json_schema or None, json_object=sampling.json_object or None
+            )
         return SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else sampling.max_tokens,
             temperature=sampling.temperature,
@@ -297,6 +307,7 @@ class ThinkerEngine:
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured,
             extra_args=extra or None,
         )
 

@@ -98,6 +98,8 @@ def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[
             stop=tuple(s.stop),
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
+            json_schema=s.json_schema or None,
+            json_object=s.json_object,
         )
         if request.HasField("sampling")
         else Sampling()

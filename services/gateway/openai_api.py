@@ -4,11 +4,12 @@ SSE chunk rendering. The pipeline behind it is the same one gRPC and realtime us
 from __future__ import annotations
 
 import base64
+import json
 import time
 from typing import Annotated, Any, Literal
 
 from omni.v1 import common_pb2
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, too_large
@@ -19,6 +20,7 @@ from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, sp
 
 INT32_MAX = 2**31 - 1
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
+MAX_DESCRIPTION_CHARS = 4096
 IMAGE_DETAILS = ("auto", "low", "high")
 
 
@@ -46,6 +48,20 @@ class StreamOptions(_Loose):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Loose):
+    name: Name = "response"
+    description: str | None = Field(default=None, max_length=MAX_DESCRIPTION_CHARS)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Loose):
+    """Structured output through vLLM's backend (xgrammar): a JSON schema or any JSON object."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(_Loose):
     """OpenAI's parameters with OpenAI's bounds; integers within the protobuf field they go to."""
 
@@ -70,6 +86,24 @@ class ChatCompletionRequest(_Loose):
     user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     # "flex" -> batch SLO class, "priority" -> the tenant's highest (services/router/plan.py).
     service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
+    response_format: ResponseFormat | None = None
+    # Not supported yet (issue 18): refused, never ignored.
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, tools: list | None) -> list | None:
+        if tools:
+            raise ValueError("tools are not supported by this server yet")
+        return tools
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ChatCompletionRequest:
+        f = self.response_format
+        if f is not None and f.type == "json_schema" and (f.json_schema is None or not f.json_schema.schema_):
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -122,6 +156,7 @@ def parse_request(
             stop=(req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ()),
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
+            **_structured(req.response_format),
         ),
         speech=speech_out(
             req.modalities or [], req.audio and req.audio.voice, req.audio and req.audio.format
@@ -131,6 +166,14 @@ def parse_request(
         service_tier=req.service_tier or "",
     )
     return req, turn
+
+
+def _structured(f: ResponseFormat | None) -> dict:
+    if f is None or f.type == "text":
+        return {}
+    if f.type == "json_object":
+        return {"json_object": True}
+    return {"json_schema": json.dumps(f.json_schema.schema_)}
 
 
 def _part(part: dict, param: str, limits: LimitsSpec) -> Part:

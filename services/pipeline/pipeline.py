@@ -39,6 +39,7 @@ from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline import media
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
+from services.pipeline.structured_output import check_json_schema
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.turn import SEED_BOUND, AudioClip, ImageInput, Turn
 from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
@@ -224,6 +225,8 @@ class Pipeline:
             )
         if s.seed is not None and not -SEED_BOUND <= s.seed < SEED_BOUND:
             raise bad_request("seed must be a 64-bit integer", param="seed")
+        if s.json_schema is not None:
+            check_json_schema(s.json_schema)
         sampling = common_pb2.SamplingParams(
             max_tokens=max_tokens,
             temperature=s.temperature,
@@ -232,6 +235,8 @@ class Pipeline:
             stop=list(s.stop),
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
+            json_schema=s.json_schema or "",
+            json_object=s.json_object,
         )
         return sampling, voice, audio_format
 

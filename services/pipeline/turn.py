@@ -145,6 +145,10 @@ class Sampling:
     stop: tuple[str, ...] = ()
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Structured output (OpenAI's response_format): answers follow this JSON schema (as JSON text),
+    # or are any JSON object.
+    json_schema: str | None = None
+    json_object: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import base64
 import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from services.common import untrusted_json
 from services.pipeline.turn import SEED_BOUND
@@ -23,7 +23,11 @@ MAX_APPEND_BASE64 = 4 * -(-15 * 24_000 * 2 // 3)
 MAX_ID_CHARS = 128  # event and item ids
 MAX_INSTRUCTIONS_CHARS = 64 * 1024
 MAX_OUTPUT_TOKENS = 2**31 - 1  # the protobuf field's range; the profile's cap is checked on use
+MAX_ITEM_TEXT_CHARS = 64 * 1024  # one content part's text
+MAX_CONTENT_PARTS = 8
+MAX_RESPONSE_INPUT_ITEMS = 64
 Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+ItemText = Annotated[str, Field(max_length=MAX_ITEM_TEXT_CHARS)]
 OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"] | None
 
 
@@ -39,9 +43,16 @@ class _Event(BaseModel):
 
 
 class AudioFormat(BaseModel):
+    """pcm16 at 24 kHz, or G.711 μ-law / A-law at 8 kHz (telephony; services/realtime/codecs.py)."""
+
     model_config = ConfigDict(extra="ignore")
-    type: Literal["audio/pcm"] = "audio/pcm"
-    rate: Literal[24000] = 24000
+    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
+    rate: Literal[24000] | None = 24000  # audio/pcm's (the only rate it takes); none for G.711
+
+    @model_validator(mode="after")
+    def _rate(self) -> AudioFormat:
+        self.rate = 24000 if self.type == "audio/pcm" else None
+        return self
 
 
 class AudioInput(BaseModel):
@@ -88,21 +99,62 @@ class SessionConfig(BaseModel):
 
 class SessionUpdate(_Event):
     type: Literal["session.update"]
-    session: SessionConfig
+    # Validated field by field against the session's settings (`updated`): what does not
+    # validate is reported and left as it was, the rest applies.
+    session: dict[str, Any]
+
+
+def updated(current: SessionConfig, given: dict) -> tuple[SessionConfig, dict, list[tuple[tuple, str]]]:
+    """`given` over `current`, as OpenAI's `session.update` (fields not given keep their values),
+    with the fields that do not validate left as they were: the settings, what of `given` applied,
+    and (location, why) of each field refused."""
+    refused: list[tuple[tuple, str]] = []
+    while True:
+        try:
+            return SessionConfig.model_validate(merge(current.model_dump(), given)), given, refused
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc, why = tuple(first["loc"]), first["msg"]
+            refused.append((loc, why))
+            smaller = without(given, loc)
+            if smaller == given:  # not a field the client gave (cannot happen): nothing applies
+                return current, {}, refused
+            given = smaller
+
+
+def merge(base: dict, given: dict) -> dict:
+    out = dict(base)
+    for key, value in given.items():
+        out[key] = (
+            merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        )
+    return out
+
+
+def without(given: dict, loc: tuple) -> dict:
+    """`given` less the field at `loc` (the deepest part of it that `given` holds)."""
+    if not loc or not isinstance(given, dict) or loc[0] not in given:
+        return given
+    rest = given[loc[0]]
+    if len(loc) > 1 and isinstance(rest, dict) and loc[1] in rest:
+        return {**given, loc[0]: without(rest, loc[1:])}
+    return {k: v for k, v in given.items() if k != loc[0]}
 
 
 class InputAudioBufferAppend(_Event):
     type: Literal["input_audio_buffer.append"]
     audio: str = Field(max_length=MAX_APPEND_BASE64)
 
-    def pcm16(self) -> bytes:
-        try:
-            raw = base64.b64decode(self.audio, validate=True)
-        except binascii.Error as e:
-            raise RealtimeEventError(f"audio is not valid base64: {e}", event_id=self.event_id) from None
-        if len(raw) % 2:
-            raise RealtimeEventError("pcm16 audio must have an even number of bytes", event_id=self.event_id)
-        return raw
+    def data(self) -> bytes:
+        """The audio's bytes, in the session's input format (services/realtime/codecs.py)."""
+        return _b64(self.audio, self.event_id)
+
+
+def _b64(audio: str, event_id: str | None) -> bytes:
+    try:
+        return base64.b64decode(audio, validate=True)
+    except binascii.Error as e:
+        raise RealtimeEventError(f"audio is not valid base64: {e}", event_id=event_id) from None
 
 
 class InputAudioBufferCommit(_Event):
@@ -113,11 +165,44 @@ class InputAudioBufferClear(_Event):
     type: Literal["input_audio_buffer.clear"]
 
 
+class ContentPartIn(BaseModel):
+    """One content part of an item a client adds: user text or audio (base64 pcm16, 24 kHz), or an
+    assistant's text (or the transcript of its audio)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
+    text: ItemText | None = None
+    audio: Annotated[str, Field(max_length=MAX_APPEND_BASE64)] | None = None
+    transcript: ItemText | None = None
+
+    def data(self, event_id: str | None) -> bytes:
+        return _b64(self.audio or "", event_id)
+
+
+class ItemIn(BaseModel):
+    """A conversation item from the client (`conversation.item.create`, `response.create`'s
+    `input`). Which combinations the session takes is its to say (RealtimeSession._item)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: Id | None = None
+    type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
+    role: Literal["user", "assistant", "system"] | None = None
+    content: list[ContentPartIn] = Field(default_factory=list, max_length=MAX_CONTENT_PARTS)
+
+
+# OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
+
+
 class ResponseConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
     instructions: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
     output_modalities: list[Literal["text", "audio"]] | None = Field(default=None, max_length=2)
     max_output_tokens: OutputTokens = None
+    # "none": out of band, not written into the conversation (answers `input` when given)
+    conversation: Literal["auto", "none"] = "auto"
+    input: list[ItemIn] | None = Field(default=None, max_length=MAX_RESPONSE_INPUT_ITEMS)
+    metadata: Annotated[Metadata, Field(max_length=16)] | None = None
 
 
 class ResponseCreate(_Event):
@@ -142,6 +227,24 @@ class ConversationItemRetrieve(_Event):
     item_id: Id
 
 
+class ConversationItemCreate(_Event):
+    type: Literal["conversation.item.create"]
+    previous_item_id: Id | None = None  # after this item ("root": first); default: last
+    item: ItemIn
+
+
+class ConversationItemDelete(_Event):
+    type: Literal["conversation.item.delete"]
+    item_id: Id
+
+
+class OutputAudioBufferClear(_Event):
+    """Stop the response's audio (OpenAI's for WebRTC; here any transport): the response is
+    cancelled and the assistant's item cut to what was played."""
+
+    type: Literal["output_audio_buffer.clear"]
+
+
 class PlaybackProgress(_Event):
     """omniray's extension: how much of an assistant item's audio the client has played (the session
     monitor's playback position; OpenAI's protocol has no client event for it)."""
@@ -160,6 +263,9 @@ ClientEvent = Annotated[
     | ResponseCancel
     | ConversationItemTruncate
     | ConversationItemRetrieve
+    | ConversationItemCreate
+    | ConversationItemDelete
+    | OutputAudioBufferClear
     | PlaybackProgress,
     Field(discriminator="type"),
 ]
@@ -175,6 +281,9 @@ CLIENT_TYPES = {
         ResponseCancel,
         ConversationItemTruncate,
         ConversationItemRetrieve,
+        ConversationItemCreate,
+        ConversationItemDelete,
+        OutputAudioBufferClear,
         PlaybackProgress,
     )
 }

@@ -22,10 +22,12 @@ _CLIENT_TYPES = {
 }
 
 
-def client_event(msg: omni_pb2.RealtimeClientEvent) -> dict:
+def client_event(msg: omni_pb2.RealtimeClientEvent) -> dict | str:
     """The client event's fields as the WebSocket's JSON would carry them (an event without a oneof
-    is unknown)."""
+    is unknown), or the JSON text itself (`openai_json`)."""
     which = msg.WhichOneof("event")
+    if which == "openai_json":
+        return msg.openai_json
     fields = json_format.MessageToDict(
         getattr(msg, which), preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     ) if which else {}  # fmt: skip

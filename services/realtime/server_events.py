@@ -45,14 +45,34 @@ class _Model(BaseModel):
 # ---- the objects events carry ------------------------------------------------------------------
 
 
+class TokenDetails(_Model):
+    text_tokens: int = 0
+    audio_tokens: int = 0
+
+
+class InputTokenDetails(TokenDetails):
+    cached_tokens: int = 0
+
+
 class Usage(_Model):
-    input_tokens: int
-    output_tokens: int
-    total_tokens: int
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    input_token_details: InputTokenDetails = Field(default_factory=InputTokenDetails)
+    output_token_details: TokenDetails = Field(default_factory=TokenDetails)
 
 
 class Content(_Model):
-    type: Literal["input_audio", "output_audio"]
+    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    text: str | None = None
+    transcript: str | None = None
+
+
+class Part(_Model):
+    """A content part as the response writes it (`response.content_part.*`)."""
+
+    type: Literal["text", "audio"]
+    text: str | None = None
     transcript: str | None = None
 
 
@@ -61,16 +81,30 @@ class Item(_Model):
     type: Literal["message"] = "message"
     object: Literal["realtime.item"] = "realtime.item"
     role: Literal["user", "assistant"]
-    status: Literal["completed", "incomplete"] = "completed"
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
     content: list[Content]
+
+
+class StatusDetails(_Model):
+    """Why a response ended as it did (OpenAI's `status_details`)."""
+
+    type: Literal["completed", "cancelled", "incomplete", "failed"]
+    # cancelled: client_cancelled | turn_detected; incomplete: max_output_tokens
+    reason: str | None = None
+    error: dict[str, str] | None = None  # failed: {type, code}
 
 
 class Response(_Model):
     id: str
     object: Literal["realtime.response"] = "realtime.response"
-    status: Literal["in_progress", "completed", "cancelled", "failed"]
+    status: Literal["in_progress", "completed", "cancelled", "incomplete", "failed"]
+    status_details: StatusDetails | None = None
+    # "auto": written into the session's conversation; None: out of band
+    conversation_id: str | None = None
+    output_modalities: list[Literal["text", "audio"]] = Field(default_factory=list)
     output: list[Item] = Field(default_factory=list)
     usage: Usage | None = None
+    metadata: dict[str, str] | None = None
 
 
 class Session(SessionConfig):
@@ -155,6 +189,56 @@ class ConversationItemAdded(_Event):
     item: Item
 
 
+class ConversationItemDone(_Event):
+    type: Literal["conversation.item.done"] = "conversation.item.done"
+    previous_item_id: str | None = None
+    item: Item
+
+
+class ConversationItemDeleted(_Event):
+    type: Literal["conversation.item.deleted"] = "conversation.item.deleted"
+    item_id: str
+
+
+class OutputAudioBufferCleared(_Event):
+    type: Literal["output_audio_buffer.cleared"] = "output_audio_buffer.cleared"
+    response_id: str | None = None
+
+
+class ResponseOutputItemAdded(_Event):
+    type: Literal["response.output_item.added"] = "response.output_item.added"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class ResponseOutputItemDone(_Event):
+    type: Literal["response.output_item.done"] = "response.output_item.done"
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class ResponseContentPartAdded(_ContentPart):
+    type: Literal["response.content_part.added"] = "response.content_part.added"
+    part: Part
+
+
+class ResponseContentPartDone(_ContentPart):
+    type: Literal["response.content_part.done"] = "response.content_part.done"
+    part: Part
+
+
+class ResponseOutputTextDelta(_ContentPart):
+    type: Literal["response.output_text.delta"] = "response.output_text.delta"
+    delta: str
+
+
+class ResponseOutputTextDone(_ContentPart):
+    type: Literal["response.output_text.done"] = "response.output_text.done"
+    text: str
+
+
 class ConversationItemRetrieved(_Event):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
     item: Item
@@ -206,6 +290,15 @@ ServerEvent = Annotated[
     | InputAudioBufferSpeechStarted
     | InputAudioBufferSpeechStopped
     | ConversationItemAdded
+    | ConversationItemDone
+    | ConversationItemDeleted
+    | OutputAudioBufferCleared
+    | ResponseOutputItemAdded
+    | ResponseOutputItemDone
+    | ResponseContentPartAdded
+    | ResponseContentPartDone
+    | ResponseOutputTextDelta
+    | ResponseOutputTextDone
     | ConversationItemRetrieved
     | ConversationItemTruncated
     | ResponseCreated
@@ -219,8 +312,14 @@ ServerEvent = Annotated[
 _SERVER = TypeAdapter(ServerEvent)
 
 
-def error(message: str, code: str, event_id: str | None = None, kind: str = "invalid_request_error") -> Error:
-    return Error(error=ErrorDetail(type=kind, code=code, message=message, event_id=event_id))
+def error(
+    message: str,
+    code: str,
+    event_id: str | None = None,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+) -> Error:
+    return Error(error=ErrorDetail(type=kind, code=code, message=message, event_id=event_id, param=param))
 
 
 # ---- JSON --------------------------------------------------------------------------------------
@@ -257,7 +356,8 @@ def to_proto(event: _Event) -> omni_pb2.RealtimeServerEvent:
             out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=u.input_tokens, completion_tokens=u.output_tokens,
                                                 total_tokens=u.total_tokens))  # fmt: skip
     if (item := getattr(event, "item", None)) is not None:
-        out.item_id, out.transcript = item.id, item.content[0].transcript or ""
+        out.item_id = item.id
+        out.transcript = next((c.transcript or c.text or "" for c in item.content), "")
     if isinstance(event, Error):
         e = event.error
         out.error.CopyFrom(omni_pb2.RealtimeError(type=e.type, code=e.code, message=e.message,

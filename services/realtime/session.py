@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -28,27 +29,30 @@ from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime import server_events as se
+from services.realtime.codecs import PCM_RATE, InputAudio, OutputAudio
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
 
-PCM_RATE = 24_000  # realtime audio in: pcm16 mono at 24 kHz
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Item:
     id: str
-    role: str  # "user" (audio) or "assistant" (its transcript)
+    role: str  # "user" (audio and/or text) or "assistant" (its text, spoken or written)
     # user: the turn's audio as clips (a streaming encoder's chunks, or one), kept while the turn is
     # in the conversation window (the thinker is stateless: every response sends the conversation
     # again), freed with the item when it leaves.
     clips: list[AudioClip] = field(default_factory=list)
     audio_tokens: int | None = None  # user: prompt tokens of its audio, once measured in a prompt
-    text: str = ""  # assistant: what the conversation keeps (all of it, or what was played)
+    # user: the text the client typed; assistant: what the conversation keeps (all of it, or what
+    # was played)
+    text: str = ""
     tokens: int = 0  # assistant: tokens generated
     generated: str = ""  # assistant: all text generated
     spoken: list[list] = field(default_factory=list)  # assistant: [text piece, ms of its audio]
+    audio_out: bool = True  # assistant: its content is audio with a transcript (else text)
 
     @property
     def audio_ms(self) -> float:
@@ -62,6 +66,12 @@ class Item:
     def kept_tokens(self) -> int:
         """assistant: the generated tokens of the text kept (all, or the played share of a cut)."""
         return round(self.tokens * len(self.text) / len(self.generated)) if self.generated else 0
+
+    @property
+    def text_tokens(self) -> int:
+        """Tokens of the item's text in a prompt: counted for what the model wrote, estimated
+        (4 characters a token) for what a client wrote, until a prompt measures the turn."""
+        return self.kept_tokens if self.generated else math.ceil(len(self.text) / 4)
 
     def cut(self, audio_end_ms: float) -> None:
         """Keep the text spoken in the first `audio_end_ms` of audio: whole pieces played, and of
@@ -80,26 +90,48 @@ class Item:
         self.text = kept
 
     def describe(self, status: str = "completed") -> se.Item:
-        content = (
-            se.Content(type="input_audio")
-            if self.role == "user"
-            else se.Content(type="output_audio", transcript=self.text)
+        if self.role == "user":
+            content = [se.Content(type="input_text", text=self.text)] if self.text else []
+            content += [se.Content(type="input_audio")] if self.clips else []
+        elif status == "in_progress":
+            content = []  # as OpenAI's: the content comes as its parts are added
+        elif self.audio_out:
+            content = [se.Content(type="output_audio", transcript=self.text)]
+        else:
+            content = [se.Content(type="output_text", text=self.text)]
+        return se.Item(id=self.id, role=self.role, status=status, content=content)
+
+    def part(self) -> se.Part:
+        """assistant: its content part as the response writes it."""
+        return (
+            se.Part(type="audio", transcript=self.text)
+            if self.audio_out
+            else se.Part(type="text", text=self.text)
         )
-        return se.Item(id=self.id, role=self.role, status=status, content=[content])
 
     def message(self) -> Message:
-        return (
-            Message("user", tuple(self.clips)) if self.role == "user" else Message("assistant", (self.text,))
-        )
+        if self.role == "user":
+            return Message("user", (*([self.text] if self.text else []), *self.clips))
+        return Message("assistant", (self.text,))
 
 
 @dataclass
 class Response:
     id: str
     item: Item
+    modalities: list[str]
+    in_conversation: bool = True  # False: out of band (`conversation: "none"`)
+    metadata: dict[str, str] | None = None
     task: asyncio.Task | None = None
     status: str = "in_progress"
-    usage: se.Usage | None = None
+    details: se.StatusDetails | None = None
+    usage: se.Usage = field(default_factory=se.Usage)
+    audio_in_tokens: int = 0  # the prompt's user audio rows (usage details)
+    cancel_reason: str = "client_cancelled"  # or turn_detected (a barge-in)
+
+    @property
+    def item_status(self) -> str:
+        return "completed" if self.status == "completed" else "incomplete"
 
 
 class RealtimeSession:
@@ -122,6 +154,7 @@ class RealtimeSession:
         self.key = str(SessionKey(tenant.id, session_id))
         self.send = send
         self.config = ev.SessionConfig()
+        self.input_audio = InputAudio(self.config.audio.input.format.type)
         self.buffer = bytearray()
         self.buffer_start = 0  # position of buffer[0] in the session's input audio, in samples
         self.items: list[Item] = []  # the conversation window: turns out of it are dropped
@@ -131,6 +164,7 @@ class RealtimeSession:
         self.turn_overhead = 0
         self.audio_rate = 0.0
         self.response: Response | None = None
+        self.conversation_id = se.new_id("conv")
         self.next_item_id = se.new_id("item")  # the user item speech will become
         self.vad: SileroStream | None = None
         self.turns: TurnSegmenter | None = None
@@ -232,16 +266,10 @@ class RealtimeSession:
 
     async def _dispatch(self, event: Any) -> None:
         if isinstance(event, ev.SessionUpdate):
-            # As OpenAI's: fields not given keep their values.
-            given = event.session.model_dump(exclude_unset=True)
-            config = ev.SessionConfig.model_validate(_merge(self.config.model_dump(), given))
-            self._check(config, event.event_id)
-            self.config = config
-            self._start_vad()
-            await self.send(se.SessionUpdated(session=self.describe()))
+            await self._update_session(event)
         elif isinstance(event, ev.InputAudioBufferAppend):
             limit = int(self.profile.limits.max_audio_seconds * PCM_RATE * 2)
-            chunk = event.pcm16()
+            chunk = self.input_audio.decode(event.data(), event.event_id)
             if len(self.buffer) + len(chunk) > limit:
                 raise ev.RealtimeEventError(
                     f"input audio buffer would exceed {self.profile.limits.max_audio_seconds} s",
@@ -262,15 +290,35 @@ class RealtimeSession:
         elif isinstance(event, ev.ResponseCreate):
             await self._create_response(event)
         elif isinstance(event, ev.ResponseCancel):
+            if not self.busy or (event.response_id and event.response_id != self.response.id):
+                raise ev.RealtimeEventError(
+                    "no response in progress"
+                    + (f" with id {event.response_id!r}" if event.response_id else ""),
+                    code="response_cancel_not_active",
+                    event_id=event.event_id,
+                )
             await self.cancel()
+        elif isinstance(event, ev.OutputAudioBufferClear):
+            r = self.response
+            if self.busy:
+                await self.cancel()
+                await self._cut_to_played(r)
+            await self.send(se.OutputAudioBufferCleared(response_id=r.id if r else None))
+        elif isinstance(event, ev.ConversationItemCreate):
+            await self._create_item(event)
+        elif isinstance(event, ev.ConversationItemDelete):
+            item = self._find(event.item_id, event.event_id)
+            if self.response is not None and self.response.item is item and self.busy:
+                raise ev.RealtimeEventError(
+                    "the item of the response in progress cannot be deleted; cancel it first",
+                    event_id=event.event_id,
+                )
+            self.items.remove(item)
+            await self.send(se.ConversationItemDeleted(item_id=item.id))
         elif isinstance(event, ev.ConversationItemTruncate):
             await self._truncate(event)
         elif isinstance(event, ev.ConversationItemRetrieve):
-            item = next((i for i in self.items if i.id == event.item_id), None)
-            if item is None:
-                raise ev.RealtimeEventError(
-                    f"no item {event.item_id!r}", code="item_not_found", event_id=event.event_id
-                )
+            item = self._find(event.item_id, event.event_id)
             await self.send(se.ConversationItemRetrieved(item=item.describe()))
         elif isinstance(event, ev.PlaybackProgress):
             current = self.response.item.id if self.response else None
@@ -282,21 +330,118 @@ class RealtimeSession:
                 )
             self.monitor.played(self.key, event.played_ms)
 
-    def _check(self, config: ev.SessionConfig, event_id: str | None) -> None:
-        """What only this deployment knows (its voices, its token cap): refused at `session.update`,
-        with the session's settings unchanged, not at the next response."""
+    async def _update_session(self, event: ev.SessionUpdate) -> None:
+        """As OpenAI's: fields not given keep their values. A field this session cannot take (it
+        does not validate, or this deployment lacks it: a voice, more than its token cap) gets an
+        `error` event naming it and keeps its value; the rest of the update applies."""
+        given, refused = event.session, []
+        while True:
+            config, given, bad = ev.updated(self.config, given)
+            deployment = self._check(config)
+            refused += bad + deployment
+            smaller = functools.reduce(ev.without, (loc for loc, _ in deployment), given)
+            if not deployment or smaller == given:
+                break
+            given = smaller
+        for loc, why in refused:
+            where = ".".join(str(part) for part in loc)
+            await self.send(
+                se.error(f"session.{where}: {why}", "invalid_value", event.event_id, param=f"session.{where}")
+            )
+        if not deployment:
+            if config.audio.input.format.type != self.config.audio.input.format.type:
+                self.input_audio = InputAudio(config.audio.input.format.type)
+            self.config = config
+            self._start_vad()
+        await self.send(se.SessionUpdated(session=self.describe()))
+
+    def _check(self, config: ev.SessionConfig) -> list[tuple[tuple, str]]:
+        """What only this deployment knows (its voices, its token cap), as (field, why) refused."""
+        refused = []
         voice = config.audio.output.voice
         if voice is not None and self.profile.voice(voice) is None:
+            why = f"unknown voice {voice[:64]!r}; available: {self.profile.voice_names()}"
+            refused.append((("audio", "output", "voice"), why))
+        cap = self.profile.limits.max_tokens_cap
+        if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
+            refused.append((("max_output_tokens",), f"must be at most {cap}"))
+        return refused
+
+    def _find(self, item_id: str, event_id: str | None) -> Item:
+        item = next((i for i in self.items if i.id == item_id), None)
+        if item is None:
+            raise ev.RealtimeEventError(f"no item {item_id[:64]!r}", code="item_not_found", event_id=event_id)
+        return item
+
+    def _item(self, given: ev.ItemIn, event_id: str | None) -> Item:
+        """A client's item as the conversation keeps it: a user message (text and/or 24 kHz pcm16
+        audio) or an assistant message (its text, or the transcript of its audio)."""
+        if given.type != "message":
             raise ev.RealtimeEventError(
-                f"unknown voice {voice[:64]!r}; available: {self.profile.voice_names()}",
+                f"{given.type} items need tools, which this server does not support yet",
                 code="invalid_value",
                 event_id=event_id,
             )
-        cap = self.profile.limits.max_tokens_cap
-        if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
+        if given.role not in ("user", "assistant"):
             raise ev.RealtimeEventError(
-                f"max_output_tokens must be at most {cap}", code="invalid_value", event_id=event_id
+                "items are user or assistant messages; set the system prompt with `instructions`",
+                code="invalid_value",
+                event_id=event_id,
             )
+        item_id = given.id or se.new_id("item")
+        if any(i.id == item_id for i in self.items):
+            raise ev.RealtimeEventError(f"item {item_id!r} exists", code="invalid_value", event_id=event_id)
+        user = given.role == "user"
+        allowed = {"input_text", "input_audio"} if user else {"output_text", "output_audio", "text", "audio"}
+        if not given.content or any(part.type not in allowed for part in given.content):
+            raise ev.RealtimeEventError(
+                f"a {given.role} message holds content of types {sorted(allowed)}", code="invalid_value",
+                event_id=event_id,
+            )  # fmt: skip
+        text = "".join(part.text or part.transcript or "" for part in given.content)
+        if not user:
+            audio_out = any(part.type in ("output_audio", "audio") for part in given.content)
+            return Item(item_id, "assistant", text=text, audio_out=audio_out)
+        audio = InputAudio(self.config.audio.input.format.type)  # in the session's input format
+        pcm = b"".join(
+            audio.decode(part.data(event_id), event_id)
+            for part in given.content
+            if part.type == "input_audio"
+        )
+        if len(pcm) > self.profile.limits.max_audio_seconds * PCM_RATE * 2:
+            raise ev.RealtimeEventError(
+                f"item audio is longer than {self.profile.limits.max_audio_seconds} s",
+                code="invalid_value",
+                event_id=event_id,
+            )
+        if not text and len(pcm) < PCM_RATE * 2 // 10:
+            raise ev.RealtimeEventError(
+                "a user message needs text or at least 100 ms of audio",
+                code="invalid_value",
+                event_id=event_id,
+            )
+        clips = [AudioClip.from_pcm16(pcm, PCM_RATE, keep=True)] if pcm else []
+        return Item(item_id, "user", clips=clips, text=text)
+
+    async def _create_item(self, event: ev.ConversationItemCreate) -> None:
+        """A client's item into the conversation: after `previous_item_id` ("root": first), else last."""
+        item = self._item(event.item, event.event_id)
+        if item.clips:  # typed audio is the tenant's audio too
+            try:
+                await self.pipeline.quota.spend_session_audio(self.tenant, self.id, item.seconds)
+            except OmniError as e:
+                raise ev.RealtimeEventError(
+                    e.message, code=e.code or "rate_limit_exceeded", event_id=event.event_id
+                ) from None
+        at = len(self.items)
+        if event.previous_item_id == "root":
+            at = 0
+        elif event.previous_item_id is not None:
+            at = self.items.index(self._find(event.previous_item_id, event.event_id)) + 1
+        self.items.insert(at, item)
+        previous = self.items[at - 1].id if at > 0 else None
+        await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
+        await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
 
     # ---- server VAD and barge-in ---------------------------------------------------------------
 
@@ -323,6 +468,7 @@ class RealtimeSession:
         r = self.response
         running = r is not None and r.task is not None and not r.task.done()
         if running and td.interrupt_response:
+            r.cancel_reason = "turn_detected"
             r.task.cancel()
         await self.send(
             se.InputAudioBufferSpeechStarted(audio_start_ms=audio_start_ms, item_id=self.next_item_id)
@@ -396,6 +542,7 @@ class RealtimeSession:
         self.items.append(item)
         await self.send(se.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
+        await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
 
     # ---- speculative prefill --------------------------------------------------------------------
 
@@ -441,11 +588,12 @@ class RealtimeSession:
 
     # ---- the conversation window (services/realtime/history.py) -------------------------------
 
-    def _turns(self, pending: Item | None = None) -> list[list[Item]]:
-        """The conversation in turns: a user item and the replies after it (with `pending`: a turn
-        still being spoken, last)."""
+    def _turns(self, pending: Item | None = None, items: list[Item] | None = None) -> list[list[Item]]:
+        """The conversation (or `items`) in turns: a user item and the replies after it (with
+        `pending`: a turn still being spoken, last). A conversation may start with replies (a bot
+        that spoke first): they are a turn of their own."""
         turns: list[list[Item]] = []
-        for item in self.items + ([pending] if pending is not None else []):
+        for item in (self.items if items is None else items) + ([pending] if pending is not None else []):
             if item.role == "user" or not turns:
                 turns.append([item])
             else:
@@ -461,7 +609,7 @@ class RealtimeSession:
         return TurnCost(
             clips=len(user.clips),
             messages=1 + len(replies),
-            tokens=audio + sum(item.kept_tokens for item in replies) + self.turn_overhead,
+            tokens=audio + sum(item.text_tokens for item in [user, *replies]) + self.turn_overhead,
         )
 
     def _fit_history(self, instructions: str | None, max_output: int, pending: Item | None) -> None:
@@ -510,24 +658,32 @@ class RealtimeSession:
         known = (
             self.head_tokens
             + sum(user.audio_tokens or 0 for user in users)
-            + sum(item.kept_tokens for turn in turns for item in turn[1:] if item.text)
+            + sum(item.text_tokens for turn in turns for item in turn)
         )
         self.turn_overhead = max(0, math.ceil((prepared.prompt_tokens - known) / len(turns)))
 
     # ---- responses ------------------------------------------------------------------------------
 
-    def _turn(self, config: ev.ResponseConfig, pending: Item | None = None) -> tuple[Turn, list[list[Item]]]:
+    def _turn(
+        self, config: ev.ResponseConfig, pending: Item | None = None, items: list[Item] | None = None
+    ) -> tuple[Turn, list[list[Item]]]:
         """The conversation as the pipeline's Turn (with `pending`: a turn still being spoken, last),
-        once the turns it cannot carry are dropped; and the turns it holds."""
+        once the turns it cannot carry are dropped; and the turns it holds. With `items`: those
+        instead of the conversation (a response's own `input`), as they are."""
         modalities = config.output_modalities or self.config.output_modalities
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
         max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
-        self._fit_history(instructions, max_output, pending)
-        turns = self._turns(pending)
+        if items is None:
+            self._fit_history(instructions, max_output, pending)
+        turns = self._turns(pending, items)
         messages = ([Message("system", (instructions,))] if instructions else []) + [
             item.message() for turn in turns for item in turn if item.role == "user" or item.text
         ]
+        if not messages:
+            raise ev.RealtimeEventError(
+                "nothing to respond to: add an item, commit audio or set instructions"
+            )
         speech = None
         if "audio" in modalities:
             speech = SpeechOut(self.config.audio.output.voice or self.profile.pipeline.default_voice, "pcm16")
@@ -542,24 +698,52 @@ class RealtimeSession:
         )
         return turn, turns
 
+    async def _input_items(self, config: ev.ResponseConfig, event_id: str | None) -> list[Item] | None:
+        """A response's own `input` (None: the conversation): references to conversation items, or
+        new items that stay out of the conversation."""
+        if config.input is None:
+            return None
+        items = []
+        for given in config.input:
+            if given.type == "item_reference":
+                items.append(self._find(given.id or "", event_id))
+                continue
+            item = self._item(given, event_id)
+            if item.clips:
+                await self._spend_audio(item.seconds, event_id)
+            items.append(item)
+        return items
+
+    async def _spend_audio(self, seconds: float, event_id: str | None) -> None:
+        try:
+            await self.pipeline.quota.spend_session_audio(self.tenant, self.id, seconds)
+        except OmniError as e:
+            raise ev.RealtimeEventError(
+                e.message, code=e.code or "rate_limit_exceeded", event_id=event_id
+            ) from None
+
     async def _create_response(self, event: ev.ResponseCreate) -> None:
-        if self.response is not None and self.response.status == "in_progress":
+        """A response from the conversation (or the response's own `input`), with no new input
+        needed: a bot may speak first from its instructions."""
+        if self.busy:
             raise ev.RealtimeEventError(
                 "a response is already in progress; cancel it first",
                 code="conversation_already_has_active_response",
                 event_id=event.event_id,
             )
-        if not any(item.role == "user" for item in self.items):
-            raise ev.RealtimeEventError(
-                "nothing to respond to: commit some input audio first", event_id=event.event_id
-            )
+        config = event.response
+        items = await self._input_items(config, event.event_id)
         while True:
-            turn, turns = self._turn(event.response)
+            try:
+                turn, turns = self._turn(config, items=items)
+            except ev.RealtimeEventError as e:
+                e.event_id = event.event_id
+                raise
             try:
                 prepared = await self.pipeline.prepare(turn, self.tenant)
                 break
             except OmniError as e:
-                if e.code == "context_length_exceeded" and len(turns) > 1:
+                if e.code == "context_length_exceeded" and items is None and len(turns) > 1:
                     # The window's token estimate fell short (a turn not measured yet, new
                     # instructions): one turn less, and again. Each pass drops a turn, so it ends.
                     self._drop_turns(1)
@@ -569,20 +753,45 @@ class RealtimeSession:
                     se.error(err["message"], err.get("code") or "invalid_request", event.event_id)
                 )
                 return
-        self._measure(turns, prepared)
-        response = Response(se.new_id("resp"), Item(se.new_id("item"), "assistant"))
+        if items is None:
+            self._measure(turns, prepared)
+        modalities = list(config.output_modalities or self.config.output_modalities)
+        item = Item(se.new_id("item"), "assistant", audio_out="audio" in modalities)
+        response = Response(
+            se.new_id("resp"), item, modalities, config.conversation == "auto", config.metadata
+        )
+        response.audio_in_tokens = sum(user.audio_tokens or 0 for turn in turns for user in turn[:1])
         self.response = response
         await self.send(se.ResponseCreated(response=self._describe(response)))
         response.task = asyncio.create_task(self._run(response, prepared))
 
     def _describe(self, r: Response) -> se.Response:
-        item = r.item.describe("completed" if r.status == "completed" else "incomplete")
-        return se.Response(id=r.id, status=r.status, output=[item] if r.status != "in_progress" else [],
-                           usage=r.usage)  # fmt: skip
+        done = r.status != "in_progress"
+        return se.Response(
+            id=r.id,
+            status=r.status,
+            status_details=r.details,
+            conversation_id=self.conversation_id if r.in_conversation else None,
+            output_modalities=r.modalities,
+            output=[r.item.describe(r.item_status)] if done else [],
+            usage=r.usage if done else None,
+            metadata=r.metadata,
+        )
 
     async def _run(self, r: Response, prepared) -> None:
+        """The response's events in OpenAI's order: its item and content part added, the deltas,
+        the part and item done (also when cancelled or failed: incomplete), `response.done`."""
         ids = {"response_id": r.id, "item_id": r.item.id}
-        self.items.append(r.item)
+        await self.send(se.ResponseOutputItemAdded(response_id=r.id, item=r.item.describe("in_progress")))
+        previous = None
+        if r.in_conversation:
+            previous = self.items[-1].id if self.items else None
+            self.items.append(r.item)
+            await self.send(
+                se.ConversationItemAdded(previous_item_id=previous, item=r.item.describe("in_progress"))
+            )
+        await self.send(se.ResponseContentPartAdded(part=r.item.part(), **ids))
+        audio_out = OutputAudio(self.config.audio.output.format.type)
         self.monitor.response_started(self.key)
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
@@ -591,7 +800,10 @@ class RealtimeSession:
                 if out.text:
                     r.item.text += out.text
                     r.item.generated += out.text
-                    await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
+                    if r.item.audio_out:
+                        await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
+                    else:
+                        await self.send(se.ResponseOutputTextDelta(delta=out.text, **ids))
                 if out.pcm16:
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
@@ -606,17 +818,23 @@ class RealtimeSession:
                         self.admission.observe((now - last[0]) / max(last[1], 1e-3) if starved else 0.0)
                     last = (now, ms / 1000)
                     self.monitor.audio_sent(self.key, ms)
-                    await self.send(se.ResponseOutputAudioDelta(delta=out.pcm16, **ids))
+                    if delta := audio_out.encode(out.pcm16):
+                        await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
                 if out.finish_reason and out.usage is not None:
-                    u = out.usage
-                    r.usage = se.Usage(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens,
-                                       total_tokens=u.total_tokens)  # fmt: skip
+                    r.usage = self._usage(out.usage, r)
             r.status = "completed"
+            r.details = se.StatusDetails(type="completed")
             self.stats.generated(r.item.tokens)
-            await self.send(se.ResponseOutputAudioDone(**ids))
-            await self.send(se.ResponseOutputAudioTranscriptDone(transcript=r.item.text, **ids))
+            if r.item.audio_out:
+                if delta := audio_out.flush():
+                    await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
+                await self.send(se.ResponseOutputAudioDone(**ids))
+                await self.send(se.ResponseOutputAudioTranscriptDone(transcript=r.item.text, **ids))
+            else:
+                await self.send(se.ResponseOutputTextDone(text=r.item.text, **ids))
         except asyncio.CancelledError:
             r.status = "cancelled"
+            r.details = se.StatusDetails(type="cancelled", reason=r.cancel_reason)
             self.stats.generated(r.item.tokens)
         except Exception as e:  # the stage failed: say so, keep the session
             r.status = "failed"
@@ -625,13 +843,37 @@ class RealtimeSession:
                 if isinstance(e, OmniError)
                 else internal_error(e, f"realtime session {self.key}: response failed")
             )
-            await self.send(se.error(err.message, err.code or "response_failed", kind="server_error"))
+            code = err.code or "response_failed"
+            r.details = se.StatusDetails(type="failed", error={"type": "server_error", "code": code})
+            await self.send(se.error(err.message, code, kind="server_error"))
         finally:
             if r.status == "completed":  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
                 self.monitor.response_finished(self.key)
+            if not r.usage.output_tokens:  # ended before the engine's count: what was streamed
+                r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
+                                   output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
+            done = r.item.describe(r.item_status)
+            await self.send(se.ResponseContentPartDone(part=r.item.part(), **ids))
+            await self.send(se.ResponseOutputItemDone(response_id=r.id, item=done))
+            if r.in_conversation:
+                await self.send(se.ConversationItemDone(previous_item_id=previous, item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
+
+    @staticmethod
+    def _usage(u, r: Response) -> se.Usage:
+        """OpenAI's usage with its details: the prompt's audio tokens are its user audio's rows."""
+        audio = min(r.audio_in_tokens, u.prompt_tokens)
+        return se.Usage(
+            input_tokens=u.prompt_tokens,
+            output_tokens=u.completion_tokens,
+            total_tokens=u.total_tokens,
+            input_token_details=se.InputTokenDetails(
+                text_tokens=u.prompt_tokens - audio, audio_tokens=audio, cached_tokens=u.cached_prompt_tokens
+            ),
+            output_token_details=se.TokenDetails(text_tokens=u.completion_tokens),
+        )
 
     async def cancel(self) -> None:
         r = self.response
@@ -664,12 +906,3 @@ class RealtimeSession:
         if self.ahead is not None:
             self.ahead.cancel()
         self.monitor.close(self.key)
-
-
-def _merge(base: dict, given: dict) -> dict:
-    out = dict(base)
-    for key, value in given.items():
-        out[key] = (
-            _merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
-        )
-    return out

@@ -23,16 +23,29 @@ CONTEXT = 64  # samples of the previous window the model sees
 WINDOW_MS = WINDOW / MODEL_RATE * 1000
 
 
+# semantic_vad's eagerness as the silence that ends a turn: no end-of-turn model runs here, so
+# OpenAI's semantic VAD is server VAD waiting longer the less eager it is (docs/api.md).
+EAGERNESS_SILENCE_MS = {"high": 300, "medium": 700, "auto": 700, "low": 1200}
+
+
 class ServerVad(BaseModel):
     """`session.audio.input.turn_detection` (OpenAI's names and defaults)."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = Field(default=0.5, gt=0.0, lt=1.0)
     prefix_padding_ms: int = Field(default=300, ge=0, le=5000)
     silence_duration_ms: int = Field(default=500, ge=0, le=10_000)
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"  # semantic_vad
+
+    @property
+    def silence_ms(self) -> int:
+        """The silence that ends a turn."""
+        if self.type == "semantic_vad":
+            return EAGERNESS_SILENCE_MS[self.eagerness]
+        return self.silence_duration_ms
 
 
 def _model_path() -> Path:
@@ -141,7 +154,7 @@ class TurnSegmenter:
                     out.append(VadEvent("speech_started", int(begin)))
             elif p < low:
                 self.silent_windows += 1
-                if self.silent_windows * self.window_ms >= self.params.silence_duration_ms:
+                if self.silent_windows * self.window_ms >= self.params.silence_ms:
                     self.speaking = False
                     out.append(VadEvent("speech_stopped", int(self.speech_end_ms)))
             else:

@@ -9,7 +9,7 @@ import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 from ray import serve
 
-from services.common.redis_config import async_client
+from services.common.redis_config import UNAVAILABLE, async_client
 from services.common.streams import coalesce
 from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
@@ -84,7 +84,11 @@ class Decode(_Thinker):
     async def _hand_media_rows(self, talker: TokenStreamWriter, keys: tuple[str, ...]) -> None:
         """The thinker's rows at the prompt's media, in prompt order, ahead of the tokens (written
         by whichever engine computed them: this one, the prefill engine, or an earlier request's)."""
-        found = await read_rows_async(self.redis, list(keys))
+        try:
+            found = await read_rows_async(self.redis, list(keys))
+        except UNAVAILABLE:  # speech fails alone; the text answer goes on
+            await talker.fail("the thinker's hidden states could not be read (store unavailable); ask again")
+            return
         if any(rows is None for rows in found):
             missing = sum(rows is None for rows in found)
             await talker.fail(f"the thinker's hidden states for {missing} media item(s) are gone; ask again")

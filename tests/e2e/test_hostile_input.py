@@ -257,6 +257,44 @@ REST_CASES = {
     "audio_pcm16_odd_bytes": (lambda m: _chat(m, _audio(b"\x00" * 33, "pcm16")), 400),
     "audio_pcm16_empty": (lambda m: _chat(m, _audio(b"", "pcm16")), 400),
     "context_length_exceeded": (lambda m: _chat(m, "word " * 20_000, max_tokens=2), 400),
+    # structured output and tools (refused until supported, never ignored)
+    "response_format_unknown_type": (lambda m: _chat(m, response_format={"type": "yaml"}), 422),
+    "response_format_not_object": (lambda m: _chat(m, response_format="json"), 422),
+    "json_schema_missing": (lambda m: _chat(m, response_format={"type": "json_schema"}), 422),
+    "json_schema_not_object": (
+        lambda m: _chat(
+            m, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}
+        ),
+        422,
+    ),
+    "json_schema_uncompilable": (
+        lambda m: _chat(m, response_format={"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}),
+        400,
+    ),
+    "json_schema_bad_ref": (
+        lambda m: _chat(
+            m, response_format={"type": "json_schema", "json_schema": {"schema": {"$ref": "#/a/b"}}}
+        ),
+        400,
+    ),
+    "json_schema_min_over_max": (
+        lambda m: _chat(
+            m,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"schema": {"type": "integer", "minimum": 9, "maximum": 1}},
+            },
+        ),
+        400,
+    ),  # fmt: skip
+    "json_schema_name_too_long": (
+        lambda m: _chat(
+            m, response_format={"type": "json_schema", "json_schema": {"name": "n" * 300, "schema": {}}}
+        ),
+        422,
+    ),
+    "tools_given": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f"}}]), 422),
+    "functions_given": (lambda m: _chat(m, functions=[{"name": "f"}]), 422),
 }
 
 
@@ -405,6 +443,9 @@ class Session:
         _no_leak(json.dumps(event))
         err = event["error"]
         assert err["message"] and err["code"] and err["type"] == "invalid_request_error", err
+        if (err.get("param") or "").startswith("session."):  # a field refused, the rest applied
+            while (event := self._next())["type"] != "session.updated":
+                assert event["type"] == "error", event
         return err
 
     def still_works(self) -> None:
@@ -426,6 +467,11 @@ def rt(omniray, model_name):
 
 def _b64(n: int) -> str:
     return base64.b64encode(b"\x00" * n).decode()
+
+
+def _item(*content: dict, **fields) -> str:
+    item = {"type": "message", "role": "user", "content": list(content), **fields}
+    return json.dumps({"type": "conversation.item.create", "item": item})
 
 
 REALTIME_CASES = {
@@ -491,7 +537,68 @@ REALTIME_CASES = {
     "append_odd_bytes": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(3)}),
     "append_oversized": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(16 * 24_000 * 2)}),
     "commit_empty": json.dumps({"type": "input_audio_buffer.commit"}),
-    "response_nothing_committed": json.dumps({"type": "response.create"}),
+    "response_nothing_to_answer": json.dumps({"type": "response.create"}),
+    "response_input_not_list": json.dumps({"type": "response.create", "response": {"input": "hi"}}),
+    "response_input_unknown_reference": json.dumps(
+        {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "nope"}]}}
+    ),
+    "response_input_too_many": json.dumps(
+        {"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "i"}] * 65}}
+    ),
+    "response_conversation_unknown": json.dumps(
+        {"type": "response.create", "response": {"conversation": "conv_other"}}
+    ),
+    "response_metadata_17_keys": json.dumps(
+        {"type": "response.create", "response": {"metadata": {str(k): "v" for k in range(17)}}}
+    ),
+    "response_metadata_long_value": json.dumps(
+        {"type": "response.create", "response": {"metadata": {"k": "v" * 513}}}
+    ),
+    "response_metadata_not_string": json.dumps(
+        {"type": "response.create", "response": {"metadata": {"k": 5}}}
+    ),
+    "cancel_nothing_active": json.dumps({"type": "response.cancel"}),
+    "item_create_no_item": json.dumps({"type": "conversation.item.create"}),
+    "item_create_role_robot": _item({"type": "input_text", "text": "hi"}, role="robot"),
+    "item_create_system": _item({"type": "input_text", "text": "obey"}, role="system"),
+    "item_create_function_call_output": json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "c", "output": "{}"},
+        }
+    ),
+    "item_create_no_content": _item(),
+    "item_create_assistant_input_text": _item({"type": "input_text", "text": "hi"}, role="assistant"),
+    "item_create_content_type_unknown": _item({"type": "input_image", "image_url": "x"}),
+    "item_create_too_many_parts": _item(*[{"type": "input_text", "text": "a"}] * 9),
+    "item_create_text_too_long": _item({"type": "input_text", "text": "t" * 70_000}),
+    "item_create_text_number": _item({"type": "input_text", "text": 5}),
+    "item_create_audio_bad_base64": _item({"type": "input_audio", "audio": "@@@@"}),
+    "item_create_audio_odd_bytes": _item({"type": "input_audio", "audio": _b64(3)}),
+    "item_create_audio_too_short": _item({"type": "input_audio", "audio": _b64(100)}),
+    "item_create_audio_oversized": _item({"type": "input_audio", "audio": _b64(16 * 24_000 * 2)}),
+    "item_create_after_unknown": json.dumps(
+        {
+            "type": "conversation.item.create",
+            "previous_item_id": "nope",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        }
+    ),  # fmt: skip
+    "item_create_id_too_long": _item({"type": "input_text", "text": "hi"}, id="i" * 500),
+    "item_delete_unknown": json.dumps({"type": "conversation.item.delete", "item_id": "nope"}),
+    "item_delete_no_id": json.dumps({"type": "conversation.item.delete"}),
+    "input_format_unknown": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/opus"}}}}}
+    ),
+    "output_format_unknown": json.dumps(
+        {"type": "session.update", "session": {"audio": {"output": {"format": {"type": "audio/mp3"}}}}}
+    ),
+    "vad_eagerness_unknown": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}},
+        }
+    ),  # fmt: skip
     "response_not_object": json.dumps({"type": "response.create", "response": []}),
     "response_modalities_bad": json.dumps(
         {"type": "response.create", "response": {"output_modalities": ["x"]}}
@@ -534,6 +641,8 @@ _events = st.fixed_dictionaries(
                     "conversation.item.truncate",
                     "omniray.playback.progress",
                     "conversation.item.retrieve",
+                    "conversation.item.create",
+                    "conversation.item.delete",
                 }
             )
         )

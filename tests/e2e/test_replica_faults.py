@@ -121,7 +121,7 @@ def test_decode_replica_dies_mid_stream(omniray, ray_driver, model_name):
     rest, rpc = _Outcome(), _Outcome()
     rt = _Realtime(omniray, model_name)
     rt.turn()
-    rt.wait("response.output_audio_transcript.delta")
+    rt.wait("response.output_text.delta")
     threads = [
         threading.Thread(target=_rest_stream, args=(omniray, model_name, rest)),
         threading.Thread(target=_grpc_stream, args=(omniray, model_name, rpc)),

@@ -195,8 +195,7 @@ def test_a_realtime_session_sends_raw_audio_into_the_models_audio_encoder(client
             done = until(conn, "response.done", seen)
             assert done.response.status == "completed"
             usage.append(done.response.usage.input_tokens)
-        # (text answers come as transcript deltas until the realtime protocol is complete, issue 18)
-        text = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
         assert text and usage[1] > usage[0] > 13  # 0.8 s of audio: 11 audio tokens and more
         seen.clear()
         speak = {"output_modalities": ["audio"], "max_output_tokens": 16, "omniray": {"seed": SPEECH_SEED}}

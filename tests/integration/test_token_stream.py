@@ -1,6 +1,7 @@
 """The token stream from decode to a token talker, on a real Redis: chunks arrive in order and end at
 the end entry; a reader that sees nothing for its wait gives up with TimeoutError (a thinker that
-stalled or died) rather than waiting forever; a stream expires after its last write."""
+stalled or died) rather than waiting forever; a stream expires after its last write; a writer whose
+Redis stays away stops writing (speech fails alone) instead of failing decode's response."""
 
 from __future__ import annotations
 
@@ -73,3 +74,19 @@ async def test_a_write_retried_after_a_slow_answer_is_not_read_twice(redis):
     await writer.end()
     assert calls == 2
     assert [ids async for ids in read(stream, 2.0, redis)] == [[5, 6], [7]]
+
+
+async def test_a_writer_whose_redis_stays_away_breaks_the_stream_not_the_response(monkeypatch):
+    from services import runtime
+
+    monkeypatch.setattr(token_stream, "WRITE_DEADLINE_S", 0.3)
+    gone = async_client(f"redis://127.0.0.1:{runtime.free_port()}/0")  # nothing listens there
+    writer = TokenStreamWriter(token_stream.key(uuid.uuid4().hex), gone)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    await writer.add([1, 2])  # retried until its deadline, then given up: no exception
+    assert writer.broken and loop.time() - start < 0.3 + 1.5
+    start = loop.time()
+    await writer.add([3])
+    await writer.end()
+    assert loop.time() - start < 0.05  # the rest are dropped at once

@@ -16,7 +16,7 @@ E = omni_pb2.RealtimeClientEvent
     ("message", "kind", "check"),
     [
         (E(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=b"\x01\x02")),
-         ev.InputAudioBufferAppend, lambda e: e.pcm16() == b"\x01\x02"),
+         ev.InputAudioBufferAppend, lambda e: e.data() == b"\x01\x02"),
         (E(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit()), ev.InputAudioBufferCommit, None),
         (E(input_audio_buffer_clear=omni_pb2.InputAudioBufferClear()), ev.InputAudioBufferClear, None),
         (E(response_create=omni_pb2.ResponseCreate(max_output_tokens=7)), ev.ResponseCreate,
@@ -30,10 +30,12 @@ E = omni_pb2.RealtimeClientEvent
          lambda e: e.played_ms == 250),
         (E(session_update=omni_pb2.RealtimeSessionUpdate(
             voice="v", turn_detection=omni_pb2.TurnDetection(disabled=True))), ev.SessionUpdate,
-         lambda e: e.session.audio.output.voice == "v" and e.session.audio.input.turn_detection is None),
+         lambda e: e.session["audio"] == {"output": {"voice": "v"}, "input": {"turn_detection": None}}),
         (E(session_update=omni_pb2.RealtimeSessionUpdate(
             turn_detection=omni_pb2.TurnDetection(silence_duration_ms=300))), ev.SessionUpdate,
-         lambda e: e.session.audio.input.turn_detection.silence_duration_ms == 300),
+         lambda e: e.session["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 300),
+        (E(openai_json='{"type": "conversation.item.delete", "item_id": "i", "event_id": "e1"}'),
+         ev.ConversationItemDelete, lambda e: e.item_id == "i"),
     ],
 )  # fmt: skip
 def test_client_messages_parse_as_the_websocket_events(message, kind, check):

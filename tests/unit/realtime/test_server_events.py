@@ -37,11 +37,32 @@ EXAMPLES = [
         item_id="item_2", audio_end_ms=640, omniray=se.TruncationCost(wasted_tokens=5, generated_tokens=9)
     ),  # fmt: skip
     se.ResponseCreated(response=se.Response(id="resp_1", status="in_progress")),
-    se.ResponseDone(response=se.Response(id="resp_1", status="cancelled", output=[SAID], usage=USAGE)),
+    se.ResponseDone(
+        response=se.Response(
+            id="resp_1",
+            status="cancelled",
+            output=[SAID],
+            usage=USAGE,
+            conversation_id="conv_1",
+            status_details=se.StatusDetails(type="cancelled", reason="turn_detected"),
+            metadata={"k": "v"},
+        )
+    ),  # fmt: skip
     se.ResponseOutputAudioTranscriptDelta(delta="Hel", **IDS),
     se.ResponseOutputAudioTranscriptDone(transcript="Hello there", **IDS),
     se.ResponseOutputAudioDelta(delta=b"\x00\x01\xff\x7f", **IDS),
     se.ResponseOutputAudioDone(**IDS),
+    se.ConversationItemDone(previous_item_id="item_0", item=USER),
+    se.ConversationItemDeleted(item_id="item_1"),
+    se.OutputAudioBufferCleared(response_id="resp_1"),
+    se.ResponseOutputItemAdded(
+        response_id="resp_1", item=se.Item(id="item_2", role="assistant", status="in_progress", content=[])
+    ),
+    se.ResponseOutputItemDone(response_id="resp_1", item=SAID),
+    se.ResponseContentPartAdded(part=se.Part(type="audio", transcript=""), **IDS),
+    se.ResponseContentPartDone(part=se.Part(type="text", text="Hello"), **IDS),
+    se.ResponseOutputTextDelta(delta="Hel", **IDS),
+    se.ResponseOutputTextDone(text="Hello", **IDS),
 ]
 
 
@@ -90,9 +111,17 @@ def test_json_is_openais_shape():
     assert body["type"] == "response.done" and body["event_id"].startswith("event_")
     assert body["response"] == {
         "id": "resp_1", "object": "realtime.response", "status": "cancelled", "usage": USAGE.model_dump(),
+        "status_details": {"type": "cancelled", "reason": "turn_detected", "error": None},
+        "conversation_id": "conv_1", "output_modalities": [], "metadata": {"k": "v"},
         "output": [{"id": "item_2", "type": "message", "object": "realtime.item", "role": "assistant",
-                    "status": "incomplete", "content": [{"type": "output_audio", "transcript": "Hello the"}]}],
+                    "status": "incomplete",
+                    "content": [{"type": "output_audio", "text": None, "transcript": "Hello the"}]}],
     }  # fmt: skip
+    assert set(body["response"]["usage"]["input_token_details"]) == {
+        "text_tokens",
+        "audio_tokens",
+        "cached_tokens",
+    }
     error = json.loads(se.to_json(EXAMPLES[0]))["error"]
     assert error == {"type": "invalid_request_error", "code": "invalid_json", "message": "bad", "param": None,
                      "event_id": "evt_9"}  # fmt: skip

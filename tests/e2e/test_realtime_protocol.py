@@ -1,0 +1,231 @@
+"""The realtime conversation protocol as OpenAI's clients and voice-agent frameworks drive it, with the
+official SDK (raw events where it has no helper) on the tiny deployment: sessions driven by
+`conversation.item.create` alone, the assistant item's lifecycle events in OpenAI's order, a bot
+that speaks first, out-of-band responses, item insert / delete, cancel and clear, usage and
+status details on every `response.done`, and `session.update` applied field by field."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+
+PCM_RATE = 24000
+TEXT_ONLY = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"]}
+LIFECYCLE = [
+    "response.created",
+    "response.output_item.added",
+    "conversation.item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+
+
+def _until(conn, kind: str, seen: list) -> object:
+    for event in conn:
+        seen.append(event)
+        if event.type == kind:
+            return event
+    raise AssertionError(f"connection closed before {kind}")
+
+
+def _open(client, **session):
+    conn = client.realtime.connect(model="omniray-tiny").enter()
+    seen: list = []
+    _until(conn, "session.created", seen)
+    conn.session.update(session={**TEXT_ONLY, **session})
+    _until(conn, "session.updated", seen)
+    return conn
+
+
+def _say(conn, text: str, role: str = "user", **extra) -> object:
+    kind = "input_text" if role == "user" else "output_text"
+    conn.send_raw(json.dumps({"type": "conversation.item.create", **extra,
+                              "item": {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}}))  # fmt: skip
+    seen: list = []
+    added = _until(conn, "conversation.item.added", seen)
+    assert _until(conn, "conversation.item.done", seen).item.id == added.item.id
+    return added
+
+
+def _respond(conn, **response) -> tuple[object, list]:
+    conn.send_raw(json.dumps({"type": "response.create", "response": response}))
+    seen: list = []
+    return _until(conn, "response.done", seen), seen
+
+
+def test_a_session_driven_only_by_text_items(openai_client):
+    conn = _open(openai_client, max_output_tokens=8)
+    try:
+        user = _say(conn, "Hello there, who are you?")
+        assert user.item.role == "user" and user.item.content[0].text == "Hello there, who are you?"
+        done, seen = _respond(conn)
+        kinds = [e.type for e in seen]
+        assert [k for k in LIFECYCLE if k in kinds] == LIFECYCLE, kinds
+        assert [kinds.index(k) for k in LIFECYCLE] == sorted(kinds.index(k) for k in LIFECYCLE)
+        text = "".join(e.delta for e in seen if e.type == "response.output_text.delta")
+        r = done.response
+        assert r.status == "completed" and r.status_details.type == "completed"
+        assert r.output[0].content[0].type == "output_text" and r.output[0].content[0].text == text
+        assert r.usage.output_tokens == 8 and r.usage.input_tokens > 0
+        assert r.usage.input_token_details.text_tokens == r.usage.input_tokens
+        added = next(e for e in seen if e.type == "conversation.item.added")
+        assert added.previous_item_id == user.item.id and added.item.status == "in_progress"
+
+        _say(conn, "And what can you do?")
+        again, _ = _respond(conn)
+        assert again.response.usage.input_tokens > r.usage.input_tokens  # the first turn is in it
+    finally:
+        conn.close()
+
+
+def test_the_bot_speaks_first_from_its_instructions(openai_client):
+    conn = _open(
+        openai_client, instructions="Greet the caller.", output_modalities=["audio"], max_output_tokens=8
+    )
+    try:
+        done, seen = _respond(conn)
+        assert done.response.status == "completed"
+        assert [e for e in seen if e.type == "response.output_audio.delta"]
+        part = next(e for e in seen if e.type == "response.content_part.done").part
+        assert part.type == "audio" and part.transcript
+    finally:
+        conn.close()
+
+
+def test_nothing_to_respond_to_is_an_error_and_the_session_goes_on(openai_client):
+    conn = _open(openai_client)
+    try:
+        conn.send_raw(json.dumps({"type": "response.create", "event_id": "e1"}))
+        error = _until(conn, "error", [])
+        assert error.error.event_id == "e1" and "nothing to respond to" in error.error.message
+        _say(conn, "Hi")
+    finally:
+        conn.close()
+
+
+def test_an_out_of_band_response_stays_out_of_the_conversation(openai_client):
+    conn = _open(openai_client, max_output_tokens=6)
+    try:
+        _say(conn, "Tell me about the sea.")
+        question = {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Classify it."}],
+        }
+        done, seen = _respond(conn, conversation="none", input=[question], metadata={"purpose": "classify"})
+        r = done.response
+        assert r.status == "completed" and r.metadata == {"purpose": "classify"} and r.conversation_id is None
+        assert not [e for e in seen if e.type.startswith("conversation.item.")]
+        conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": r.output[0].id}))
+        assert _until(conn, "error", []).error.code == "item_not_found"
+        # referenced items: the conversation's own, read but not changed
+        main, _ = _respond(conn)
+        assert main.response.conversation_id and main.response.metadata is None
+    finally:
+        conn.close()
+
+
+def test_items_are_inserted_retrieved_and_deleted(openai_client):
+    conn = _open(openai_client)
+    try:
+        first = _say(conn, "first")
+        root = _say(conn, "zeroth", previous_item_id="root")
+        assert root.previous_item_id is None
+        after = _say(conn, "an answer", role="assistant", previous_item_id=first.item.id)
+        assert after.previous_item_id == first.item.id and after.item.content[0].type == "output_text"
+        conn.send_raw(json.dumps({"type": "conversation.item.delete", "item_id": first.item.id}))
+        assert _until(conn, "conversation.item.deleted", []).item_id == first.item.id
+        for item_id, code in ((first.item.id, "item_not_found"), (root.item.id, None)):
+            conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": item_id}))
+            event = _until(conn, "error" if code else "conversation.item.retrieved", [])
+            assert (event.error.code if code else event.item.content[0].text) == (code or "zeroth")
+    finally:
+        conn.close()
+
+
+def test_a_user_audio_item_is_heard_and_counted(openai_client):
+    conn = _open(openai_client, max_output_tokens=4)
+    try:
+        t = np.arange(int(0.6 * PCM_RATE)) / PCM_RATE
+        audio = base64.b64encode((np.sin(2 * np.pi * 200 * t) * 8000).astype("<i2").tobytes()).decode()
+        conn.send_raw(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}}))  # fmt: skip
+        assert _until(conn, "conversation.item.done", []).item.content[0].type == "input_audio"
+        done, _ = _respond(conn)
+        assert done.response.usage.input_token_details.audio_tokens >= 10  # 0.6 s: 15 audio rows on tiny
+    finally:
+        conn.close()
+
+
+def test_cancel_and_clear_end_a_response_with_usage_and_details(openai_client):
+    conn = _open(openai_client, output_modalities=["audio"], max_output_tokens=1000)
+    try:
+        conn.send_raw(json.dumps({"type": "response.cancel", "event_id": "c0"}))
+        assert _until(conn, "error", []).error.code == "response_cancel_not_active"
+        _say(conn, "Tell me a long story.")
+        for stop, reason in (
+            ("response.cancel", "client_cancelled"),
+            ("output_audio_buffer.clear", "client_cancelled"),
+        ):
+            conn.send_raw(json.dumps({"type": "response.create"}))
+            seen: list = []
+            _until(conn, "response.output_audio.delta", seen)
+            conn.send_raw(json.dumps({"type": stop}))
+            done = _until(conn, "response.done", seen)
+            r = done.response
+            assert r.status == "cancelled" and r.status_details.reason == reason, stop
+            assert r.usage.output_tokens > 0 and r.output[0].status == "incomplete"
+            if stop == "output_audio_buffer.clear":  # after the response stopped
+                assert _until(conn, "output_audio_buffer.cleared", seen).response_id == r.id
+    finally:
+        conn.close()
+
+
+def test_session_update_applies_what_it_can_field_by_field(openai_client):
+    conn = _open(openai_client)
+    try:
+        conn.send_raw(json.dumps({"type": "session.update", "event_id": "u1", "session": {
+            "instructions": "Be brief.", "output_modalities": ["smell"],
+            "audio": {"output": {"voice": "nobody"}, "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
+        }}))  # fmt: skip
+        seen: list = []
+        updated = _until(conn, "session.updated", seen).session
+        errors = {e.error.param for e in seen if e.type == "error"}
+        assert errors == {"session.output_modalities.0", "session.audio.output.voice"}
+        assert updated.instructions == "Be brief." and updated.output_modalities == ["text"]
+        assert updated.audio.input.turn_detection.type == "semantic_vad"
+    finally:
+        conn.close()
+
+
+def test_a_telephony_session_speaks_g711_both_ways(openai_client):
+    """audio/pcmu in and out (G.711 μ-law, 8 kHz): a phone bridge's session, converted at the edge."""
+    from services.realtime.codecs import G711_RATE, InputAudio, OutputAudio
+
+    g711 = {"type": "audio/pcmu"}
+    conn = _open(openai_client, output_modalities=["audio"], max_output_tokens=8,
+                 audio={"input": {"turn_detection": None, "format": g711}, "output": {"format": g711}})  # fmt: skip
+    try:
+        t = np.arange(int(0.6 * PCM_RATE)) / PCM_RATE
+        tone = (np.sin(2 * np.pi * 200 * t) * 8000).astype("<i2").tobytes()
+        wire = OutputAudio("audio/pcmu").encode(tone)
+        conn.send_raw(
+            json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(wire).decode()})
+        )
+        conn.send_raw(json.dumps({"type": "input_audio_buffer.commit"}))
+        done, seen = _respond(conn)
+        assert done.response.status == "completed"
+        assert done.response.usage.input_token_details.audio_tokens >= 10  # 0.6 s heard at 24 kHz
+        out = b"".join(base64.b64decode(e.delta) for e in seen if e.type == "response.output_audio.delta")
+        assert out
+        pcm = np.frombuffer(InputAudio("audio/pcmu").decode(out), "<i2")
+        assert abs(len(out) / G711_RATE - len(pcm) / PCM_RATE) < 0.01 and np.abs(pcm).max() > 0
+    finally:
+        conn.close()
