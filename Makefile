@@ -67,7 +67,7 @@ test: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m services.models.build --profile small
 	$(PY) -m services.models.build --profile qwen3-omni-tiny
-	$(PY) -m pytest -q -ra tests
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra tests
 
 # Unit and property tests and the chart tests (no Ray, no engine, no cluster): seconds.
 test-fast: setup

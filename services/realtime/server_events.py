@@ -205,18 +205,20 @@ class OutputAudioBufferCleared(_Event):
     response_id: str | None = None
 
 
-class ResponseOutputItemAdded(_Event):
+class _OutputItem(_Event):
+    """An event about one output item of a response."""
+
+    response_id: str
+    output_index: int = 0
+    item: Item
+
+
+class ResponseOutputItemAdded(_OutputItem):
     type: Literal["response.output_item.added"] = "response.output_item.added"
-    response_id: str
-    output_index: int = 0
-    item: Item
 
 
-class ResponseOutputItemDone(_Event):
+class ResponseOutputItemDone(_OutputItem):
     type: Literal["response.output_item.done"] = "response.output_item.done"
-    response_id: str
-    output_index: int = 0
-    item: Item
 
 
 class ResponseContentPartAdded(_ContentPart):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
-from tests.conftest import grpc_channel, png_bytes, wav_bytes
+from tests.conftest import grpc_channel, png_bytes, until, wav_bytes
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +107,6 @@ class _Outbox:
             yield event
 
 
-def _next(events, kind: str, seen: list):
-    for event in events:
-        seen.append(event)
-        if event.type == kind:
-            return event
-    raise AssertionError(f"stream ended before {kind}: {[e.type for e in seen]}")
-
-
 def test_realtime_session_over_grpc(stub, model_name):
     """The WebSocket's realtime session over `Omni.Realtime`: audio in, audio deltas and transcript
     out, cancel, truncate, a bad event answered with an `error` event (the session goes on)."""
@@ -122,16 +114,16 @@ def test_realtime_session_over_grpc(stub, model_name):
     events = stub.Realtime(iter(out), timeout=180, metadata=[("x-omniray-model", model_name)])
     seen: list = []
     try:
-        assert _next(events, "session.created", seen).json
+        assert until(events, "session.created", seen).json
         out.put(session_update=omni_pb2.RealtimeSessionUpdate(
             max_output_tokens=24, turn_detection=omni_pb2.TurnDetection(disabled=True)))  # fmt: skip
-        _next(events, "session.updated", seen)
+        until(events, "session.updated", seen)
         t = np.arange(int(0.6 * 24000)) / 24000
         tone = (np.sin(2 * np.pi * 180 * t) * 8000).astype("<i2").tobytes()
         out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=tone))
         out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
         out.put(response_create=omni_pb2.ResponseCreate())
-        done = _next(events, "response.done", seen)
+        done = until(events, "response.done", seen)
         assert done.response_status == "completed" and done.usage.completion_tokens > 0
         audio = [e.audio for e in seen if e.type == "response.output_audio.delta"]
         words = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
@@ -140,19 +132,19 @@ def test_realtime_session_over_grpc(stub, model_name):
         out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=tone))
         out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
         out.put(response_create=omni_pb2.ResponseCreate(max_output_tokens=400))
-        first = _next(events, "response.output_audio.delta", seen)
+        first = until(events, "response.output_audio.delta", seen)
         out.put(response_cancel=omni_pb2.ResponseCancel())
-        assert _next(events, "response.done", seen).response_status == "cancelled"
+        assert until(events, "response.done", seen).response_status == "cancelled"
         out.put(conversation_item_truncate=omni_pb2.ConversationItemTruncate(item_id=first.item_id))
-        assert _next(events, "conversation.item.truncated", seen).item_id == first.item_id
+        assert until(events, "conversation.item.truncated", seen).item_id == first.item_id
 
         out.put(playback_progress=omni_pb2.PlaybackProgress(item_id="nope", played_ms=5))
-        error = _next(events, "error", seen)
+        error = until(events, "error", seen)
         assert error.error.code == "item_not_found" and error.error.type == "invalid_request_error"
         out.put(event_id="e1")  # no event at all
-        assert _next(events, "error", seen).error.event_id == "e1"
+        assert until(events, "error", seen).error.event_id == "e1"
         out.put(session_update=omni_pb2.RealtimeSessionUpdate())
-        _next(events, "session.updated", seen)  # still answering
+        until(events, "session.updated", seen)  # still answering
     finally:
         out.queue.put(None)
         events.cancel()

@@ -16,6 +16,7 @@ import pytest
 
 from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import speech
+from tests.conftest import until
 
 PCM_RATE = 24000
 # The client commits and asks for responses itself (server VAD is on by default, as OpenAI's).
@@ -27,25 +28,17 @@ def _speech(seconds: float, freq: float = 180.0) -> str:
     return base64.b64encode((np.sin(2 * np.pi * freq * t) * 8000).astype("<i2").tobytes()).decode()
 
 
-def _until(conn, kind: str, seen: list) -> object:
-    for event in conn:
-        seen.append(event)
-        if event.type == kind:
-            return event
-    raise AssertionError(f"connection closed before {kind}")
-
-
 def test_sdk_session_audio_in_audio_and_transcript_out(openai_client, model_name):
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
-        assert _until(conn, "session.created", seen).session.model == model_name
+        assert until(conn, "session.created", seen).session.model == model_name
         conn.session.update(session={**MANUAL_TURNS, "output_modalities": ["audio"], "max_output_tokens": 24})
-        _until(conn, "session.updated", seen)
+        until(conn, "session.updated", seen)
         conn.input_audio_buffer.append(audio=_speech(0.6))
         conn.input_audio_buffer.commit()
-        committed = _until(conn, "input_audio_buffer.committed", seen)
+        committed = until(conn, "input_audio_buffer.committed", seen)
         conn.response.create()
-        done = _until(conn, "response.done", seen)
+        done = until(conn, "response.done", seen)
         kinds = [e.type for e in seen]
         audio = [e for e in seen if e.type == "response.output_audio.delta"]
         words = "".join(e.delta for e in seen if e.type == "response.output_audio_transcript.delta")
@@ -65,29 +58,29 @@ def test_sdk_session_audio_in_audio_and_transcript_out(openai_client, model_name
         conn.input_audio_buffer.commit()
         conn.response.create()
         assert (
-            _until(conn, "response.done", seen).response.usage.input_tokens > done.response.usage.input_tokens
+            until(conn, "response.done", seen).response.usage.input_tokens > done.response.usage.input_tokens
         )
 
 
 def test_cancel_and_truncate(openai_client, model_name):
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
-        _until(conn, "session.created", seen)
+        until(conn, "session.created", seen)
         conn.session.update(session={**MANUAL_TURNS, "max_output_tokens": 400})
         conn.input_audio_buffer.append(audio=_speech(0.5))
         conn.input_audio_buffer.commit()
         conn.response.create()
-        first = _until(conn, "response.output_audio.delta", seen)
+        first = until(conn, "response.output_audio.delta", seen)
         # The client reports what it played (omniray's extension event): the session monitor's input.
         conn.send_raw(
             json.dumps({"type": "omniray.playback.progress", "item_id": first.item_id, "played_ms": 1})
         )
         conn.response.cancel()
-        done = _until(conn, "response.done", seen)
+        done = until(conn, "response.done", seen)
         assert done.response.status == "cancelled"
         assert not [e for e in seen if e.type == "error"]
         conn.conversation.item.truncate(item_id=first.item_id, content_index=0, audio_end_ms=0)
-        truncated = _until(conn, "conversation.item.truncated", seen)
+        truncated = until(conn, "conversation.item.truncated", seen)
         assert truncated.item_id == first.item_id and truncated.audio_end_ms == 0
 
 
@@ -117,26 +110,26 @@ def test_cancel_and_truncate(openai_client, model_name):
 def test_bad_events_get_an_error_and_the_session_goes_on(openai_client, model_name, event, code):
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
-        _until(conn, "session.created", seen)
+        until(conn, "session.created", seen)
         conn.send_raw(event)  # as is: the SDK would refuse to build most of these
-        error = _until(conn, "error", seen)
+        error = until(conn, "error", seen)
         assert error.error.code == code, error
         conn.session.update(session={"type": "realtime"})
-        _until(conn, "session.updated", seen)  # still answering
+        until(conn, "session.updated", seen)  # still answering
 
 
 def test_openai_model_and_voice_names_open_a_spoken_session(openai_client, model_name):
     """A client left at OpenAI's defaults (gpt-realtime, marin): the profile's aliases."""
     with openai_client.realtime.connect(model="gpt-realtime") as conn:
         seen: list = []
-        assert _until(conn, "session.created", seen).session.model == model_name
+        assert until(conn, "session.created", seen).session.model == model_name
         voice = {"input": MANUAL_TURNS["audio"]["input"], "output": {"voice": "marin"}}
         conn.session.update(session={**MANUAL_TURNS, "audio": voice, "max_output_tokens": 8})
-        assert _until(conn, "session.updated", seen).session.audio.output.voice == "marin"
+        assert until(conn, "session.updated", seen).session.audio.output.voice == "marin"
         conn.input_audio_buffer.append(audio=_speech(0.4))
         conn.input_audio_buffer.commit()
         conn.response.create()
-        assert _until(conn, "response.done", seen).response.status == "completed"
+        assert until(conn, "response.done", seen).response.status == "completed"
         assert [e for e in seen if e.type == "response.output_audio.delta"]
 
 

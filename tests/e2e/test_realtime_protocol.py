@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 
+from tests.conftest import until
+
 PCM_RATE = 24000
 TEXT_ONLY = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"]}
 LIFECYCLE = [
@@ -27,20 +29,12 @@ LIFECYCLE = [
 ]
 
 
-def _until(conn, kind: str, seen: list) -> object:
-    for event in conn:
-        seen.append(event)
-        if event.type == kind:
-            return event
-    raise AssertionError(f"connection closed before {kind}")
-
-
 def _open(client, **session):
     conn = client.realtime.connect(model="omniray-tiny").enter()
     seen: list = []
-    _until(conn, "session.created", seen)
+    until(conn, "session.created", seen)
     conn.session.update(session={**TEXT_ONLY, **session})
-    _until(conn, "session.updated", seen)
+    until(conn, "session.updated", seen)
     return conn
 
 
@@ -49,15 +43,15 @@ def _say(conn, text: str, role: str = "user", **extra) -> object:
     conn.send_raw(json.dumps({"type": "conversation.item.create", **extra,
                               "item": {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}}))  # fmt: skip
     seen: list = []
-    added = _until(conn, "conversation.item.added", seen)
-    assert _until(conn, "conversation.item.done", seen).item.id == added.item.id
+    added = until(conn, "conversation.item.added", seen)
+    assert until(conn, "conversation.item.done", seen).item.id == added.item.id
     return added
 
 
 def _respond(conn, **response) -> tuple[object, list]:
     conn.send_raw(json.dumps({"type": "response.create", "response": response}))
     seen: list = []
-    return _until(conn, "response.done", seen), seen
+    return until(conn, "response.done", seen), seen
 
 
 def test_a_session_driven_only_by_text_items(openai_client):
@@ -103,7 +97,7 @@ def test_nothing_to_respond_to_is_an_error_and_the_session_goes_on(openai_client
     conn = _open(openai_client)
     try:
         conn.send_raw(json.dumps({"type": "response.create", "event_id": "e1"}))
-        error = _until(conn, "error", [])
+        error = until(conn, "error", [])
         assert error.error.event_id == "e1" and "nothing to respond to" in error.error.message
         _say(conn, "Hi")
     finally:
@@ -124,7 +118,7 @@ def test_an_out_of_band_response_stays_out_of_the_conversation(openai_client):
         assert r.status == "completed" and r.metadata == {"purpose": "classify"} and r.conversation_id is None
         assert not [e for e in seen if e.type.startswith("conversation.item.")]
         conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": r.output[0].id}))
-        assert _until(conn, "error", []).error.code == "item_not_found"
+        assert until(conn, "error", []).error.code == "item_not_found"
         # referenced items: the conversation's own, read but not changed
         main, _ = _respond(conn)
         assert main.response.conversation_id and main.response.metadata is None
@@ -141,10 +135,10 @@ def test_items_are_inserted_retrieved_and_deleted(openai_client):
         after = _say(conn, "an answer", role="assistant", previous_item_id=first.item.id)
         assert after.previous_item_id == first.item.id and after.item.content[0].type == "output_text"
         conn.send_raw(json.dumps({"type": "conversation.item.delete", "item_id": first.item.id}))
-        assert _until(conn, "conversation.item.deleted", []).item_id == first.item.id
+        assert until(conn, "conversation.item.deleted", []).item_id == first.item.id
         for item_id, code in ((first.item.id, "item_not_found"), (root.item.id, None)):
             conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": item_id}))
-            event = _until(conn, "error" if code else "conversation.item.retrieved", [])
+            event = until(conn, "error" if code else "conversation.item.retrieved", [])
             assert (event.error.code if code else event.item.content[0].text) == (code or "zeroth")
     finally:
         conn.close()
@@ -157,7 +151,7 @@ def test_a_user_audio_item_is_heard_and_counted(openai_client):
         audio = base64.b64encode((np.sin(2 * np.pi * 200 * t) * 8000).astype("<i2").tobytes()).decode()
         conn.send_raw(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}}))  # fmt: skip
-        assert _until(conn, "conversation.item.done", []).item.content[0].type == "input_audio"
+        assert until(conn, "conversation.item.done", []).item.content[0].type == "input_audio"
         done, _ = _respond(conn)
         assert done.response.usage.input_token_details.audio_tokens >= 10  # 0.6 s: 15 audio rows on tiny
     finally:
@@ -168,7 +162,7 @@ def test_cancel_and_clear_end_a_response_with_usage_and_details(openai_client):
     conn = _open(openai_client, output_modalities=["audio"], max_output_tokens=1000)
     try:
         conn.send_raw(json.dumps({"type": "response.cancel", "event_id": "c0"}))
-        assert _until(conn, "error", []).error.code == "response_cancel_not_active"
+        assert until(conn, "error", []).error.code == "response_cancel_not_active"
         _say(conn, "Tell me a long story.")
         for stop, reason in (
             ("response.cancel", "client_cancelled"),
@@ -176,14 +170,14 @@ def test_cancel_and_clear_end_a_response_with_usage_and_details(openai_client):
         ):
             conn.send_raw(json.dumps({"type": "response.create"}))
             seen: list = []
-            _until(conn, "response.output_audio.delta", seen)
+            until(conn, "response.output_audio.delta", seen)
             conn.send_raw(json.dumps({"type": stop}))
-            done = _until(conn, "response.done", seen)
+            done = until(conn, "response.done", seen)
             r = done.response
             assert r.status == "cancelled" and r.status_details.reason == reason, stop
             assert r.usage.output_tokens > 0 and r.output[0].status == "incomplete"
             if stop == "output_audio_buffer.clear":  # after the response stopped
-                assert _until(conn, "output_audio_buffer.cleared", seen).response_id == r.id
+                assert until(conn, "output_audio_buffer.cleared", seen).response_id == r.id
     finally:
         conn.close()
 
@@ -196,7 +190,7 @@ def test_session_update_applies_what_it_can_field_by_field(openai_client):
             "audio": {"output": {"voice": "nobody"}, "input": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}},
         }}))  # fmt: skip
         seen: list = []
-        updated = _until(conn, "session.updated", seen).session
+        updated = until(conn, "session.updated", seen).session
         errors = {e.error.param for e in seen if e.type == "error"}
         assert errors == {"session.output_modalities.0", "session.audio.output.voice"}
         assert updated.instructions == "Be brief." and updated.output_modalities == ["text"]
