@@ -213,4 +213,3 @@ def pytest_unconfigure(config):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT_STATUS])
-

@@ -12,10 +12,10 @@ import urllib.request
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
 from services.quota.tenants import Limits
-from tests.conftest import data_url, grpc_channel, png_bytes
+from tests.conftest import data_url, grpc_channel, png_bytes, until
 from tests.dashboards import all_series_names
 from tests.e2e.test_quota_e2e import _post, _tenant
-from tests.e2e.test_realtime import MANUAL_TURNS, _speech, _until
+from tests.e2e.test_realtime import MANUAL_TURNS, _speech
 from tests.e2e.test_tracing import LONG_TEXT
 
 
@@ -63,13 +63,13 @@ def _realtime_traffic(openai_client, model_name) -> None:
     see the session; the second turn starts after a whole response, and the scheduler ranks it."""
     with openai_client.realtime.connect(model=model_name) as conn:
         seen: list = []
-        _until(conn, "session.created", seen)
+        until(conn, "session.created", seen)
         conn.session.update(session={**MANUAL_TURNS, "max_output_tokens": 16})
         for _ in range(2):
             conn.input_audio_buffer.append(audio=_speech(0.5))
             conn.input_audio_buffer.commit()
             conn.response.create()
-            assert _until(conn, "response.done", seen).response.status == "completed"
+            assert until(conn, "response.done", seen).response.status == "completed"
 
 
 def test_every_dashboard_metric_is_emitted(omniray, openai_client, model_name):
