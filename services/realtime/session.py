@@ -427,12 +427,7 @@ class RealtimeSession:
         """A client's item into the conversation: after `previous_item_id` ("root": first), else last."""
         item = self._item(event.item, event.event_id)
         if item.clips:  # typed audio is the tenant's audio too
-            try:
-                await self.pipeline.quota.spend_session_audio(self.tenant, self.id, item.seconds)
-            except OmniError as e:
-                raise ev.RealtimeEventError(
-                    e.message, code=e.code or "rate_limit_exceeded", event_id=event.event_id
-                ) from None
+            await self._spend_audio(item.seconds, event.event_id)
         at = len(self.items)
         if event.previous_item_id == "root":
             at = 0
