@@ -105,7 +105,12 @@ def serve_config(
     config = {
         "proxy_location": "HeadOnly",
         "http_options": {"host": host, "port": http_port, "request_timeout_s": 600},
-        "grpc_options": {"port": grpc_port, "grpc_servicer_functions": [GRPC_SERVICER]},
+        "grpc_options": {
+            "port": grpc_port,
+            "grpc_servicer_functions": [GRPC_SERVICER],
+            # grpcurl and other clients discover omni.v1 without our .proto files
+            "enable_reflection": True,
+        },
         "applications": [app],
     }
     ServeDeploySchema.model_validate(config)

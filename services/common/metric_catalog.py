@@ -49,6 +49,12 @@ def _declared() -> list[Metric]:
             ("api",),
         ),
         Metric(
+            "omniray_gateway_transcribed_audio_seconds_total",
+            c,
+            "Seconds of audio transcribed (audio transcriptions, realtime input transcription).",
+            ("api",),
+        ),
+        Metric(
             "omniray_gateway_audio_stall_seconds_total",
             c,
             "Seconds a client playing audio from its first chunk in real time waits for the next.",

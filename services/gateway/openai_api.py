@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from omni.v1 import common_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,6 +22,7 @@ INT32_MAX = 2**31 - 1
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
 MAX_DESCRIPTION_CHARS = 4096
 IMAGE_DETAILS = ("auto", "low", "high")
+M = TypeVar("M", bound=BaseModel)
 
 
 class _Loose(BaseModel):
@@ -121,17 +122,22 @@ def parse_body(raw: bytes) -> Any:
         raise bad_request(f"request body: {e.message}", code=e.code) from None
 
 
-def parse_request(
-    body: Any, limits: LimitsSpec, *, session: str = "", slo_class: str = ""
-) -> tuple[ChatCompletionRequest, Turn]:
+def validated(model: type[M], body: Any) -> M:
+    """`body` as `model`, or a 422 naming the first field that is wrong."""
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     try:
-        req = ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(str(p) for p in first["loc"])
         raise OmniError(422, f"{param}: {first['msg']}", code="invalid_value", param=param) from None
+
+
+def parse_request(
+    body: Any, limits: LimitsSpec, *, session: str = "", slo_class: str = ""
+) -> tuple[ChatCompletionRequest, Turn]:
+    req = validated(ChatCompletionRequest, body)
     turn = Turn(
         model=req.model,
         messages=tuple(

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from omni.v1 import common_pb2, omni_pb2
 from opentelemetry import trace
 from ray import serve
@@ -24,12 +24,13 @@ from services.common import telemetry
 from services.common.errors import OmniError, bad_request, internal_error, too_large
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
-from services.gateway import grpc_wire, openai_api
+from services.gateway import audio_api, grpc_wire, openai_api
+from services.gateway.audio_files import SpeechFile
 from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
 from services.gateway.quota import quota_service
 from services.models.profile import Profile
-from services.pipeline.pipeline import Event, Pipeline, StageHandles
+from services.pipeline.pipeline import Event, Pipeline, Prepared, StageHandles, Transcription
 from services.pipeline.prompt import PromptBuilder
 from services.realtime import grpc_events
 from services.realtime import server_events as se
@@ -76,6 +77,7 @@ class _Metrics:
         self.rtf = metric("omniray_gateway_audio_rtf_ratio")
         self.audio_sent = metric("omniray_gateway_audio_sent_seconds_total")
         self.audio_stall = metric("omniray_gateway_audio_stall_seconds_total")
+        self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
         for api_name in ("rest", "grpc"):  # a stall-free run still shows the series (at 0)
             zero(self.audio_stall, api=api_name)
 
@@ -86,6 +88,24 @@ GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found":
 MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
 WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "unknown model"),
             "limit": (1013, "try again later"), "unavailable": (1013, "try again later")}  # fmt: skip
+
+
+async def _grpc_status(chunks: AsyncIterator, grpc_context, what: str) -> AsyncIterator:
+    """A gRPC method's chunks; every failure leaves with a status code and details set here
+    (Serve's proxy would otherwise send INTERNAL with the exception's text)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as e:
+        err = e if isinstance(e, OmniError) else internal_error(e, what)
+        if grpc_context is None:
+            raise err from None
+        grpc_context.set_code(err.grpc_code)
+        # Serve's proxy does not forward a replica's trailing metadata on errors, so the
+        # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
+        headers = "; ".join(f"{k}={v}" for k, v in err.headers.items())
+        grpc_context.set_details(f"{err.message} [{headers}]" if headers else err.message)
+        raise err from None
 
 
 @serve.deployment
@@ -150,6 +170,9 @@ class Gateway:
     # ---- REST ---------------------------------------------------------------------------
 
     async def _read_json(self, request: Request):
+        return openai_api.parse_body(await self._read_body(request))
+
+    async def _read_body(self, request: Request) -> bytes:
         limit = self.profile.limits.max_request_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -169,7 +192,7 @@ class Gateway:
                 f"request body not received within {self.profile.limits.body_read_timeout_s:g} s",
                 code="request_timeout",
             ) from None
-        return openai_api.parse_body(bytes(body))
+        return bytes(body)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
@@ -267,6 +290,117 @@ class Gateway:
             yield line(internal_error(e, "generation failed").body())
         yield "data: [DONE]\n\n"
 
+    # ---- Audio endpoints -------------------------------------------------------------------
+
+    @api.post("/v1/audio/speech")
+    async def audio_speech(self, request: Request):
+        arrival = time.perf_counter()
+        with telemetry.request_span("gateway", "gateway.speech", request.headers) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
+                req, turn = audio_api.speech_request(await self._read_json(request))
+                prepared = await self.pipeline.prepare_speech(turn, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "speech", "code": str(e.status)})
+                raise
+            telemetry.inject(prepared.ctx)
+        file = SpeechFile(req.response_format, req.speed)
+        chunks = self._speech_chunks(prepared, file, arrival, span)
+        if req.stream_format == "sse":
+            return StreamingResponse(
+                self._speech_sse(chunks), media_type="text/event-stream", headers=prepared.lease.headers
+            )
+        return StreamingResponse(
+            self._speech_bytes(chunks), media_type=file.content_type, headers=prepared.lease.headers
+        )
+
+    async def _speech_chunks(self, p: Prepared, file: SpeechFile, arrival: float, span, api_name="speech"):
+        """(bytes of the file, usage at the end) as the speech is made."""
+        async for ev in self._observed(api_name, self.pipeline.synthesize(p), arrival, span):
+            if ev.pcm16 and (data := file.push(ev.pcm16)):
+                yield data, None
+            if ev.finish_reason:
+                yield file.close(), ev.usage
+
+    @staticmethod
+    async def _speech_bytes(chunks) -> AsyncIterator[bytes]:
+        try:
+            async for data, _ in chunks:
+                if data:
+                    yield data
+        except Exception as e:  # headers are gone: the file ends short; the error is logged by id
+            internal_error(e, "speech failed")
+
+    @staticmethod
+    async def _speech_sse(chunks) -> AsyncIterator[str]:
+        try:
+            async for data, usage in chunks:
+                if data:
+                    yield audio_api.speech_sse(data)
+                if usage is not None:
+                    yield audio_api.speech_sse(None, usage)
+        except OmniError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+        except Exception as e:
+            yield f"data: {json.dumps(internal_error(e, 'speech failed').body())}\n\n"
+
+    @api.post("/v1/audio/transcriptions")
+    async def audio_transcriptions(self, request: Request):
+        arrival = time.perf_counter()
+        with telemetry.request_span("gateway", "gateway.transcription", request.headers) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
+                limits = self.profile.limits
+                form, data = await audio_api.read_form(
+                    await self._read_body(request), request.headers, limits
+                )
+                turn = await asyncio.to_thread(audio_api.transcription_turn, form, data, limits)
+                t = await self.pipeline.prepare_transcription(turn, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "transcription", "code": str(e.status)})
+                raise
+            telemetry.inject(t.ctx)
+        segments = self._transcribed("transcription", t, arrival, span)
+        if form.stream:
+            return StreamingResponse(
+                self._transcript_sse(segments, t), media_type="text/event-stream", headers=t.lease.headers
+            )
+        collected = [s async for s in segments]
+        body, media_type = audio_api.transcript_body(form.response_format, collected, t.turn.audio.seconds)
+        if isinstance(body, dict):
+            return JSONResponse(body, headers=t.lease.headers)
+        return Response(body, media_type=media_type, headers=t.lease.headers)
+
+    async def _transcribed(self, api_name: str, t: Transcription, arrival: float, span):
+        """The transcriber's segments, measured; the request's span ends with them."""
+        code = "ok"
+        try:
+            async for segment in self.pipeline.transcribe(t):
+                yield segment
+            self.metrics.transcribed.inc(t.turn.audio.seconds, tags={"api": api_name})
+        except BaseException as e:
+            code = "error"
+            span.record_exception(e)
+            span.set_status(trace.StatusCode.ERROR)
+            raise
+        finally:
+            span.end()
+            self.metrics.requests.inc(tags={"api": api_name, "code": code})
+            self.metrics.e2e.observe(time.perf_counter() - arrival, tags={"api": api_name})
+
+    @staticmethod
+    async def _transcript_sse(segments, t: Transcription) -> AsyncIterator[str]:
+        texts = []
+        try:
+            async for segment in segments:
+                texts.append(segment.text)
+                yield audio_api.transcript_sse(segment)
+            yield audio_api.transcript_sse(None, " ".join(texts).strip(), t.turn.audio.seconds)
+        except OmniError as e:
+            yield f"data: {json.dumps(e.body())}\n\n"
+        except Exception as e:
+            yield f"data: {json.dumps(internal_error(e, 'transcription failed').body())}\n\n"
+
     # ---- Realtime (WebSocket) ------------------------------------------------------------
 
     @api.websocket("/v1/realtime")
@@ -356,21 +490,9 @@ class Gateway:
     async def Chat(
         self, request: omni_pb2.ChatRequest, grpc_context=None
     ) -> AsyncIterator[omni_pb2.ChatChunk]:
-        """omni.v1.Omni/Chat. Every failure leaves with a status code and details set here (Serve's
-        proxy would otherwise send INTERNAL with the exception's text)."""
-        try:
-            async for chunk in self._chat(request, grpc_context):
-                yield chunk
-        except Exception as e:
-            err = e if isinstance(e, OmniError) else internal_error(e, "gRPC chat failed")
-            if grpc_context is None:
-                raise err from None
-            grpc_context.set_code(err.grpc_code)
-            # Serve's proxy does not forward a replica's trailing metadata on errors, so the
-            # rate-limit headers ride in the details, after the message: "msg [k=v; k=v]".
-            headers = "; ".join(f"{k}={v}" for k, v in err.headers.items())
-            grpc_context.set_details(f"{err.message} [{headers}]" if headers else err.message)
-            raise err from None
+        """omni.v1.Omni/Chat."""
+        async for chunk in _grpc_status(self._chat(request, grpc_context), grpc_context, "gRPC chat failed"):
+            yield chunk
 
     async def _chat(self, request: omni_pb2.ChatRequest, grpc_context) -> AsyncIterator[omni_pb2.ChatChunk]:
         if isinstance(request, Undecodable):
@@ -446,6 +568,89 @@ class Gateway:
         finally:
             reader.cancel()
             await self.realtime_hub.close(session)
+
+    async def Speech(
+        self, request: omni_pb2.SpeechRequest, grpc_context=None
+    ) -> AsyncIterator[omni_pb2.SpeechChunk]:
+        """omni.v1.Omni/Speech: POST /v1/audio/speech's file, in chunks."""
+        async for chunk in _grpc_status(
+            self._speech(request, grpc_context), grpc_context, "gRPC speech failed"
+        ):
+            yield chunk
+
+    async def _speech(self, request, grpc_context) -> AsyncIterator[omni_pb2.SpeechChunk]:
+        if isinstance(request, Undecodable):
+            raise bad_request(
+                f"request is not an omni.v1.SpeechRequest: {request.reason}", code="invalid_protobuf"
+            )
+        arrival = time.perf_counter()
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
+        with telemetry.request_span("gateway", "gateway.speech", metadata) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
+                req, turn = audio_api.grpc_speech_request(request)
+                prepared = await self.pipeline.prepare_speech(turn, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "grpc_speech", "code": str(e.status)})
+                raise
+            telemetry.inject(prepared.ctx)
+        file = SpeechFile(req.response_format, req.speed)
+        first = True
+        async for data, usage in self._speech_chunks(prepared, file, arrival, span, "grpc_speech"):
+            yield omni_pb2.SpeechChunk(
+                audio=data, content_type=file.content_type if first else "", usage=usage
+            )
+            first = False
+
+    async def Transcribe(
+        self, request: omni_pb2.TranscriptionRequest, grpc_context=None
+    ) -> AsyncIterator[omni_pb2.TranscriptionChunk]:
+        """omni.v1.Omni/Transcribe: a chunk per segment, then the text with usage."""
+        async for chunk in _grpc_status(
+            self._transcribe(request, grpc_context), grpc_context, "gRPC transcription failed"
+        ):
+            yield chunk
+
+    async def _transcribe(self, request, grpc_context) -> AsyncIterator[omni_pb2.TranscriptionChunk]:
+        if isinstance(request, Undecodable):
+            raise bad_request(
+                f"request is not an omni.v1.TranscriptionRequest: {request.reason}", code="invalid_protobuf"
+            )
+        arrival = time.perf_counter()
+        metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
+        with telemetry.request_span("gateway", "gateway.transcription", metadata) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
+                turn = await asyncio.to_thread(audio_api.grpc_transcription, request, self.profile.limits)
+                t = await self.pipeline.prepare_transcription(turn, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "grpc_transcription", "code": str(e.status)})
+                raise
+            telemetry.inject(t.ctx)
+        texts, language, duration = [], "", t.turn.audio.seconds
+        async for segment in self._transcribed("grpc_transcription", t, arrival, span):
+            texts.append(segment.text)
+            language = segment.language
+            yield omni_pb2.TranscriptionChunk(
+                segment=omni_pb2.TranscriptSegment(
+                    id=len(texts) - 1,
+                    start=segment.start,
+                    end=segment.end,
+                    text=segment.text,
+                    avg_logprob=segment.avg_logprob,
+                    no_speech_prob=segment.no_speech_prob,
+                    compression_ratio=segment.compression_ratio,
+                    temperature=segment.temperature,
+                ),
+                language=language,
+                duration=duration,
+            )
+        yield omni_pb2.TranscriptionChunk(
+            text=" ".join(texts).strip(),
+            language=language,
+            duration=duration,
+            usage=common_pb2.Usage(input_audio_seconds=duration),
+        )
 
     async def ListModels(self, request: omni_pb2.ListModelsRequest) -> omni_pb2.ListModelsResponse:
         card = self._model_card()

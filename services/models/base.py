@@ -64,6 +64,33 @@ class AudioEncoder(Protocol):
         """Mono float32 waves at `sample_rate` -> one output per wave."""
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One stretch of transcribed speech; times in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    text: str
+    language: str
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    compression_ratio: float = 0.0
+    temperature: float = 0.0
+
+
+class Transcriber(Protocol):
+    """Speech to text with timestamps (the audio endpoints, realtime input transcription)."""
+
+    version: str
+    sample_rate: int
+
+    def transcribe(
+        self, wave: np.ndarray, language: str = "", prompt: str = "", temperature: float = 0.0
+    ) -> Iterator[Segment]:
+        """Mono float32 at `sample_rate` -> its segments as they are written (lazily). Temperature
+        0: greedy, falling back to sampling where the model's own checks fail."""
+
+
 class Talker(Protocol):
     version: str
 

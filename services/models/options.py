@@ -145,6 +145,9 @@ class SmolLM2(Wheel):
 class WhisperCt2(Wheel):
     compute_type: str = "int8"  # CTranslate2's
     cpu_threads: int = Field(default=1, ge=1, le=64)
+    # What the checkpoint transcribes (an ".en" model: English only); a request for another
+    # language is refused at the gateway.
+    languages: list[str] = ["en"]
 
 
 class MobileNetV2(Wheel):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, field_validat
 from services.common.paths import REPO_ROOT, data_dir
 from services.extensions.vllm.specs import SinkWindowParams
 from services.models.options import Options, TinyEncoder
+from services.models.registry import TRANSCRIBERS
 from services.policies.admission import AdmissionParams
 from services.policies.scorers import ScorerSpec
 
@@ -177,6 +178,24 @@ class ModelsSpec(_Strict):
     audio: ModelSpec | None = None
     talker: ModelSpec | None = None
     vocoder: VocoderSpec | None = None
+    # Speech to text with timestamps (audio endpoints, realtime input transcription), loaded by the
+    # encoder pool beside the encoders. None: the audio encoder, when it writes text (a cascade's
+    # ASR); else the profile transcribes nothing.
+    transcriber: ModelSpec | None = None
+
+    def transcriber_spec(self) -> ModelSpec | None:
+        if self.transcriber is not None:
+            return self.transcriber
+        if self.audio is not None and self.audio.adapter in TRANSCRIBERS:
+            return self.audio
+        return None
+
+    @field_validator("transcriber")
+    @classmethod
+    def _transcribes(cls, spec: ModelSpec | None) -> ModelSpec | None:
+        if spec is not None and spec.adapter not in TRANSCRIBERS:
+            raise ValueError(f"transcriber adapter must be one of {sorted(TRANSCRIBERS)}")
+        return spec
 
     @model_validator(mode="after")
     def _encoders_project_into_the_thinker(self) -> ModelsSpec:

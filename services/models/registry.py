@@ -53,3 +53,6 @@ ADAPTERS: Registry[ModuleType] = Registry(
     },
 )
 adapter_module = ADAPTERS.module
+# Adapters whose model is a Transcriber (services/models/base.py): a profile's `transcriber`, or its
+# audio encoder standing in for one.
+TRANSCRIBERS = frozenset({"whisper_ct2"})

@@ -7,6 +7,10 @@ rate, channels, sample width and declared length against the bytes sent) and ret
 `max_image_side_px` per side and `max_image_pixels`. Audio: WAV (8-96 kHz, up to 8 channels, mixed to
 mono and resampled to 16 kHz) or raw pcm16 at 16 kHz, at most `max_audio_seconds`. Anything else is a
 clear 400/413, never a stage failure.
+
+Audio files uploaded for transcription (`audio_file`) may also be compressed (mp3, flac, ogg/opus,
+webm, m4a): those have no header that states their length truthfully, so they are decoded (FFmpeg
+through PyAV, in the caller's thread) before admission, stopping at `max_audio_seconds`.
 """
 
 from __future__ import annotations
@@ -239,6 +243,60 @@ def _decode_audio(data: bytes, fmt: str, *, param: str) -> np.ndarray:
     except soundfile.LibsndfileError:
         raise bad_request("audio could not be decoded as WAV", code="invalid_audio", param=param) from None
     return np.ascontiguousarray(wave, dtype=np.float32)
+
+
+# FFmpeg demuxers a transcription upload may use (av's names); anything else probed is refused.
+AUDIO_FILE_CONTAINERS = {"mp3", "flac", "ogg", "matroska,webm", "mov,mp4,m4a,3gp,3g2,mj2", "aac", "wav"}
+AUDIO_FILE_TYPES = "wav, mp3, flac, ogg, webm, m4a, aac"
+
+
+def audio_file(data: bytes, limits: LimitsSpec, *, param: str) -> AudioClip:
+    """An uploaded audio file of any common type. WAV is inspected from its header and decoded on
+    use; compressed files are decoded now, to mono at ENCODER_RATE, at most `max_audio_seconds`."""
+    if data[:4] == b"RIFF":
+        return audio_clip(data, "wav", limits, param=param)
+    if len(data) > limits.max_audio_bytes:
+        raise too_large(
+            f"audio is larger than {limits.max_audio_bytes} bytes", code="audio_too_large", param=param
+        )
+    samples = _decode_compressed(data, limits, param=param)
+    return AudioClip(rate=ENCODER_RATE, frames=len(samples), samples=samples)
+
+
+def _decode_compressed(data: bytes, limits: LimitsSpec, *, param: str) -> np.ndarray:
+    import av
+
+    def invalid(why: str):
+        return bad_request(
+            f"audio could not be decoded: {why}; use {AUDIO_FILE_TYPES}", code="invalid_audio", param=param
+        )
+
+    limit = int(limits.max_audio_seconds * ENCODER_RATE)
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=ENCODER_RATE)
+    parts: list[np.ndarray] = []
+    frames = 0
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            if container.format.name not in AUDIO_FILE_CONTAINERS or not container.streams.audio:
+                raise invalid("not an audio file of a supported type")
+            for frame in container.decode(audio=0):
+                for out in resampler.resample(frame):
+                    parts.append(out.to_ndarray().reshape(-1))
+                    frames += out.samples
+                if frames > limit:
+                    raise too_large(
+                        f"audio is longer than the limit of {limits.max_audio_seconds:g}s",
+                        code="audio_too_long",
+                        param=param,
+                    )
+            for out in resampler.resample(None):
+                parts.append(out.to_ndarray().reshape(-1))
+    except av.FFmpegError:
+        raise invalid("the file is damaged or of an unsupported type") from None
+    samples = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0), dtype=np.float32)
+    if len(samples) == 0:
+        raise bad_request("audio is empty", code="invalid_audio", param=param)
+    return samples
 
 
 def wav_bytes(pcm16: bytes, sample_rate: int) -> bytes:

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import logging
 import math
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -41,7 +42,15 @@ from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
 from services.pipeline.structured_output import check_json_schema
 from services.pipeline.text_chunker import TextChunker
-from services.pipeline.turn import SEED_BOUND, AudioClip, ImageInput, Turn
+from services.pipeline.turn import (
+    SEED_BOUND,
+    AudioClip,
+    ImageInput,
+    Message,
+    SpeechTurn,
+    TranscriptionTurn,
+    Turn,
+)
 from services.pipeline.vocoder_window import VocodeCall, VocoderWindow
 from services.quota.service import Cost, Lease, QuotaService
 from services.quota.tenants import TenantSpec
@@ -178,13 +187,7 @@ class Pipeline:
 
     def _validate(self, turn: Turn) -> tuple[common_pb2.SamplingParams, str, str]:
         limits, pipe = self.profile.limits, self.profile.pipeline
-        if not self.profile.serves(turn.model):
-            raise OmniError(
-                400,
-                f"model {turn.model[:64]!r} does not exist; this server serves {self.profile.served_model_name!r}",
-                code="model_not_found",
-                param="model",
-            )
+        self._check_model(turn.model)
         if not turn.messages:
             raise bad_request("messages must not be empty", param="messages")
         if len(turn.messages) > limits.max_messages:
@@ -599,14 +602,15 @@ class Pipeline:
                 if usage is not None
                 else p.prompt_tokens + final.get("generated", 0)
             )
-            # Its own task, awaited through a shield: a client that left cancels this generator and
-            # every await in it, but not the release.
-            release = asyncio.create_task(
-                self.quota.release(p.lease, dataclasses.replace(p.lease.cost, text_tokens=text_tokens))
-            )
-            self._releasing.add(release)
-            release.add_done_callback(self._releasing.discard)
-            await asyncio.shield(release)
+            await self._release(p.lease, dataclasses.replace(p.lease.cost, text_tokens=text_tokens))
+
+    async def _release(self, lease: Lease, used: Cost) -> None:
+        """The quota keeps `used`. Its own task, awaited through a shield: a client that left
+        cancels the response's generator and every await in it, but not the release."""
+        release = asyncio.create_task(self.quota.release(lease, used))
+        self._releasing.add(release)
+        release.add_done_callback(self._releasing.discard)
+        await asyncio.shield(release)
 
     async def _voice(self, p: Prepared, talk: stages_pb2.TalkRequest, out: asyncio.Queue, transcript) -> None:
         """One talker stream to PCM: with async chunk its units are vocoded as they arrive, each call
@@ -663,6 +667,176 @@ class Pipeline:
         """The last samples the response's resampler held back."""
         if p.resampler is not None and (pcm := p.resampler.flush()):
             await out.put(Event(pcm16=pcm, sample_rate=OUTPUT_RATE))
+
+    # ---- the audio endpoints: speech alone, transcription alone ----------------------------
+
+    async def prepare_speech(self, turn: SpeechTurn, tenant: TenantSpec) -> Prepared:
+        """Text to speech: validated and admitted (its text tokens) before any audio is made."""
+        self._check_model(turn.model)
+        if why := self.profile.speech_out_unavailable():
+            raise bad_request(why, code="unsupported_modality", param="model")
+        if not turn.input.strip():
+            raise bad_request("input must not be empty", param="input")
+        if len(turn.input) > MAX_SPEECH_CHARS:
+            raise bad_request(f"input must be at most {MAX_SPEECH_CHARS} characters", param="input")
+        if turn.instructions:
+            raise bad_request(
+                f"profile {self.profile.name!r}'s talker takes no speaking instructions",
+                code="unsupported_parameter",
+                param="instructions",
+            )
+        voice = self.profile.voice(turn.voice or self.profile.pipeline.default_voice)
+        if voice is None:
+            raise bad_request(
+                f"unknown voice {(turn.voice or '')[:64]!r}; available: {self.profile.voice_names()}",
+                param="voice",
+            )
+        ctx = common_pb2.RequestContext(request_id=f"speech-{uuid.uuid4().hex}", tenant=tenant.id)
+        with telemetry.tracer("gateway").start_as_current_span("gateway.prepare_speech"):
+            telemetry.inject(ctx)
+            # A token talker speaks the thinker's tokens: the text as the assistant's answer to it.
+            layout = self.prompts.layout([Message("user", (turn.input,))])
+            cost = Cost(text_tokens=layout.text_tokens)
+            lease = await self.quota.admit(tenant, ctx.request_id, cost, slo_class(tenant))
+        turn_ = Turn(turn.model, (Message("user", (turn.input,)),))
+        p = Prepared(
+            turn_, ctx, plan(True, [], []), [], common_pb2.SamplingParams(), voice, "pcm16", lease, layout
+        )
+        p.prompt = self.prompts.fill(layout, [])
+        p.prompt_tokens = layout.text_tokens
+        return p
+
+    async def synthesize(self, p: Prepared) -> AsyncIterator[Event]:
+        """The prepared text through the talker and vocoder: pcm16 events at OUTPUT_RATE as they are
+        made, then a final event whose usage counts the text and the audio."""
+        out: asyncio.Queue = asyncio.Queue()
+        text = p.turn.messages[0].parts[0]
+        seconds = 0.0
+
+        async def speak() -> None:
+            try:
+                with stage_calls():
+                    if self.token_talker:
+                        await self._speak_tokens(p, text, out)
+                    else:
+                        for index, piece in enumerate(_spoken_pieces(text, self.profile)):
+                            talk = stages_pb2.TalkRequest(
+                                ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index
+                            )
+                            await self._voice(p, talk, out, lambda: None)
+                    await self._end_speech(p, out)
+            finally:
+                await out.put(None)
+
+        task = asyncio.create_task(speak())
+        try:
+            while (ev := await out.get()) is not None:
+                seconds += len(ev.pcm16) / 2 / OUTPUT_RATE
+                yield ev
+            task.result()
+            usage = common_pb2.Usage(
+                prompt_tokens=p.prompt_tokens, total_tokens=p.prompt_tokens, output_audio_seconds=seconds
+            )
+            yield Event(finish_reason="stop", usage=usage)
+        finally:
+            task.cancel()
+            await self._release(p.lease, p.lease.cost)
+
+    async def _speak_tokens(self, p: Prepared, text: str, out: asyncio.Queue) -> None:
+        """A token talker reads the text's tokens from a token stream, written here as decode would
+        write an answer's."""
+        stream = token_stream.key(p.ctx.request_id)
+        ids, placements = expanded_ids(p.prompt)
+        talk = stages_pb2.TalkRequest(
+            ctx=p.ctx,
+            voice=p.voice,
+            thinker=stages_pb2.ThinkerOutput(prompt_ids=ids, media=placements, token_stream=stream),
+        )
+        writer = token_stream.TokenStreamWriter(stream)
+        answer = self.prompts.tokenizer.encode(text, add_special_tokens=False)
+        await writer.add(answer)
+        await writer.end()
+        await self._voice(p, talk, out, lambda: None)
+
+    async def prepare_transcription(self, turn: TranscriptionTurn, tenant: TenantSpec) -> Transcription:
+        """Speech to text: validated and admitted (the clip's audio seconds)."""
+        self._check_model(turn.model)
+        spec = self.profile.models.transcriber_spec()
+        if spec is None:
+            raise bad_request(
+                f"profile {self.profile.name!r} has no transcription model",
+                code="unsupported_modality",
+                param="model",
+            )
+        languages = spec.options.languages
+        if turn.language and turn.language not in languages:
+            raise bad_request(
+                f"language {turn.language[:16]!r} is not transcribed here; one of {languages}",
+                code="unsupported_language",
+                param="language",
+            )
+        if len(turn.prompt) > MAX_TRANSCRIPTION_PROMPT_CHARS:
+            raise bad_request(
+                f"prompt must be at most {MAX_TRANSCRIPTION_PROMPT_CHARS} characters", param="prompt"
+            )
+        ctx = common_pb2.RequestContext(request_id=f"transcription-{uuid.uuid4().hex}", tenant=tenant.id)
+        telemetry.inject(ctx)
+        cost = Cost(audio_seconds=turn.audio.seconds)
+        lease = await self.quota.admit(tenant, ctx.request_id, cost, slo_class(tenant))
+        return Transcription(turn, ctx, lease)
+
+    async def transcribe(self, t: Transcription) -> AsyncIterator[stages_pb2.TranscribedSegment]:
+        """The transcriber's segments as it writes them."""
+        try:
+            samples = await asyncio.to_thread(t.turn.audio.for_encoder)
+            request = stages_pb2.TranscribeRequest(
+                ctx=t.ctx,
+                audio=stages_pb2.MediaItem(
+                    modality="audio",
+                    data=tensors.describe(samples, content_hash=t.turn.audio.content_hash),
+                    audio_seconds=t.turn.audio.seconds,
+                ),
+                language=t.turn.language,
+                prompt=t.turn.prompt,
+                temperature=t.turn.temperature,
+            )
+            with stage_calls():
+                async for segment in self.h.encoder.options(stream=True).Transcribe.remote(request):
+                    yield segment
+        finally:
+            await self._release(t.lease, t.lease.cost)
+
+    def _check_model(self, model: str) -> None:
+        if not self.profile.serves(model):
+            raise OmniError(
+                400,
+                f"model {model[:64]!r} does not exist; this server serves {self.profile.served_model_name!r}",
+                code="model_not_found",
+                param="model",
+            )
+
+
+@dataclass
+class Transcription:
+    turn: TranscriptionTurn
+    ctx: common_pb2.RequestContext
+    lease: Lease
+
+
+# OpenAI's limits for the audio endpoints' text
+MAX_SPEECH_CHARS = 4096
+MAX_TRANSCRIPTION_PROMPT_CHARS = 4096
+_CLAUSE = re.compile(r"\S+\s*")
+
+
+def _spoken_pieces(text: str, profile: Profile) -> list[str]:
+    """Text for a text talker, cut where chat answers are cut (clause boundaries, a few words on):
+    the first audio comes after the first clause, not the whole text."""
+    chunker = TextChunker(profile.pipeline.chunk_min_tokens, profile.pipeline.chunk_max_tokens)
+    pieces = [piece for word in _CLAUSE.findall(text) if (piece := chunker.push(word, 1))]
+    if (rest := chunker.flush()) and rest.strip():
+        pieces.append(rest)
+    return pieces
 
 
 def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:

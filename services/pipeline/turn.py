@@ -174,6 +174,27 @@ class Turn:
         object.__setattr__(self, "media", [m for msg in self.messages for m in msg.media()])
 
 
+@dataclass(frozen=True)
+class SpeechTurn:
+    """Text to speech (the audio speech endpoints): the talker and vocoder alone, no thinker."""
+
+    model: str
+    input: str
+    voice: str | None = None  # None: the profile's default voice
+    instructions: str = ""
+
+
+@dataclass(frozen=True)
+class TranscriptionTurn:
+    """Speech to text (the audio transcription endpoints) by the profile's transcriber."""
+
+    model: str
+    audio: AudioClip
+    language: str = ""
+    prompt: str = ""
+    temperature: float = 0.0  # 0: greedy, with the model's own fallback temperatures
+
+
 SPEECH_MODALITIES = ("text", "audio")
 
 

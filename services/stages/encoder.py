@@ -84,6 +84,8 @@ class Encoder(Stage):
         super().__init__(profile)
         self.vision = self.load_model(self.profile.models.vision)
         self.audio = self.load_model(self.profile.models.audio)
+        self._transcriber = None  # loaded on first use (services/models/base.py Transcriber)
+        self._transcriber_lock = asyncio.Lock()
         pool = self.profile.encoder_pool
         self.scheduler = TileScheduler(pool.batch_size, pool.policy, pool.aging_tiles_per_s)
         self.cache = FeatureCache(pool.cache_mib * 1024 * 1024)
@@ -210,6 +212,50 @@ class Encoder(Stage):
                 yield stages_pb2.EncodeEvent(result=task.result())
             finally:
                 task.cancel()
+
+    async def Transcribe(
+        self, request: stages_pb2.TranscribeRequest
+    ) -> AsyncIterator[stages_pb2.TranscribedSegment]:
+        """The profile's transcriber on one clip, each segment sent as soon as it is written. Where
+        the transcriber is the audio encoder (a cascade's ASR) and has just encoded this clip (a
+        realtime turn), its text is the transcript: one segment, not a second pass."""
+        with self.operation("transcribe", request.ctx):
+            model = await self._transcriber_model()
+            item = request.audio
+            seconds = float(item.audio_seconds)
+            if model is self.audio and not request.prompt and not request.temperature:
+                hit = self.cache.get(self._cache_key(item, request.ctx.tenant))
+                if hit is not None and hit.text is not None:
+                    language = request.language or model.languages[0]
+                    if hit.text:
+                        yield stages_pb2.TranscribedSegment(
+                            start=0.0, end=seconds, text=hit.text, language=language
+                        )
+                    return
+            wave = tensors.materialize(item.data).view("float32")
+            segments = model.transcribe(wave, request.language, request.prompt, request.temperature)
+            while (seg := await asyncio.to_thread(next, segments, None)) is not None:
+                yield stages_pb2.TranscribedSegment(
+                    start=seg.start,
+                    end=seg.end,
+                    text=seg.text,
+                    avg_logprob=seg.avg_logprob,
+                    no_speech_prob=seg.no_speech_prob,
+                    compression_ratio=seg.compression_ratio,
+                    temperature=seg.temperature,
+                    language=seg.language,
+                )
+
+    async def _transcriber_model(self):
+        spec = self.profile.models.transcriber_spec()
+        if spec is None:
+            raise ValueError(f"profile {self.profile.name!r} has no transcriber")
+        if spec is self.profile.models.audio:
+            return self.audio
+        async with self._transcriber_lock:
+            if self._transcriber is None:
+                self._transcriber = await asyncio.to_thread(self.load_model, spec)
+        return self._transcriber
 
     async def _follow_versions(self, required: dict[str, str]) -> None:
         """Reload a model the caller needs at another version, if that version is what is on disk
