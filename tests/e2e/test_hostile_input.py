@@ -407,6 +407,88 @@ def test_rest_generated_text_with_a_lone_surrogate(http, model_name, text, surro
     assert r.json()["error"]["code"] == "invalid_unicode"
 
 
+# ---- the audio endpoints (REST) ---------------------------------------------------------------------
+
+
+def _speech(model, **extra) -> dict:
+    return {"model": model, "input": "hello", "voice": "alloy", "response_format": "pcm", **extra}
+
+
+SPEECH_CASES = {
+    "no_input": (lambda m: {"model": m, "voice": "alloy"}, 422),
+    "input_not_text": (lambda m: _speech(m, input=["a"]), 422),
+    "input_blank": (lambda m: _speech(m, input="   "), 400),
+    "input_too_long": (lambda m: _speech(m, input="x" * 5000), 422),
+    "unknown_voice": (lambda m: _speech(m, voice="v" * 200), 400),
+    "voice_too_long": (lambda m: _speech(m, voice="v" * 999), 422),
+    "unknown_format": (lambda m: _speech(m, response_format="mp4"), 422),
+    "speed_zero": (lambda m: _speech(m, speed=0), 422),
+    "speed_nan": (lambda m: _speech(m, speed=float("nan")), 400),  # not JSON
+    "speed_huge": (lambda m: _speech(m, speed=1e308), 422),
+    "instructions_unsupported": (lambda m: _speech(m, instructions="softly"), 400),
+    "unknown_stream_format": (lambda m: _speech(m, stream_format="ws"), 422),
+    "unknown_model": (lambda m: _speech("gpt-nothing"), 400),
+    "body_not_object": (lambda m: [1, 2], 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPEECH_CASES))
+def test_rest_speech_catalog(http, model_name, case):
+    make, status = SPEECH_CASES[case]
+    _assert_client_error(_post(http, make(model_name), path="/v1/audio/speech"), status)
+
+
+def _transcribe(http, model, files, fields=None) -> httpx.Response:
+    TALLY["rest_transcription_cases"] += 1
+    return http.post("/v1/audio/transcriptions", files=files, data={"model": model, **(fields or {})})
+
+
+TRANSCRIPTION_CASES = {
+    "garbage_file": ({"file": ("a.mp3", b"\x00garbage" * 50)}, {}, 400),
+    "image_as_file": ({"file": ("a.png", png_bytes())}, {}, 400),
+    "empty_file": ({"file": ("a.wav", b"")}, {}, 400),
+    "lying_wav": ({"file": ("a.wav", _lying_wav())}, {}, 400),
+    "no_file": ({"notes": ("a.txt", b"x")}, {}, 400),
+    "two_files": ([("file", ("a.wav", _wav())), ("file", ("b.wav", _wav()))], {}, 400),
+    "unknown_model": ({"file": ("a.wav", _wav())}, {"model": "gpt-nothing"}, 400),
+    "unknown_format": ({"file": ("a.wav", _wav())}, {"response_format": "docx"}, 422),
+    "word_timestamps": (
+        {"file": ("a.wav", _wav())},
+        {"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+        400,
+    ),
+    "language_unsupported": ({"file": ("a.wav", _wav())}, {"language": "xx"}, 400),
+    "language_too_long": ({"file": ("a.wav", _wav())}, {"language": "l" * 100}, 422),
+    "temperature_nan": ({"file": ("a.wav", _wav())}, {"temperature": "nan"}, 422),
+    "stream_not_bool": ({"file": ("a.wav", _wav())}, {"stream": "maybe"}, 422),
+    "stream_srt": ({"file": ("a.wav", _wav())}, {"stream": "true", "response_format": "srt"}, 400),
+    "prompt_too_long": ({"file": ("a.wav", _wav())}, {"prompt": "p" * 5000}, 400),
+    "logprobs": ({"file": ("a.wav", _wav())}, {"include[]": "logprobs"}, 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRANSCRIPTION_CASES))
+def test_rest_transcription_catalog(http, model_name, case):
+    files, fields, status = TRANSCRIPTION_CASES[case]
+    _assert_client_error(_transcribe(http, model_name, files, fields), status)
+
+
+def test_rest_transcription_not_a_form(http, model_name):
+    _assert_client_error(_post(http, {"model": model_name}, path="/v1/audio/transcriptions"), 400)
+    raw = b"--x\r\ncontent-disposition: form-data; name=file; filename=a\r\n\r\nabc"  # never closed
+    r = http.post(
+        "/v1/audio/transcriptions", content=raw, headers={"content-type": "multipart/form-data; boundary=x"}
+    )
+    _assert_client_error(r, 400)
+
+
+@FUZZ
+@given(body=st.binary(min_size=1, max_size=400))
+def test_rest_generated_upload_bytes(http, model_name, body):
+    r = _transcribe(http, model_name, {"file": ("a.bin", body)})
+    _assert_client_error(r, 400)
+
+
 def test_rest_still_healthy(http, model_name):
     _assert_healthy(http, model_name)
 
@@ -775,6 +857,38 @@ GRPC_CASES = {
 def test_grpc_catalog(grpc_stub, model_name, case):
     request = GRPC_CASES[case](model_name)
     _expect_status(lambda: grpc_stub.Chat(request, timeout=60))
+
+
+GRPC_AUDIO_CASES = {
+    "speech_unknown_voice": lambda st_, m: st_.Speech(
+        omni_pb2.SpeechRequest(model=m, input="hi", voice="nobody")
+    ),
+    "speech_blank_input": lambda st_, m: st_.Speech(omni_pb2.SpeechRequest(model=m, input=" ")),
+    "speech_speed_nan": lambda st_, m: st_.Speech(
+        omni_pb2.SpeechRequest(model=m, input="hi", speed=float("nan"))
+    ),
+    "speech_unknown_format": lambda st_, m: st_.Speech(
+        omni_pb2.SpeechRequest(model=m, input="hi", response_format="mp4")
+    ),
+    "speech_instructions": lambda st_, m: st_.Speech(
+        omni_pb2.SpeechRequest(model=m, input="hi", instructions="softly")
+    ),
+    "transcribe_garbage": lambda st_, m: st_.Transcribe(
+        omni_pb2.TranscriptionRequest(model=m, file=b"x" * 99)
+    ),
+    "transcribe_empty": lambda st_, m: st_.Transcribe(omni_pb2.TranscriptionRequest(model=m)),
+    "transcribe_language": lambda st_, m: st_.Transcribe(
+        omni_pb2.TranscriptionRequest(model=m, file=_wav(), language="xx")
+    ),
+    "transcribe_temperature": lambda st_, m: st_.Transcribe(
+        omni_pb2.TranscriptionRequest(model=m, file=_wav(), temperature=3)
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GRPC_AUDIO_CASES))
+def test_grpc_audio_catalog(grpc_stub, model_name, case):
+    _expect_status(lambda: GRPC_AUDIO_CASES[case](grpc_stub, model_name))
 
 
 def test_grpc_unauthenticated(omniray, model_name):
