@@ -93,6 +93,22 @@ def _words(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
 
 
+SPOKEN = "The quick brown fox jumps over the lazy dog. Then it runs into the forest to find its friends."
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="speech out needs espeak-ng")
+def test_audio_speech_says_its_input_and_transcriptions_hear_it(small):
+    """audio.speech (Piper) in three formats, each heard by audio.transcriptions (Whisper tiny.en,
+    the profile's speech-in model, through the encoder pool): WER <= 0.2 against the input."""
+    for fmt in ("mp3", "wav", "flac"):
+        audio = small.audio.speech.create(
+            model="gpt-4o-mini-tts", voice="alloy", input=SPOKEN, response_format=fmt
+        )
+        heard = small.audio.transcriptions.create(model="whisper-1", file=(f"speech.{fmt}", audio.read()))
+        error = jiwer.wer(_words(SPOKEN), _words(heard.text))
+        assert error <= 0.2, (fmt, heard.text, error)
+
+
 def test_photo_answer_mentions_what_mobilenet_recognized(small):
     import matplotlib
     from PIL import Image
