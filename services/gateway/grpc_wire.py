@@ -73,6 +73,10 @@ def add_omni_servicer_to_server(servicer, server) -> None:
     omni_pb2_grpc.add_OmniServicer_to_server(servicer, _LenientServer(server))
 
 
+# ChatChunk audio is pcm16 deltas; "wav" is taken as the same (what the REST stream does).
+GRPC_AUDIO_FORMATS = ("", "pcm16", "wav")
+
+
 def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[str, str]) -> Turn:
     """omni.v1.ChatRequest as the pipeline's Turn (its SLO class and session from the message, else
     the x-omniray-* metadata)."""
@@ -106,6 +110,8 @@ def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[
     )
     if request.HasField("sampling") and s.max_tokens < 0:
         raise bad_request("max_tokens must be positive", param="max_tokens")
+    if request.audio.format not in GRPC_AUDIO_FORMATS:
+        raise bad_request(f"audio.format must be one of {GRPC_AUDIO_FORMATS[1:]}", param="audio.format")
     return Turn(
         model=request.model,
         messages=tuple(messages),

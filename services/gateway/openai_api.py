@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, too_large
+from services.gateway.audio_files import SpeechFile
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
@@ -42,7 +43,7 @@ class ChatMessage(_Loose):
 
 class AudioParam(_Loose):
     voice: Name = "default"
-    format: Literal["wav", "pcm16"] = "pcm16"
+    format: Literal["pcm16", "wav", "mp3", "opus", "flac", "aac"] = "pcm16"
 
 
 class StreamOptions(_Loose):
@@ -284,7 +285,15 @@ def completion(
 
 
 def audio_message(audio_id: str, pcm16: bytes, sample_rate: int, fmt: str, transcript: str) -> dict:
-    data = media.wav_bytes(pcm16, sample_rate) if fmt == "wav" else pcm16
+    """A whole answer's audio message: pcm16 as it is, other formats as one file of that format
+    (a WAV with its sizes written, not a stream's placeholder)."""
+    if fmt == "pcm16":
+        data = pcm16
+    elif fmt == "wav":
+        data = media.wav_bytes(pcm16, sample_rate)
+    else:
+        file = SpeechFile(fmt, rate=sample_rate)
+        data = file.push(pcm16) + file.close()
     return {
         "id": audio_id,
         "data": base64.b64encode(data).decode(),

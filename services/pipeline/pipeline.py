@@ -37,13 +37,13 @@ from services.dataplane import tensors, token_stream
 from services.extensions.ray.metrics import zero
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
-from services.pipeline import media
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
 from services.pipeline.structured_output import check_json_schema
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.turn import (
     SEED_BOUND,
+    SPEECH_FORMATS,
     AudioClip,
     ImageInput,
     Message,
@@ -209,8 +209,8 @@ class Pipeline:
                     param="audio.voice",
                 )
             audio_format = turn.speech.format
-            if audio_format not in media.AUDIO_FORMATS:
-                raise bad_request(f"audio.format must be one of {media.AUDIO_FORMATS}", param="audio.format")
+            if audio_format not in SPEECH_FORMATS:
+                raise bad_request(f"audio.format must be one of {SPEECH_FORMATS}", param="audio.format")
         s = turn.sampling
         max_tokens = pipe.default_max_tokens if s.max_tokens is None else s.max_tokens
         if max_tokens < 1:

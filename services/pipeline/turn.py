@@ -151,6 +151,11 @@ class Sampling:
     json_object: bool = False
 
 
+# A chat answer's audio formats: streamed answers are always pcm16 deltas (as OpenAI's); a whole
+# answer is one file in the format asked for.
+SPEECH_FORMATS = ("pcm16", "wav", "mp3", "opus", "flac", "aac")
+
+
 @dataclass(frozen=True)
 class SpeechOut:
     voice: str | None = None  # None: the profile's default voice

@@ -5,6 +5,7 @@ and streamed, and gRPC server reflection (what `grpcurl` needs without our proto
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import shutil
@@ -45,6 +46,16 @@ def _speech(client, model_name, **kw) -> bytes:
 def test_speech_in_every_format_decodes_at_24_khz(openai_client, model_name, fmt):
     seconds, rate = _decoded(_speech(openai_client, model_name, response_format=fmt))
     assert rate == (48_000 if fmt == "opus" else 24_000) and seconds > 1.0  # Opus always decodes at 48 kHz
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "flac", "aac"])
+def test_a_whole_chat_answer_comes_as_a_file_of_its_format(openai_client, model_name, fmt):
+    r = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+        modalities=["text", "audio"], audio={"voice": "alloy", "format": fmt},
+    )  # fmt: skip
+    seconds, _ = _decoded(base64.b64decode(r.choices[0].message.audio.data))
+    assert seconds > 0.1
 
 
 def test_speech_pcm_is_the_wav_samples_and_speed_changes_the_length(openai_client, model_name):

@@ -217,7 +217,7 @@ REST_CASES = {
         lambda m: _chat(m, modalities=["text", "audio"], audio={"voice": "v" * 999}),
         422,
     ),
-    "audio_format_mp3": (lambda m: _chat(m, modalities=["text", "audio"], audio={"format": "mp3"}), 422),
+    "audio_format_mp4": (lambda m: _chat(m, modalities=["text", "audio"], audio={"format": "mp4"}), 422),
     # content parts
     "part_unknown_type": (lambda m: _chat(m, [{"type": "video_url", "video_url": {"url": "x"}}]), 400),
     "part_type_missing": (lambda m: _chat(m, [{"text": "x"}]), 400),
