@@ -77,7 +77,6 @@ class _Metrics:
         self.rtf = metric("omniray_gateway_audio_rtf_ratio")
         self.audio_sent = metric("omniray_gateway_audio_sent_seconds_total")
         self.audio_stall = metric("omniray_gateway_audio_stall_seconds_total")
-        self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
         for api_name in ("rest", "grpc"):  # a stall-free run still shows the series (at 0)
             zero(self.audio_stall, api=api_name)
 
@@ -355,12 +354,12 @@ class Gateway:
                     await self._read_body(request), request.headers, limits
                 )
                 turn = await asyncio.to_thread(audio_api.transcription_turn, form, data, limits)
-                t = await self.pipeline.prepare_transcription(turn, tenant)
+                t = await self.pipeline.prepare_transcription(turn, tenant, "transcription")
             except OmniError as e:
                 self.metrics.requests.inc(tags={"api": "transcription", "code": str(e.status)})
                 raise
             telemetry.inject(t.ctx)
-        segments = self._transcribed("transcription", t, arrival, span)
+        segments = self._transcribed(t, arrival, span)
         if form.stream:
             return StreamingResponse(
                 self._transcript_sse(segments, t), media_type="text/event-stream", headers=t.lease.headers
@@ -371,13 +370,12 @@ class Gateway:
             return JSONResponse(body, headers=t.lease.headers)
         return Response(body, media_type=media_type, headers=t.lease.headers)
 
-    async def _transcribed(self, api_name: str, t: Transcription, arrival: float, span):
+    async def _transcribed(self, t: Transcription, arrival: float, span):
         """The transcriber's segments, measured; the request's span ends with them."""
         code = "ok"
         try:
             async for segment in self.pipeline.transcribe(t):
                 yield segment
-            self.metrics.transcribed.inc(t.turn.audio.seconds, tags={"api": api_name})
         except BaseException as e:
             code = "error"
             span.record_exception(e)
@@ -385,8 +383,8 @@ class Gateway:
             raise
         finally:
             span.end()
-            self.metrics.requests.inc(tags={"api": api_name, "code": code})
-            self.metrics.e2e.observe(time.perf_counter() - arrival, tags={"api": api_name})
+            self.metrics.requests.inc(tags={"api": t.api, "code": code})
+            self.metrics.e2e.observe(time.perf_counter() - arrival, tags={"api": t.api})
 
     @staticmethod
     async def _transcript_sse(segments, t: Transcription) -> AsyncIterator[str]:
@@ -622,13 +620,13 @@ class Gateway:
             try:
                 tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
                 turn = await asyncio.to_thread(audio_api.grpc_transcription, request, self.profile.limits)
-                t = await self.pipeline.prepare_transcription(turn, tenant)
+                t = await self.pipeline.prepare_transcription(turn, tenant, "grpc_transcription")
             except OmniError as e:
                 self.metrics.requests.inc(tags={"api": "grpc_transcription", "code": str(e.status)})
                 raise
             telemetry.inject(t.ctx)
         texts, language, duration = [], "", t.turn.audio.seconds
-        async for segment in self._transcribed("grpc_transcription", t, arrival, span):
+        async for segment in self._transcribed(t, arrival, span):
             texts.append(segment.text)
             language = segment.language
             yield omni_pb2.TranscriptionChunk(

@@ -182,6 +182,7 @@ class Pipeline:
         talker = profile.models.talker
         self.token_talker = talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
+        self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
 
     # ---- validation and preparation -----------------------------------------------------
 
@@ -758,8 +759,22 @@ class Pipeline:
         await writer.end()
         await self._voice(p, talk, out, lambda: None)
 
-    async def prepare_transcription(self, turn: TranscriptionTurn, tenant: TenantSpec) -> Transcription:
-        """Speech to text: validated and admitted (the clip's audio seconds)."""
+    async def prepare_transcription(
+        self, turn: TranscriptionTurn, tenant: TenantSpec, api: str, *, paid: bool = False
+    ) -> Transcription:
+        """Speech to text: validated and admitted (the clip's audio seconds), unless its audio is
+        `paid` for already (a realtime session's turn)."""
+        self.check_transcription(turn)
+        ctx = common_pb2.RequestContext(request_id=f"transcription-{uuid.uuid4().hex}", tenant=tenant.id)
+        telemetry.inject(ctx)
+        lease = None
+        if not paid:
+            cost = Cost(audio_seconds=turn.audio.seconds)
+            lease = await self.quota.admit(tenant, ctx.request_id, cost, slo_class(tenant))
+        return Transcription(turn, ctx, lease, api)
+
+    def check_transcription(self, turn: TranscriptionTurn) -> None:
+        """What this deployment's transcriber cannot do, as a 400 (before any audio is decoded)."""
         self._check_model(turn.model)
         spec = self.profile.models.transcriber_spec()
         if spec is None:
@@ -779,11 +794,6 @@ class Pipeline:
             raise bad_request(
                 f"prompt must be at most {MAX_TRANSCRIPTION_PROMPT_CHARS} characters", param="prompt"
             )
-        ctx = common_pb2.RequestContext(request_id=f"transcription-{uuid.uuid4().hex}", tenant=tenant.id)
-        telemetry.inject(ctx)
-        cost = Cost(audio_seconds=turn.audio.seconds)
-        lease = await self.quota.admit(tenant, ctx.request_id, cost, slo_class(tenant))
-        return Transcription(turn, ctx, lease)
 
     async def transcribe(self, t: Transcription) -> AsyncIterator[stages_pb2.TranscribedSegment]:
         """The transcriber's segments as it writes them."""
@@ -803,8 +813,10 @@ class Pipeline:
             with stage_calls():
                 async for segment in self.h.encoder.options(stream=True).Transcribe.remote(request):
                     yield segment
+            self.transcribed.inc(t.turn.audio.seconds, tags={"api": t.api})
         finally:
-            await self._release(t.lease, t.lease.cost)
+            if t.lease is not None:
+                await self._release(t.lease, t.lease.cost)
 
     def _check_model(self, model: str) -> None:
         if not self.profile.serves(model):
@@ -820,7 +832,8 @@ class Pipeline:
 class Transcription:
     turn: TranscriptionTurn
     ctx: common_pb2.RequestContext
-    lease: Lease
+    lease: Lease | None  # None: its audio was paid for already
+    api: str  # who asked (the transcribed-seconds metric's label)
 
 
 # OpenAI's limits for the audio endpoints' text

@@ -62,6 +62,13 @@ class AudioClip(_Once):
         samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
         return cls(rate=rate, frames=len(samples), samples=samples, keep=keep)
 
+    @classmethod
+    def joined(cls, clips: list[AudioClip]) -> AudioClip:
+        """Consecutive pieces of one stream at one rate (a realtime turn's chunks) as one clip,
+        resampled once for the encoder (chunks resampled one by one have edges at every cut)."""
+        samples = np.concatenate([c.samples() for c in clips])
+        return cls(rate=clips[0].rate, frames=len(samples), samples=samples)
+
     @property
     def seconds(self) -> float:
         return self.frames / self.rate

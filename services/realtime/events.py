@@ -55,11 +55,23 @@ class AudioFormat(BaseModel):
         return self
 
 
+class InputTranscription(BaseModel):
+    """`audio.input.transcription`: each committed turn transcribed beside the response by the
+    profile's transcriber (whatever `model` names: the deployment has one)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: Annotated[str, Field(max_length=256)] | None = None
+    language: Annotated[str, Field(max_length=16)] | None = None
+    prompt: Annotated[str, Field(max_length=4096)] | None = None
+
+
 class AudioInput(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: AudioFormat = Field(default_factory=AudioFormat)
     # Server VAD (on by default, as OpenAI's); null: the client commits and asks for responses.
     turn_detection: ServerVad | None = Field(default_factory=ServerVad)
+    # null (the default): committed turns are not transcribed
+    transcription: InputTranscription | None = None
 
 
 class AudioOutput(BaseModel):

@@ -241,6 +241,40 @@ class ResponseOutputTextDone(_ContentPart):
     text: str
 
 
+class _InputTranscription(_Event):
+    """An event about the transcription of a committed user turn (`audio.input.transcription`)."""
+
+    item_id: str
+    content_index: int = 0
+
+
+class InputAudioTranscriptionDelta(_InputTranscription):
+    type: Literal["conversation.item.input_audio_transcription.delta"] = (
+        "conversation.item.input_audio_transcription.delta"
+    )
+    delta: str
+
+
+class TranscriptionUsage(_Model):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class InputAudioTranscriptionCompleted(_InputTranscription):
+    type: Literal["conversation.item.input_audio_transcription.completed"] = (
+        "conversation.item.input_audio_transcription.completed"
+    )
+    transcript: str
+    usage: TranscriptionUsage
+
+
+class InputAudioTranscriptionFailed(_InputTranscription):
+    type: Literal["conversation.item.input_audio_transcription.failed"] = (
+        "conversation.item.input_audio_transcription.failed"
+    )
+    error: ErrorDetail
+
+
 class ConversationItemRetrieved(_Event):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
     item: Item
@@ -303,6 +337,9 @@ ServerEvent = Annotated[
     | ResponseOutputTextDone
     | ConversationItemRetrieved
     | ConversationItemTruncated
+    | InputAudioTranscriptionDelta
+    | InputAudioTranscriptionCompleted
+    | InputAudioTranscriptionFailed
     | ResponseCreated
     | ResponseDone
     | ResponseOutputAudioTranscriptDelta

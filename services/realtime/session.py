@@ -24,7 +24,7 @@ from typing import Any
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
-from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, Turn
+from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
@@ -53,6 +53,7 @@ class Item:
     generated: str = ""  # assistant: all text generated
     spoken: list[list] = field(default_factory=list)  # assistant: [text piece, ms of its audio]
     audio_out: bool = True  # assistant: its content is audio with a transcript (else text)
+    transcript: str | None = None  # user: its audio as transcribed (`audio.input.transcription`)
 
     @property
     def audio_ms(self) -> float:
@@ -92,7 +93,7 @@ class Item:
     def describe(self, status: str = "completed") -> se.Item:
         if self.role == "user":
             content = [se.Content(type="input_text", text=self.text)] if self.text else []
-            content += [se.Content(type="input_audio")] if self.clips else []
+            content += [se.Content(type="input_audio", transcript=self.transcript)] if self.clips else []
         elif status == "in_progress":
             content = []  # as OpenAI's: the content comes as its parts are added
         elif self.audio_out:
@@ -177,6 +178,7 @@ class RealtimeSession:
         # The current turn's audio chunks made into clips so far (speculative prefill): chunk k of
         # the turn, reused by the committed turn, so each chunk is resampled and encoded once.
         self.turn_clips: dict[int, tuple[bytes, AudioClip]] = {}
+        self.transcribing: set[asyncio.Task] = set()  # input transcriptions beside the responses
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -365,7 +367,18 @@ class RealtimeSession:
         cap = self.profile.limits.max_tokens_cap
         if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
             refused.append((("max_output_tokens",), f"must be at most {cap}"))
+        if (asked := config.audio.input.transcription) is not None:
+            try:
+                self.pipeline.check_transcription(self._transcription_turn(asked, None))
+            except OmniError as e:
+                refused.append((("audio", "input", "transcription"), e.message))
         return refused
+
+    def _transcription_turn(self, asked: ev.InputTranscription, clip: AudioClip | None) -> TranscriptionTurn:
+        # the deployment's transcriber, whatever model the client names (served names only otherwise)
+        return TranscriptionTurn(
+            self.profile.served_model_name, clip, asked.language or "", asked.prompt or ""
+        )
 
     def _find(self, item_id: str, event_id: str | None) -> Item:
         item = next((i for i in self.items if i.id == item_id), None)
@@ -538,6 +551,36 @@ class RealtimeSession:
         await self.send(se.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
         await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
+        if (asked := self.config.audio.input.transcription) is not None:
+            task = asyncio.create_task(self._transcribe(item, asked))
+            self.transcribing.add(task)
+            task.add_done_callback(self.transcribing.discard)
+
+    async def _transcribe(self, item: Item, asked: ev.InputTranscription) -> None:
+        """A committed turn's transcript, beside its response (off its critical path): deltas as the
+        transcriber writes segments, then `.completed` (kept on the item), or `.failed`. The turn's
+        audio was paid for when it was committed."""
+        clip = item.clips[0] if len(item.clips) == 1 else AudioClip.joined(item.clips)
+        texts: list[str] = []
+        try:
+            t = await self.pipeline.prepare_transcription(
+                self._transcription_turn(asked, clip), self.tenant, "realtime", paid=True
+            )
+            async for segment in self.pipeline.transcribe(t):
+                delta = (" " if texts else "") + segment.text
+                texts.append(segment.text)
+                await self.send(se.InputAudioTranscriptionDelta(item_id=item.id, delta=delta))
+        except Exception as e:
+            err = e if isinstance(e, OmniError) else internal_error(e, "input transcription failed")
+            detail = se.ErrorDetail(type="server_error" if err.status >= 500 else "invalid_request_error",
+                                    code=err.code or "transcription_failed", message=err.message)  # fmt: skip
+            await self.send(se.InputAudioTranscriptionFailed(item_id=item.id, error=detail))
+            return
+        item.transcript = " ".join(texts)
+        usage = se.TranscriptionUsage(seconds=round(clip.seconds, 3))
+        await self.send(
+            se.InputAudioTranscriptionCompleted(item_id=item.id, transcript=item.transcript, usage=usage)
+        )
 
     # ---- speculative prefill --------------------------------------------------------------------
 
@@ -900,4 +943,6 @@ class RealtimeSession:
         await self.cancel()
         if self.ahead is not None:
             self.ahead.cancel()
+        for task in self.transcribing:
+            task.cancel()
         self.monitor.close(self.key)

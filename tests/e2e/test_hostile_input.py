@@ -681,6 +681,21 @@ REALTIME_CASES = {
             "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}},
         }
     ),  # fmt: skip
+    "transcription_not_object": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"transcription": "whisper-1"}}}}
+    ),
+    "transcription_language_unknown": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "xx"}}}}}
+    ),
+    "transcription_language_long": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"audio": {"input": {"transcription": {"language": "l" * 500}}}},
+        }
+    ),
+    "transcription_prompt_long": json.dumps(
+        {"type": "session.update", "session": {"audio": {"input": {"transcription": {"prompt": "p" * 9000}}}}}
+    ),
     "response_not_object": json.dumps({"type": "response.create", "response": []}),
     "response_modalities_bad": json.dumps(
         {"type": "response.create", "response": {"output_modalities": ["x"]}}

@@ -223,3 +223,44 @@ def test_a_telephony_session_speaks_g711_both_ways(openai_client):
         assert abs(len(out) / G711_RATE - len(pcm) / PCM_RATE) < 0.01 and np.abs(pcm).max() > 0
     finally:
         conn.close()
+
+
+def test_committed_turns_are_transcribed_beside_the_response(openai_client):
+    """`audio.input.transcription`: the committed turn's transcript (the tiny profile's Whisper
+    beside its random encoders) as deltas, then `.completed`, kept on the item; a language the
+    transcriber lacks is refused field by field."""
+    import shutil
+
+    import pytest
+
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("needs espeak-ng to speak the turn")
+    from loadtest.speech import speech
+
+    # Whisper tiny.en hears espeak's voice resampled twice (22.05 -> 24 -> 16 kHz) well on this one
+    question = "How do I make a cup of green tea?"
+    conn = _open(
+        openai_client, audio={"input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}
+    )
+    try:
+        seen: list = []
+        conn.send_raw(json.dumps({"type": "session.update",
+                                  "session": {"type": "realtime", "audio": {"input": {"transcription": {"language": "fr"}}}}}))  # fmt: skip
+        error = until(conn, "error", seen)
+        assert error.error.param == "session.audio.input.transcription" and "fr" in error.error.message
+        assert until(conn, "session.updated", seen).session.audio.input.transcription.language is None
+
+        conn.input_audio_buffer.append(audio=base64.b64encode(speech(question)).decode())
+        conn.input_audio_buffer.commit()
+        committed = until(conn, "input_audio_buffer.committed", seen)
+        completed = until(conn, "conversation.item.input_audio_transcription.completed", seen)
+        assert completed.item_id == committed.item_id
+        words = " ".join("".join(c for c in completed.transcript.lower() if c.isalnum() or c == " ").split())
+        assert words == "how do i make a cup of green tea"
+        deltas = [e.delta for e in seen if e.type == "conversation.item.input_audio_transcription.delta"]
+        assert "".join(deltas) == completed.transcript and completed.usage.seconds > 1.0
+        conn.send_raw(json.dumps({"type": "conversation.item.retrieve", "item_id": committed.item_id}))
+        item = until(conn, "conversation.item.retrieved", seen).item
+        assert item.content[0].type == "input_audio" and item.content[0].transcript == completed.transcript
+    finally:
+        conn.close()

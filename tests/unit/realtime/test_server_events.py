@@ -63,6 +63,13 @@ EXAMPLES = [
     se.ResponseContentPartDone(part=se.Part(type="text", text="Hello"), **IDS),
     se.ResponseOutputTextDelta(delta="Hel", **IDS),
     se.ResponseOutputTextDone(text="Hello", **IDS),
+    se.InputAudioTranscriptionDelta(item_id="item_1", delta=" Hello"),
+    se.InputAudioTranscriptionCompleted(
+        item_id="item_1", transcript="Hello there.", usage=se.TranscriptionUsage(seconds=1.25)
+    ),
+    se.InputAudioTranscriptionFailed(
+        item_id="item_1", error=se.ErrorDetail(type="server_error", code="stage_unavailable", message="retry")
+    ),
 ]
 
 
