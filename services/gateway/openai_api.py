@@ -17,11 +17,13 @@ from services.gateway.audio_files import SpeechFile
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
+from services.pipeline.tools import MAX_TOOLS, Tool, ToolCall, Tools
 from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, speech_out
 
 INT32_MAX = 2**31 - 1
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
 MAX_DESCRIPTION_CHARS = 4096
+MAX_ARGUMENTS_CHARS = 65_536
 IMAGE_DETAILS = ("auto", "low", "high")
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,9 +38,54 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
+class FunctionCall(_Loose):
+    name: Name
+    arguments: str = Field(default="", max_length=MAX_ARGUMENTS_CHARS)
+
+
+class ToolCallParam(_Loose):
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Loose):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallParam] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_call_id: Name | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
+
+
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class FunctionDef(_Loose):
+    name: FunctionName
+    description: str = Field(default="", max_length=MAX_DESCRIPTION_CHARS)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(_Loose):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Loose):
+    name: FunctionName
+
+
+class NamedToolChoice(_Loose):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class AudioParam(_Loose):
@@ -89,16 +136,19 @@ class ChatCompletionRequest(_Loose):
     # "flex" -> batch SLO class, "priority" -> the tenant's highest (services/router/plan.py).
     service_tier: Literal["auto", "default", "flex", "priority", "scale"] | None = None
     response_format: ResponseFormat | None = None
-    # Not supported yet (issue 18): refused, never ignored.
-    tools: list[Any] | None = None
+    tools: list[ToolParam] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    # OpenAI's deprecated function calling: refused (use tools), never ignored.
     functions: list[Any] | None = None
+    function_call: Any = None
 
-    @field_validator("tools", "functions")
+    @field_validator("functions", "function_call")
     @classmethod
-    def _no_tools(cls, tools: list | None) -> list | None:
-        if tools:
-            raise ValueError("tools are not supported by this server yet")
-        return tools
+    def _no_functions(cls, value):
+        if value:
+            raise ValueError("functions / function_call are deprecated; use tools and tool_choice")
+        return value
 
     @model_validator(mode="after")
     def _schema_given(self) -> ChatCompletionRequest:
@@ -152,6 +202,10 @@ def parse_request(
                         else (m.content or [])
                     )
                 ),
+                tool_calls=tuple(
+                    ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or ()
+                ),
+                tool_call_id=m.tool_call_id or "",
             )
             for i, m in enumerate(req.messages)
         ),
@@ -171,8 +225,26 @@ def parse_request(
         session=session,
         slo_class=slo_class,
         service_tier=req.service_tier or "",
+        tools=_tools(req),
     )
     return req, turn
+
+
+def _tools(req: ChatCompletionRequest) -> Tools | None:
+    if not req.tools and req.tool_choice is None:
+        return None
+    specs = tuple(
+        Tool(
+            t.function.name,
+            t.function.description,
+            json.dumps(t.function.parameters) if t.function.parameters is not None else "",
+        )
+        for t in req.tools or ()
+    )
+    choice = req.tool_choice or ("auto" if specs else "none")
+    if isinstance(choice, NamedToolChoice):
+        return Tools(specs, "function", choice.function.name, req.parallel_tool_calls)
+    return Tools(specs, choice, parallel=req.parallel_tool_calls)
 
 
 def _structured(f: ResponseFormat | None) -> dict:
@@ -269,11 +341,15 @@ def completion(
     finish_reason: str,
     usage: common_pb2.Usage,
     audio: dict | None,
+    calls: list[ToolCall] | None = None,
 ) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if audio is not None:
         # As OpenAI: with audio out, the words are the audio's transcript.
         message = {"role": "assistant", "content": None, "audio": audio}
+    if calls is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": [tool_call(c) for c in calls]}
+        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
     return {
         "id": rid,
         "object": "chat.completion",
@@ -282,6 +358,11 @@ def completion(
         "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
         "usage": usage_dict(usage),
     }
+
+
+def tool_call(c: ToolCall, index: int | None = None) -> dict:
+    out = {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+    return out if index is None else {"index": index, **out}
 
 
 def audio_message(audio_id: str, pcm16: bytes, sample_rate: int, fmt: str, transcript: str) -> dict:

@@ -32,6 +32,7 @@ from services.gateway.quota import quota_service
 from services.models.profile import Profile
 from services.pipeline.pipeline import Event, Pipeline, Prepared, StageHandles, Transcription
 from services.pipeline.prompt import PromptBuilder
+from services.pipeline.tools import ToolCall, Tools, new_call_id
 from services.realtime import grpc_events
 from services.realtime import server_events as se
 from services.realtime.hub import RealtimeHub, Refused
@@ -214,10 +215,11 @@ class Gateway:
         events = self._observed("rest", self.pipeline.generate(prepared), arrival, span)
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
         speak = prepared.plan.speak
+        tools = turn.tools if turn.tools is not None and turn.tools.forced else None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._sse(events, rid, model, created, speak, include_usage),
+                self._sse(events, rid, model, created, speak, include_usage, tools),
                 media_type="text/event-stream",
                 headers=prepared.lease.headers,
             )
@@ -233,8 +235,9 @@ class Gateway:
             audio = openai_api.audio_message(
                 f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000, prepared.audio_format, "".join(text)
             )
+        calls = tools.calls("".join(text)) if tools is not None else None
         return JSONResponse(
-            openai_api.completion(rid, model, created, "".join(text), finish, usage, audio),
+            openai_api.completion(rid, model, created, "".join(text), finish, usage, audio, calls),
             headers=prepared.lease.headers,
         )
 
@@ -246,18 +249,30 @@ class Gateway:
         created: int,
         speak: bool,
         include_usage: bool,
+        tools: Tools | None = None,
     ) -> AsyncIterator[str]:
         def line(obj: dict) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
         audio_id = f"audio_{uuid.uuid4().hex}"
         yield line(openai_api.chunk(rid, model, created, {"role": "assistant", "content": ""}))
+        # A named function's arguments stream as they are written; "required" calls go out whole
+        # once their JSON is complete (the function's name is inside it).
+        named = None if tools is None or tools.choice != "function" else new_call_id()
+        written: list[str] = []
         try:
             async for ev in events:
                 if ev.progress is not None:
                     # Documents: encoder progress as a chunk with no choices (OpenAI SDKs skip those).
                     yield line(openai_api.progress_chunk(rid, model, created, ev.progress))
-                if ev.is_text or ev.text:
+                if tools is not None and (ev.is_text or ev.text):
+                    if named is not None:
+                        delta = {"index": 0, "function": {"arguments": ev.text}}
+                        if not written:  # the call's first chunk names it
+                            delta = openai_api.tool_call(ToolCall(named, tools.name, ev.text), 0)
+                        yield line(openai_api.chunk(rid, model, created, {"tool_calls": [delta]}))
+                    written.append(ev.text)
+                elif ev.is_text or ev.text:
                     # As OpenAI: with audio out the words stream as the audio's transcript. Tokens
                     # whose text is empty go out too (as vLLM's server sends them).
                     delta = (
@@ -280,7 +295,16 @@ class Gateway:
                         )
                     )
                 if ev.finish_reason:
-                    yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
+                    finish = ev.finish_reason
+                    if tools is not None:
+                        if named is None:
+                            calls = [
+                                openai_api.tool_call(c, i)
+                                for i, c in enumerate(tools.calls("".join(written)))
+                            ]
+                            yield line(openai_api.chunk(rid, model, created, {"tool_calls": calls}))
+                        finish = "tool_calls" if finish == "stop" else finish
+                    yield line(openai_api.chunk(rid, model, created, {}, finish))
                     if include_usage and ev.usage is not None:
                         yield line(openai_api.usage_chunk(rid, model, created, ev.usage))
         except OmniError as e:  # headers are gone: report in-band, then end the stream cleanly

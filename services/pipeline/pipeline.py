@@ -41,6 +41,7 @@ from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
 from services.pipeline.structured_output import check_json_schema
 from services.pipeline.text_chunker import TextChunker
+from services.pipeline.tools import Tools
 from services.pipeline.turn import (
     SEED_BOUND,
     SPEECH_FORMATS,
@@ -231,6 +232,9 @@ class Pipeline:
             raise bad_request("seed must be a 64-bit integer", param="seed")
         if s.json_schema is not None:
             check_json_schema(s.json_schema)
+        json_schema = s.json_schema or ""
+        if (tools := turn.tools) is not None:
+            json_schema = self.tool_schema(tools, s.json_schema is not None or s.json_object)
         sampling = common_pb2.SamplingParams(
             max_tokens=max_tokens,
             temperature=s.temperature,
@@ -239,10 +243,32 @@ class Pipeline:
             stop=list(s.stop),
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
-            json_schema=s.json_schema or "",
+            json_schema=json_schema,
             json_object=s.json_object,
         )
         return sampling, voice, audio_format
+
+    @staticmethod
+    def tool_schema(tools: Tools, structured: bool = False) -> str:
+        """The schema a forced call is generated under ("" when the model answers freely); what
+        this deployment cannot do with `tools` is a 400."""
+        tools.check()
+        if tools.choice == "auto":
+            raise bad_request(
+                "tool_choice 'auto' needs the model's own tool-call parser, which this server does not "
+                "run yet; use tool_choice 'required' or a named function (docs/api.md, Tools)",
+                code="unsupported_parameter",
+                param="tool_choice",
+            )
+        if not tools.forced:
+            return ""
+        if structured:
+            raise bad_request(
+                "response_format cannot be combined with a required tool call", param="response_format"
+            )
+        schema = tools.schema()
+        check_json_schema(schema, param="tools", what="tools")
+        return schema
 
     def _check_media(self, turn: Turn) -> list[TileGrid | None]:
         """What the media cost and whether this deployment takes them, from their headers alone:
@@ -280,7 +306,8 @@ class Pipeline:
         return grids
 
     def _layout(self, turn: Turn) -> Layout:
-        return self.prompts.layout(turn.messages)
+        offered = turn.tools.specs if turn.tools is not None and turn.tools.choice != "none" else ()
+        return self.prompts.layout(turn.messages, offered)
 
     async def prepare(self, turn: Turn, tenant: TenantSpec) -> Prepared:
         """Validate, plan, admit against the tenant's quota; decode and encode media and build the
@@ -297,7 +324,8 @@ class Pipeline:
             grids = self._check_media(turn)
             with telemetry.tracer("router").start_as_current_span("router.plan"):
                 stage_plan = plan(
-                    turn.speech is not None,
+                    # a required tool call is the whole answer: JSON, never spoken
+                    turn.speech is not None and not (turn.tools is not None and turn.tools.forced),
                     [g.tiles for g in grids if g is not None],
                     [m.seconds for m in turn.media if isinstance(m, AudioClip)],
                 )

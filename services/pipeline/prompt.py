@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from omni.v1 import stages_pb2
 from transformers import AutoTokenizer
 
+from services.pipeline.tools import Tool, arguments_value, calls_text, described
 from services.pipeline.turn import AudioClip, Message
 
 _MARK = "\x00"
@@ -36,6 +37,10 @@ class PromptBuilder:
     def __init__(self, tokenizer_path: str):
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        # The template renders tools and tool calls itself (Qwen3-Omni's does; tiny's and SmolLM2's
+        # do not).
+        template = self.tokenizer.chat_template or ""
+        self.native_tools = "tools" in template and "tool_calls" in template
 
     def _encode(self, text: str) -> tuple[int, ...]:
         ids = self._ids.get(text)
@@ -48,8 +53,14 @@ class PromptBuilder:
             self._ids.move_to_end(text)
         return ids
 
-    def layout(self, messages: tuple[Message, ...] | list[Message]) -> Layout:
+    def layout(self, messages: tuple[Message, ...] | list[Message], tools: tuple[Tool, ...] = ()) -> Layout:
+        """With `tools`, the template gets them (and each message's calls and results) where it has
+        a place for them; otherwise they are written as text: the tools in a system message, calls
+        as JSON in the assistant's content."""
         chat, n_media = [], 0
+        native = self.native_tools
+        if tools and not native:
+            chat.append({"role": "system", "content": described(tools)})
         for m in messages:
             content, previous = "", None
             for part in m.parts:
@@ -66,8 +77,23 @@ class PromptBuilder:
                     content += _marker(n_media)
                     n_media += 1
                 previous = kind
-            chat.append({"role": m.role, "content": content})
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+            message = {"role": m.role, "content": content}
+            if m.tool_calls and native:
+                message["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": arguments_value(c.arguments)},
+                    }
+                    for c in m.tool_calls
+                ]
+            elif m.tool_calls:
+                message["content"] = (content + "\n" if content else "") + calls_text(m.tool_calls)
+            if m.tool_call_id:
+                message["tool_call_id"] = m.tool_call_id
+            chat.append(message)
+        extra = {"tools": [t.openai() for t in tools]} if tools and native else {}
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **extra)
         pieces = tuple(text.split(_MARK)[::2])  # text, index, text, index, ..., text
         return Layout(pieces, sum(len(self._encode(p)) for p in pieces if p))
 

@@ -14,7 +14,7 @@ _SOURCE = re.compile(r"^.*?\.cc:\d+: (Check failed: \(.*?\) is false: )?")
 MAX_REASON_CHARS = 300
 
 
-def check_json_schema(schema: str) -> None:
+def check_json_schema(schema: str, *, param: str = PARAM, what: str = "response_format") -> None:
     import xgrammar
 
     try:
@@ -22,7 +22,7 @@ def check_json_schema(schema: str) -> None:
     except (RuntimeError, ValueError) as e:
         reason = _SOURCE.sub("", str(e).strip().splitlines()[0] if str(e).strip() else "")
         raise bad_request(
-            f"response_format: the JSON schema does not compile: {reason[:MAX_REASON_CHARS] or 'invalid'}",
+            f"{what}: the JSON schema does not compile: {reason[:MAX_REASON_CHARS] or 'invalid'}",
             code="invalid_json_schema",
-            param=PARAM,
+            param=param,
         ) from None

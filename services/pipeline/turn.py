@@ -17,7 +17,9 @@ import numpy as np
 from omni.v1 import stages_pb2
 from scipy.signal import resample_poly
 
-Role = Literal["system", "user", "assistant"]
+from services.pipeline.tools import ToolCall, Tools
+
+Role = Literal["system", "user", "assistant", "tool"]
 # The rate audio reaches the encoders at (every adapter's input rate).
 ENCODER_RATE = 16_000
 
@@ -133,6 +135,8 @@ Part = str | AudioClip | ImageInput
 class Message:
     role: Role
     parts: tuple[Part, ...]
+    tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
+    tool_call_id: str = ""  # tool: the call this is the result of
 
     def media(self) -> list[AudioClip | ImageInput]:
         return [p for p in self.parts if not isinstance(p, str)]
@@ -180,6 +184,7 @@ class Turn:
     session: str = ""  # the client's session name ("" for none), scoped by tenant in the pipeline
     slo_class: str = ""
     service_tier: str = ""
+    tools: Tools | None = None  # function calling (services/pipeline/tools.py)
     media: list[AudioClip | ImageInput] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):

@@ -26,7 +26,10 @@ MAX_OUTPUT_TOKENS = 2**31 - 1  # the protobuf field's range; the profile's cap i
 MAX_ITEM_TEXT_CHARS = 64 * 1024  # one content part's text
 MAX_CONTENT_PARTS = 8
 MAX_RESPONSE_INPUT_ITEMS = 64
+MAX_TOOLS = 128  # OpenAI's
+MAX_TOOL_TEXT_CHARS = 64 * 1024  # a call's arguments, a call's output
 Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 ItemText = Annotated[str, Field(max_length=MAX_ITEM_TEXT_CHARS)]
 OutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"] | None
 
@@ -40,6 +43,26 @@ class RealtimeEventError(ValueError):
 class _Event(BaseModel):
     model_config = ConfigDict(extra="ignore")
     event_id: Id | None = None
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (`session.tools`, `response.tools`)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"] = "function"
+    name: FunctionName
+    description: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] = ""
+    parameters: dict[str, Any] | None = None
+
+
+class NamedTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    name: FunctionName
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedTool
+Tools = Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)]
 
 
 class AudioFormat(BaseModel):
@@ -106,6 +129,8 @@ class SessionConfig(BaseModel):
     output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"], max_length=2)
     audio: AudioConfig = Field(default_factory=AudioConfig)
     max_output_tokens: OutputTokens = None
+    tools: Tools = Field(default_factory=list)
+    tool_choice: ToolChoice = "auto"
     omniray: SessionExtension = Field(default_factory=SessionExtension)
 
 
@@ -200,6 +225,11 @@ class ItemIn(BaseModel):
     type: Literal["message", "function_call", "function_call_output", "item_reference"] = "message"
     role: Literal["user", "assistant", "system"] | None = None
     content: list[ContentPartIn] = Field(default_factory=list, max_length=MAX_CONTENT_PARTS)
+    # function_call / function_call_output
+    call_id: Id | None = None
+    name: FunctionName | None = None
+    arguments: Annotated[str, Field(max_length=MAX_TOOL_TEXT_CHARS)] | None = None
+    output: Annotated[str, Field(max_length=MAX_TOOL_TEXT_CHARS)] | None = None
 
 
 # OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512.
@@ -215,6 +245,8 @@ class ResponseConfig(BaseModel):
     conversation: Literal["auto", "none"] = "auto"
     input: list[ItemIn] | None = Field(default=None, max_length=MAX_RESPONSE_INPUT_ITEMS)
     metadata: Annotated[Metadata, Field(max_length=16)] | None = None
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
 
 
 class ResponseCreate(_Event):

@@ -85,6 +85,30 @@ class Item(_Model):
     content: list[Content]
 
 
+class FunctionCallItem(_Model):
+    """A call the model made (`tools`); the client runs it and answers with a function_call_output."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(_Model):
+    id: str
+    type: Literal["function_call_output"] = "function_call_output"
+    object: Literal["realtime.item"] = "realtime.item"
+    status: Literal["completed"] = "completed"
+    call_id: str
+    output: str
+
+
+AnyItem = Annotated[Item | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
+
+
 class StatusDetails(_Model):
     """Why a response ended as it did (OpenAI's `status_details`)."""
 
@@ -102,7 +126,7 @@ class Response(_Model):
     # "auto": written into the session's conversation; None: out of band
     conversation_id: str | None = None
     output_modalities: list[Literal["text", "audio"]] = Field(default_factory=list)
-    output: list[Item] = Field(default_factory=list)
+    output: list[AnyItem] = Field(default_factory=list)
     usage: Usage | None = None
     metadata: dict[str, str] | None = None
 
@@ -186,13 +210,13 @@ class InputAudioBufferSpeechStopped(_Event):
 class ConversationItemAdded(_Event):
     type: Literal["conversation.item.added"] = "conversation.item.added"
     previous_item_id: str | None = None
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemDone(_Event):
     type: Literal["conversation.item.done"] = "conversation.item.done"
     previous_item_id: str | None = None
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemDeleted(_Event):
@@ -210,7 +234,7 @@ class _OutputItem(_Event):
 
     response_id: str
     output_index: int = 0
-    item: Item
+    item: AnyItem
 
 
 class ResponseOutputItemAdded(_OutputItem):
@@ -239,6 +263,24 @@ class ResponseOutputTextDelta(_ContentPart):
 class ResponseOutputTextDone(_ContentPart):
     type: Literal["response.output_text.done"] = "response.output_text.done"
     text: str
+
+
+class _FunctionCallArguments(_Event):
+    response_id: str
+    item_id: str
+    output_index: int = 0
+    call_id: str
+
+
+class FunctionCallArgumentsDelta(_FunctionCallArguments):
+    type: Literal["response.function_call_arguments.delta"] = "response.function_call_arguments.delta"
+    delta: str
+
+
+class FunctionCallArgumentsDone(_FunctionCallArguments):
+    type: Literal["response.function_call_arguments.done"] = "response.function_call_arguments.done"
+    name: str
+    arguments: str
 
 
 class _InputTranscription(_Event):
@@ -277,7 +319,7 @@ class InputAudioTranscriptionFailed(_InputTranscription):
 
 class ConversationItemRetrieved(_Event):
     type: Literal["conversation.item.retrieved"] = "conversation.item.retrieved"
-    item: Item
+    item: AnyItem
 
 
 class ConversationItemTruncated(_Event):
@@ -337,6 +379,8 @@ ServerEvent = Annotated[
     | ResponseOutputTextDone
     | ConversationItemRetrieved
     | ConversationItemTruncated
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
     | InputAudioTranscriptionDelta
     | InputAudioTranscriptionCompleted
     | InputAudioTranscriptionFailed
@@ -396,7 +440,7 @@ def to_proto(event: _Event) -> omni_pb2.RealtimeServerEvent:
                                                 total_tokens=u.total_tokens))  # fmt: skip
     if (item := getattr(event, "item", None)) is not None:
         out.item_id = item.id
-        out.transcript = next((c.transcript or c.text or "" for c in item.content), "")
+        out.transcript = next((c.transcript or c.text or "" for c in getattr(item, "content", ())), "")
     if isinstance(event, Error):
         e = event.error
         out.error.CopyFrom(omni_pb2.RealtimeError(type=e.type, code=e.code, message=e.message,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import math
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
+from services.pipeline.tools import Tool, ToolCall, Tools, new_call_id
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
@@ -54,6 +56,11 @@ class Item:
     spoken: list[list] = field(default_factory=list)  # assistant: [text piece, ms of its audio]
     audio_out: bool = True  # assistant: its content is audio with a transcript (else text)
     transcript: str | None = None  # user: its audio as transcribed (`audio.input.transcription`)
+    # "message"; "function_call" (assistant: `text` holds its arguments); "function_call_output"
+    # (role "tool": `text` holds the output)
+    kind: str = "message"
+    call_id: str = ""
+    name: str = ""  # function_call: the function
 
     @property
     def audio_ms(self) -> float:
@@ -90,7 +97,15 @@ class Item:
             at += ms
         self.text = kept
 
-    def describe(self, status: str = "completed") -> se.Item:
+    def describe(
+        self, status: str = "completed"
+    ) -> se.Item | se.FunctionCallItem | se.FunctionCallOutputItem:
+        if self.kind == "function_call":
+            return se.FunctionCallItem(
+                id=self.id, status=status, call_id=self.call_id, name=self.name, arguments=self.text
+            )
+        if self.kind == "function_call_output":
+            return se.FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.text)
         if self.role == "user":
             content = [se.Content(type="input_text", text=self.text)] if self.text else []
             content += [se.Content(type="input_audio", transcript=self.transcript)] if self.clips else []
@@ -111,6 +126,10 @@ class Item:
         )
 
     def message(self) -> Message:
+        if self.kind == "function_call":
+            return Message("assistant", (), tool_calls=(ToolCall(self.call_id, self.name, self.text),))
+        if self.kind == "function_call_output":
+            return Message("tool", (self.text,), tool_call_id=self.call_id)
         if self.role == "user":
             return Message("user", (*([self.text] if self.text else []), *self.clips))
         return Message("assistant", (self.text,))
@@ -128,6 +147,8 @@ class Response:
     details: se.StatusDetails | None = None
     usage: se.Usage = field(default_factory=se.Usage)
     audio_in_tokens: int = 0  # the prompt's user audio rows (usage details)
+    tools: Tools | None = None  # a required call: the response's output is function_call items
+    calls: list[Item] = field(default_factory=list)
     cancel_reason: str = "client_cancelled"  # or turn_detected (a barge-in)
 
     @property
@@ -339,7 +360,7 @@ class RealtimeSession:
         given, refused = event.session, []
         while True:
             config, given, bad = ev.updated(self.config, given)
-            deployment = self._check(config)
+            deployment = self._check(config, given)
             refused += bad + deployment
             smaller = functools.reduce(ev.without, (loc for loc, _ in deployment), given)
             if not deployment or smaller == given:
@@ -357,8 +378,9 @@ class RealtimeSession:
             self._start_vad()
         await self.send(se.SessionUpdated(session=self.describe()))
 
-    def _check(self, config: ev.SessionConfig) -> list[tuple[tuple, str]]:
-        """What only this deployment knows (its voices, its token cap), as (field, why) refused."""
+    def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
+        """What only this deployment knows (its voices, its token cap, what it does with tools), as
+        (field, why) refused; a refusal names a field of `given` (what the update changed)."""
         refused = []
         voice = config.audio.output.voice
         if voice is not None and self.profile.voice(voice) is None:
@@ -367,12 +389,31 @@ class RealtimeSession:
         cap = self.profile.limits.max_tokens_cap
         if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
             refused.append((("max_output_tokens",), f"must be at most {cap}"))
+        if (tools := self._tools(config.tools, config.tool_choice)) is not None:
+            try:
+                self.pipeline.tool_schema(tools)
+            except OmniError as e:
+                field = e.param if e.param in given else ("tools" if "tools" in given else "tool_choice")
+                refused.append(((field,), e.message))
         if (asked := config.audio.input.transcription) is not None:
             try:
                 self.pipeline.check_transcription(self._transcription_turn(asked, None))
             except OmniError as e:
                 refused.append((("audio", "input", "transcription"), e.message))
         return refused
+
+    @staticmethod
+    def _tools(tools: list[ev.FunctionTool], choice: ev.ToolChoice) -> Tools | None:
+        """What a response offers and asks (None: no function calling)."""
+        if not tools and choice == "auto":
+            return None
+        specs = tuple(
+            Tool(t.name, t.description, json.dumps(t.parameters) if t.parameters is not None else "")
+            for t in tools
+        )
+        if isinstance(choice, ev.NamedTool):
+            return Tools(specs, "function", choice.name, parallel=False)
+        return Tools(specs, choice, parallel=False)
 
     def _transcription_turn(self, asked: ev.InputTranscription, clip: AudioClip | None) -> TranscriptionTurn:
         # the deployment's transcriber, whatever model the client names (served names only otherwise)
@@ -389,9 +430,11 @@ class RealtimeSession:
     def _item(self, given: ev.ItemIn, event_id: str | None) -> Item:
         """A client's item as the conversation keeps it: a user message (text and/or 24 kHz pcm16
         audio) or an assistant message (its text, or the transcript of its audio)."""
+        if given.type in ("function_call", "function_call_output"):
+            return self._function_item(given, event_id)
         if given.type != "message":
             raise ev.RealtimeEventError(
-                f"{given.type} items need tools, which this server does not support yet",
+                f"{given.type} is not an item type a conversation holds",
                 code="invalid_value",
                 event_id=event_id,
             )
@@ -435,6 +478,26 @@ class RealtimeSession:
             )
         clips = [AudioClip.from_pcm16(pcm, PCM_RATE, keep=True)] if pcm else []
         return Item(item_id, "user", clips=clips, text=text)
+
+    def _function_item(self, given: ev.ItemIn, event_id: str | None) -> Item:
+        """A call the client records (`function_call`: call_id, name, arguments) or the result of one
+        (`function_call_output`: call_id, output), which the next response reads."""
+        item_id = given.id or se.new_id("item")
+        if any(i.id == item_id for i in self.items):
+            raise ev.RealtimeEventError(f"item {item_id!r} exists", code="invalid_value", event_id=event_id)
+        if not given.call_id:
+            raise ev.RealtimeEventError(f"a {given.type} item needs its call_id", code="invalid_value",
+                                        event_id=event_id)  # fmt: skip
+        if given.type == "function_call":
+            if not given.name:
+                raise ev.RealtimeEventError("a function_call item needs the function's name",
+                                            code="invalid_value", event_id=event_id)  # fmt: skip
+            return Item(item_id, "assistant", text=given.arguments or "", kind="function_call",
+                        call_id=given.call_id, name=given.name)  # fmt: skip
+        if given.output is None:
+            raise ev.RealtimeEventError("a function_call_output item needs its output", code="invalid_value",
+                                        event_id=event_id)  # fmt: skip
+        return Item(item_id, "tool", text=given.output, kind="function_call_output", call_id=given.call_id)
 
     async def _create_item(self, event: ev.ConversationItemCreate) -> None:
         """A client's item into the conversation: after `previous_item_id` ("root": first), else last."""
@@ -716,7 +779,10 @@ class RealtimeSession:
             self._fit_history(instructions, max_output, pending)
         turns = self._turns(pending, items)
         messages = ([Message("system", (instructions,))] if instructions else []) + [
-            item.message() for turn in turns for item in turn if item.role == "user" or item.text
+            item.message()
+            for turn in turns
+            for item in turn
+            if item.role == "user" or item.text or item.call_id
         ]
         if not messages:
             raise ev.RealtimeEventError(
@@ -733,6 +799,10 @@ class RealtimeSession:
             ),
             speech=speech,
             session=self.id,
+            tools=self._tools(
+                self.config.tools if config.tools is None else config.tools,
+                config.tool_choice or self.config.tool_choice,
+            ),
         )
         return turn, turns
 
@@ -799,9 +869,12 @@ class RealtimeSession:
             se.new_id("resp"), item, modalities, config.conversation == "auto", config.metadata
         )
         response.audio_in_tokens = sum(user.audio_tokens or 0 for turn in turns for user in turn[:1])
+        if turn.tools is not None and turn.tools.forced:
+            response.tools = turn.tools
         self.response = response
         await self.send(se.ResponseCreated(response=self._describe(response)))
-        response.task = asyncio.create_task(self._run(response, prepared))
+        run = self._run_calls if response.tools is not None else self._run
+        response.task = asyncio.create_task(run(response, prepared))
 
     def _describe(self, r: Response) -> se.Response:
         done = r.status != "in_progress"
@@ -811,7 +884,11 @@ class RealtimeSession:
             status_details=r.details,
             conversation_id=self.conversation_id if r.in_conversation else None,
             output_modalities=r.modalities,
-            output=[r.item.describe(r.item_status)] if done else [],
+            output=(
+                [c.describe(r.item_status) for c in r.calls] if r.tools else [r.item.describe(r.item_status)]
+            )
+            if done
+            else [],
             usage=r.usage if done else None,
             metadata=r.metadata,
         )
@@ -898,6 +975,82 @@ class RealtimeSession:
             if r.in_conversation:
                 await self.send(se.ConversationItemDone(previous_item_id=previous, item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
+
+    async def _run_calls(self, r: Response, prepared) -> None:
+        """A response whose answer is a required call (`tool_choice` "required" or a function): its
+        function_call items in OpenAI's order — added, the arguments' deltas (a named function's
+        as they are written; "required" ones once whole, the function's name being in them), the
+        arguments done, the item done — then `response.done`. Nothing is spoken."""
+        tools, written = r.tools, []
+        self.monitor.response_started(self.key)
+        try:
+            if tools.choice == "function":
+                item = await self._add_call(r, ToolCall(new_call_id(), tools.name, ""))
+            async for out in self.pipeline.generate(prepared):
+                r.item.tokens += out.tokens
+                if out.text:
+                    written.append(out.text)
+                    if tools.choice == "function":
+                        item.text += out.text
+                        await self.send(se.FunctionCallArgumentsDelta(response_id=r.id, item_id=item.id,
+                                                                      call_id=item.call_id, delta=out.text))  # fmt: skip
+                if out.finish_reason and out.usage is not None:
+                    r.usage = self._usage(out.usage, r)
+            if tools.choice != "function":
+                for call in tools.calls("".join(written)):
+                    item = await self._add_call(r, call)
+                    await self.send(se.FunctionCallArgumentsDelta(response_id=r.id, item_id=item.id,
+                                                                  output_index=len(r.calls) - 1,
+                                                                  call_id=item.call_id, delta=item.text))  # fmt: skip
+            r.status, r.details = "completed", se.StatusDetails(type="completed")
+        except asyncio.CancelledError:
+            r.status = "cancelled"
+            r.details = se.StatusDetails(type="cancelled", reason=r.cancel_reason)
+        except Exception as e:  # the stage failed: say so, keep the session
+            r.status = "failed"
+            err = (
+                e
+                if isinstance(e, OmniError)
+                else internal_error(e, f"realtime session {self.key}: response failed")
+            )
+            code = err.code or "response_failed"
+            r.details = se.StatusDetails(type="failed", error={"type": "server_error", "code": code})
+            await self.send(se.error(err.message, code, kind="server_error"))
+        finally:
+            self.stats.generated(r.item.tokens)
+            self.monitor.response_finished(self.key)
+            if not r.usage.output_tokens:
+                r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
+                                   output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
+            for index, item in enumerate(r.calls):
+                item.tokens, item.generated = (r.item.tokens, item.text) if len(r.calls) == 1 else (0, "")
+                await self.send(se.FunctionCallArgumentsDone(response_id=r.id, item_id=item.id, output_index=index,
+                                                             call_id=item.call_id, name=item.name,
+                                                             arguments=item.text))  # fmt: skip
+                done = item.describe(r.item_status)
+                await self.send(se.ResponseOutputItemDone(response_id=r.id, output_index=index, item=done))
+                if r.in_conversation:
+                    await self.send(se.ConversationItemDone(item=done))
+            await self.send(se.ResponseDone(response=self._describe(r)))
+
+    async def _add_call(self, r: Response, call: ToolCall) -> Item:
+        """One of the response's function_call items, added (to the conversation too, in band)."""
+        item = Item(se.new_id("item"), "assistant", text=call.arguments, kind="function_call",
+                    call_id=call.id, name=call.name)  # fmt: skip
+        r.calls.append(item)
+        index = len(r.calls) - 1
+        await self.send(
+            se.ResponseOutputItemAdded(
+                response_id=r.id, output_index=index, item=item.describe("in_progress")
+            )
+        )
+        if r.in_conversation:
+            previous = self.items[-1].id if self.items else None
+            self.items.append(item)
+            await self.send(
+                se.ConversationItemAdded(previous_item_id=previous, item=item.describe("in_progress"))
+            )
+        return item
 
     @staticmethod
     def _usage(u, r: Response) -> se.Usage:

@@ -257,7 +257,7 @@ REST_CASES = {
     "audio_pcm16_odd_bytes": (lambda m: _chat(m, _audio(b"\x00" * 33, "pcm16")), 400),
     "audio_pcm16_empty": (lambda m: _chat(m, _audio(b"", "pcm16")), 400),
     "context_length_exceeded": (lambda m: _chat(m, "word " * 20_000, max_tokens=2), 400),
-    # structured output and tools (refused until supported, never ignored)
+    # structured output and tools
     "response_format_unknown_type": (lambda m: _chat(m, response_format={"type": "yaml"}), 422),
     "response_format_not_object": (lambda m: _chat(m, response_format="json"), 422),
     "json_schema_missing": (lambda m: _chat(m, response_format={"type": "json_schema"}), 422),
@@ -293,7 +293,82 @@ REST_CASES = {
         ),
         422,
     ),
-    "tools_given": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f"}}]), 422),
+    "tools_auto": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
+    "tools_not_list": (lambda m: _chat(m, tools={"type": "function"}), 422),
+    "tool_name_bad": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f g"}}]), 422),
+    "tool_type_unknown": (lambda m: _chat(m, tools=[{"type": "code", "function": {"name": "f"}}]), 422),
+    "tools_too_many": (
+        lambda m: _chat(m, tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+        422,
+    ),
+    "tools_duplicate": (
+        lambda m: _chat(
+            m, tool_choice="required", tools=[{"type": "function", "function": {"name": "f"}}] * 2
+        ),
+        400,
+    ),
+    "tool_choice_unknown_function": (
+        lambda m: _chat(
+            m,
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        400,
+    ),  # fmt: skip
+    "tool_choice_without_tools": (lambda m: _chat(m, tool_choice="required"), 400),
+    "tool_choice_word": (lambda m: _chat(m, tool_choice="always"), 422),
+    "tool_parameters_not_schema": (
+        lambda m: _chat(
+            m,
+            tool_choice="required",
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+        ),
+        400,
+    ),  # fmt: skip
+    "tool_required_with_response_format": (
+        lambda m: _chat(
+            m,
+            tool_choice="required",
+            response_format={"type": "json_object"},
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        ),
+        400,
+    ),  # fmt: skip
+    "tool_message_without_call_id": (
+        lambda m: {"model": m, "max_tokens": 2, "messages": [{"role": "tool", "content": "x"}]},
+        422,
+    ),
+    "tool_calls_on_user": (
+        lambda m: {
+            "model": m,
+            "max_tokens": 2,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                }
+            ],
+        },
+        422,
+    ),  # fmt: skip
+    "tool_arguments_huge": (
+        lambda m: {
+            "model": m,
+            "max_tokens": 2,
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "x" * 70000}}
+                    ],
+                }
+            ],
+        },
+        422,
+    ),  # fmt: skip
     "functions_given": (lambda m: _chat(m, functions=[{"name": "f"}]), 422),
 }
 
@@ -681,6 +756,50 @@ REALTIME_CASES = {
             "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}},
         }
     ),  # fmt: skip
+    "tools_not_list": json.dumps({"type": "session.update", "session": {"tools": {"name": "f"}}}),
+    "tool_name_bad": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"tools": [{"type": "function", "name": "a b"}], "tool_choice": "required"},
+        }
+    ),
+    "tools_auto": json.dumps(
+        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}
+    ),
+    "tool_choice_unknown": json.dumps({"type": "session.update", "session": {"tool_choice": "always"}}),
+    "tool_choice_without_tools": json.dumps(
+        {"type": "session.update", "session": {"tool_choice": "required"}}
+    ),
+    "tool_schema_bad": json.dumps(
+        {
+            "type": "session.update",
+            "session": {
+                "tool_choice": "required",
+                "tools": [{"type": "function", "name": "f", "parameters": {"type": "nope"}}],
+            },
+        }
+    ),  # fmt: skip
+    "function_output_no_call_id": json.dumps(
+        {"type": "conversation.item.create", "item": {"type": "function_call_output", "output": "x"}}
+    ),
+    "function_output_no_output": json.dumps(
+        {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c"}}
+    ),
+    "function_call_no_name": json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call", "call_id": "c", "arguments": "{}"},
+        }
+    ),
+    "function_output_huge": json.dumps(
+        {
+            "type": "conversation.item.create",
+            "item": {"type": "function_call_output", "call_id": "c", "output": "o" * 70000},
+        }
+    ),  # fmt: skip
+    "response_tool_choice_unknown_function": json.dumps(
+        {"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "nope"}}}
+    ),
     "transcription_not_object": json.dumps(
         {"type": "session.update", "session": {"audio": {"input": {"transcription": "whisper-1"}}}}
     ),

@@ -264,3 +264,57 @@ def test_committed_turns_are_transcribed_beside_the_response(openai_client):
         assert item.content[0].type == "input_audio" and item.content[0].transcript == completed.transcript
     finally:
         conn.close()
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_a_tool_round_trip_in_a_session(openai_client):
+    """session.tools with a required call: the response is a function_call item (arguments streamed,
+    following the tool's parameters); the client's function_call_output goes into the conversation
+    and the next response answers from it. `tool_choice: auto` is refused field by field."""
+    conn = _open(openai_client, max_output_tokens=24)
+    try:
+        seen: list = []
+        conn.session.update(session={"type": "realtime", "tools": [WEATHER_TOOL]})  # tool_choice stays "auto"
+        assert until(conn, "error", seen).error.param == "session.tools"
+        assert until(conn, "session.updated", seen).session.tools == []
+        conn.session.update(session={"type": "realtime", "tools": [WEATHER_TOOL], "tool_choice": "required"})
+        assert len(until(conn, "session.updated", seen).session.tools) == 1
+
+        _say(conn, "What's the weather in Paris?")
+        done, seen = _respond(conn)
+        kinds = [e.type for e in seen]
+        order = ["response.created", "response.output_item.added", "conversation.item.added",
+                 "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                 "response.output_item.done", "conversation.item.done", "response.done"]  # fmt: skip
+        assert [k for k in kinds if k in order] == order, kinds
+        (call,) = done.response.output
+        assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+        assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+        arguments = next(e for e in seen if e.type == "response.function_call_arguments.done")
+        assert arguments.arguments == call.arguments and arguments.call_id == call.call_id
+        assert done.response.status == "completed" and not any("audio" in k for k in kinds)
+
+        conn.send_raw(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"sky": "clear"})}}))  # fmt: skip
+        output = until(conn, "conversation.item.added", seen)
+        assert output.item.type == "function_call_output" and output.item.call_id == call.call_id
+        answer, seen = _respond(conn, tool_choice="none")
+        (message,) = answer.response.output
+        assert message.type == "message" and message.content[0].text
+        assert (
+            answer.response.usage.input_tokens > done.response.usage.input_tokens
+        )  # the call and its output
+    finally:
+        conn.close()

@@ -1,7 +1,7 @@
 """Structured output with the official SDK on the tiny deployment (random weights: only the grammar
 makes its answer JSON): `json_schema` answers follow the schema, through prefill -> decode too;
-`json_object` answers open a JSON object; a schema that does not compile is a 400 with the reason;
-tools are refused with a 400 that says so, never ignored."""
+`json_object` answers open a JSON object; a schema that does not compile is a 400 with the reason.
+Function calling, built on the same grammar: tests/e2e/test_tools.py."""
 
 from __future__ import annotations
 
@@ -68,12 +68,3 @@ def test_a_bad_response_format_is_a_client_error_with_the_reason(
         _ask(openai_client, model_name, response_format)
     assert e.value.status_code in (400, 422) and says in e.value.message
     assert ".cc" not in e.value.message  # no source positions of the backend
-
-
-def test_tools_are_refused_not_ignored(openai_client, model_name):
-    tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.APIStatusError) as e:
-        openai_client.chat.completions.create(
-            model=model_name, messages=[{"role": "user", "content": "Weather?"}], max_tokens=4, tools=[tool]
-        )
-    assert e.value.status_code in (400, 422) and "tools are not supported" in e.value.message

@@ -1,0 +1,132 @@
+"""Function calling that works on any model: a call the request requires (`tool_choice` "required"
+or a named function) is generated under a JSON schema built from the tools' parameters (vLLM's
+structured outputs, as `response_format` is), and the JSON the model writes is the calls. The
+model's own tool-call format ("auto": the model decides) needs its tool parser; see
+docs/api.md "Tools".
+
+- a named function: the output is that function's arguments (its `parameters` schema);
+- "required": the output is `{"name": ..., "arguments": {...}}` (one of the tools), or with
+  parallel calls a non-empty array of those.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from services.common.errors import bad_request
+
+MAX_TOOLS = 128  # OpenAI's
+ANY_OBJECT = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str = ""
+    parameters: str = ""  # a JSON schema as JSON text; "" for none (any object)
+
+    def openai(self) -> dict:
+        """As chat templates take tools (OpenAI's shape)."""
+        params = json.loads(self.parameters) if self.parameters else ANY_OBJECT
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": params},
+        }
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's `function.arguments`
+
+
+@dataclass(frozen=True)
+class Tools:
+    """What a request offers and asks: `choice` none | auto | required | function (`name`)."""
+
+    specs: tuple[Tool, ...]
+    choice: Literal["none", "auto", "required", "function"] = "auto"
+    name: str = ""  # choice "function": the function
+    parallel: bool = True
+
+    @property
+    def forced(self) -> bool:
+        """The answer is tool calls, whatever the model would say."""
+        return self.choice in ("required", "function")
+
+    def check(self) -> None:
+        names = [t.name for t in self.specs]
+        if len(set(names)) != len(names):
+            raise bad_request("tool names must be unique", param="tools")
+        if self.choice == "function" and self.name not in names:
+            raise bad_request(
+                f"tool_choice names {self.name[:64]!r}, which is not in tools", param="tool_choice"
+            )
+        if self.choice != "none" and not self.specs:
+            raise bad_request("tool_choice needs tools", param="tool_choice")
+
+    def schema(self) -> str:
+        """The JSON schema a forced answer is generated under (choice required / function)."""
+        params = {t.name: json.loads(t.parameters) if t.parameters else ANY_OBJECT for t in self.specs}
+        if self.choice == "function":
+            return json.dumps(params[self.name])
+        call = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": name}, "arguments": schema},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for name, schema in params.items()
+            ]
+        }
+        return json.dumps({"type": "array", "items": call, "minItems": 1} if self.parallel else call)
+
+    def calls(self, text: str) -> list[ToolCall]:
+        """A forced answer's text as its calls (the grammar made it valid JSON of the schema; an
+        answer cut by max_tokens is not, and gives its text as one call's arguments)."""
+        if self.choice == "function":
+            return [ToolCall(new_call_id(), self.name, text)]
+        try:
+            found = json.loads(text)
+        except ValueError:
+            return [ToolCall(new_call_id(), "", text)]
+        found = found if isinstance(found, list) else [found]
+        return [
+            ToolCall(
+                new_call_id(), c.get("name", ""), json.dumps(c.get("arguments", {}), separators=(",", ":"))
+            )
+            for c in found
+            if isinstance(c, dict)
+        ]
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def described(tools: tuple[Tool, ...]) -> str:
+    """The tools as text, for chat templates that have no place for them."""
+    lines = ["You can call these functions (JSON schemas of their arguments):"]
+    for t in tools:
+        lines.append(json.dumps({"name": t.name, "description": t.description,
+                                 "parameters": json.loads(t.parameters) if t.parameters else ANY_OBJECT}))  # fmt: skip
+    return "\n".join(lines)
+
+
+def calls_text(calls: tuple[ToolCall, ...]) -> str:
+    """An assistant's calls as text, for chat templates that have no place for them."""
+    return json.dumps([{"name": c.name, "arguments": arguments_value(c.arguments)} for c in calls])
+
+
+def arguments_value(arguments: str):
+    """Arguments as chat templates take them (a mapping), or the text when it is not JSON."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments

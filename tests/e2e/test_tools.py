@@ -1,0 +1,117 @@
+"""Function calling with the official SDK on the tiny deployment (random weights: only the grammar
+makes its calls valid): a named function's arguments follow its parameters, streamed as tool_calls
+deltas; "required" calls one of the tools (in parallel or not); a call's result goes back as a tool
+message and the model answers from it; a forced call asked for with audio out is not spoken;
+"auto" is refused with a 400 that says why."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Oslo"]},
+                "days": {"type": "integer"},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}},
+}
+ASK = [{"role": "user", "content": "What's the weather in Paris for two days?"}]
+
+
+def _create(client, model, **kw):
+    return client.chat.completions.create(model=model, messages=kw.pop("messages", ASK), max_tokens=64,
+                                          temperature=0, **kw)  # fmt: skip
+
+
+def test_a_named_function_is_called_with_arguments_that_follow_its_parameters(openai_client, model_name):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    r = _create(openai_client, model_name, tools=[WEATHER, TIME], tool_choice=choice)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    (call,) = c.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    assert (
+        args["city"] in ("Paris", "Oslo") and isinstance(args["days"], int) and set(args) == {"city", "days"}
+    )
+
+
+def test_a_named_call_streams_as_tool_call_deltas(openai_client, model_name):
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    stream = _create(openai_client, model_name, tools=[WEATHER], tool_choice=choice, stream=True)
+    deltas, finish = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.tool_calls:
+            deltas += chunk.choices[0].delta.tool_calls
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls" and len(deltas) >= 2  # the arguments arrive in pieces
+    assert deltas[0].id and deltas[0].function.name == "get_weather" and all(d.index == 0 for d in deltas)
+    assert json.loads("".join(d.function.arguments or "" for d in deltas))["city"] in ("Paris", "Oslo")
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_required_calls_one_of_the_tools(openai_client, model_name, parallel):
+    r = _create(
+        openai_client, model_name, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=parallel
+    )
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and calls and (parallel or len(calls) == 1)
+    for call in calls:
+        assert call.function.name in ("get_weather", "get_time")
+        assert isinstance(json.loads(call.function.arguments), dict)
+    stream = _create(openai_client, model_name, tools=[WEATHER, TIME], tool_choice="required", stream=True,
+                     parallel_tool_calls=parallel)  # fmt: skip
+    streamed = [
+        d
+        for ch in stream
+        if ch.choices and ch.choices[0].delta.tool_calls
+        for d in ch.choices[0].delta.tool_calls
+    ]
+    assert streamed and all(d.function.name in ("get_weather", "get_time") for d in streamed)
+
+
+def test_a_tool_round_trip(openai_client, model_name):
+    """call -> the caller runs it -> its result as a tool message -> the model answers in text."""
+    r = _create(openai_client, model_name, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    call = r.choices[0].message.tool_calls[0]
+    messages = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "clear", "high_c": 21})},
+    ]
+    answer = _create(
+        openai_client, model_name, messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8
+    )
+    c = answer.choices[0]
+    assert c.message.tool_calls is None and c.message.content and c.finish_reason == "length"
+    assert answer.usage.prompt_tokens > r.usage.prompt_tokens  # the call and its result are in the prompt
+
+
+def test_a_forced_call_with_audio_out_is_not_spoken(openai_client, model_name):
+    r = _create(openai_client, model_name, tools=[WEATHER], tool_choice="required",
+                modalities=["text", "audio"], audio={"voice": "alloy", "format": "wav"})  # fmt: skip
+    m = r.choices[0].message
+    assert m.tool_calls and m.audio is None
+
+
+def test_auto_is_refused_with_the_reason(openai_client, model_name):
+    with pytest.raises(openai.BadRequestError) as e:
+        _create(openai_client, model_name, tools=[WEATHER])
+    assert e.value.body["param"] == "tool_choice" and "tool-call parser" in e.value.message

@@ -1,0 +1,96 @@
+"""Function calling's pure parts: the schema a forced call is generated under compiles with the
+engines' grammar backend and admits exactly the calls it should; the model's JSON becomes calls; the
+tools and calls are written as text for templates without a place for them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xgrammar
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.common.errors import OmniError
+from services.models.profile import load_profile
+from services.pipeline.prompt import PromptBuilder
+from services.pipeline.tools import Tool, ToolCall, Tools
+from services.pipeline.turn import Message
+
+WEATHER = Tool(
+    "get_weather",
+    "The weather in a city",
+    json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+)
+TIME = Tool("get_time", "The time now")
+
+
+def _accepts(schema: str, text: str) -> bool:
+    """Whether the grammar of `schema` accepts `text` whole (xgrammar's matcher, byte by byte), with
+    the engine's settings: no free whitespace, json.dumps' separators (", " and ": ")."""
+    info = xgrammar.TokenizerInfo([])
+    compiled = xgrammar.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
+    matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def test_a_named_function_is_generated_under_its_parameters():
+    tools = Tools((WEATHER, TIME), "function", "get_weather")
+    assert _accepts(tools.schema(), '{"city": "Paris"}')
+    assert not _accepts(tools.schema(), '{"town": "Paris"}')
+    (call,) = tools.calls('{"city":"Paris"}')
+    assert (call.name, call.arguments) == ("get_weather", '{"city":"Paris"}') and call.id.startswith("call_")
+
+
+def test_required_admits_one_call_of_any_tool_or_several_in_parallel():
+    single = Tools((WEATHER, TIME), "required", parallel=False)
+    assert _accepts(single.schema(), '{"name": "get_time", "arguments": {}}')
+    assert not _accepts(single.schema(), '{"name": "get_date", "arguments": {}}')
+    assert not _accepts(single.schema(), '{"name": "get_weather", "arguments": {}}')  # city is required
+    parallel = Tools((WEATHER, TIME), "required")
+    text = json.dumps(
+        [{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]
+    )
+    assert _accepts(parallel.schema(), text) and not _accepts(parallel.schema(), "[]")
+    calls = parallel.calls(text)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_time", {}),
+    ]
+    assert len({c.id for c in calls}) == 2
+
+
+@given(st.text(max_size=40))
+def test_any_text_becomes_calls_without_raising(text):
+    for tools in (Tools((WEATHER,), "required"), Tools((WEATHER,), "function", "get_weather")):
+        assert all(isinstance(c, ToolCall) for c in tools.calls(text))
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        (Tools((WEATHER, WEATHER), "required"), "tools"),
+        (Tools((WEATHER,), "function", "nope"), "tool_choice"),
+        (Tools((), "required"), "tool_choice"),
+    ],
+)
+def test_inconsistent_tools_are_a_400(tools, param):
+    with pytest.raises(OmniError) as e:
+        tools.check()
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_templates_without_tools_get_them_as_text():
+    profile = load_profile("tiny")
+    builder = PromptBuilder(str(profile.model_path(profile.models.thinker)))
+    assert not builder.native_tools
+    call = ToolCall("call_1", "get_weather", '{"city":"Paris"}')
+    messages = [
+        Message("user", ("Weather in Paris?",)),
+        Message("assistant", (), tool_calls=(call,)),
+        Message("tool", ('{"sky":"clear"}',), tool_call_id="call_1"),
+    ]
+    text = "".join(builder.layout(messages, (WEATHER,)).pieces)
+    assert '"name": "get_weather", "description": "The weather in a city"' in text  # the offered tool
+    assert '[{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text  # the call made
+    assert '<|im_start|>tool\n{"sky":"clear"}' in text  # its result
