@@ -195,7 +195,7 @@ def parse_request(
             Message(
                 role="system" if m.role == "developer" else m.role,
                 parts=tuple(
-                    _part(part, f"messages.{i}.content.{j}", limits)
+                    content_part(part, f"messages.{i}.content.{j}", limits)
                     for j, part in enumerate(
                         [{"type": "text", "text": m.content}]
                         if isinstance(m.content, str)
@@ -255,7 +255,7 @@ def _structured(f: ResponseFormat | None) -> dict:
     return {"json_schema": json.dumps(f.json_schema.schema_)}
 
 
-def _part(part: dict, param: str, limits: LimitsSpec) -> Part:
+def content_part(part: dict, param: str, limits: LimitsSpec) -> Part:
     kind = part.get("type")
     if kind == "text":
         if not isinstance(part.get("text"), str):

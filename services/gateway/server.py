@@ -24,7 +24,7 @@ from services.common import telemetry
 from services.common.errors import OmniError, bad_request, internal_error, too_large
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
-from services.gateway import audio_api, grpc_wire, openai_api
+from services.gateway import audio_api, grpc_wire, openai_api, responses_api
 from services.gateway.audio_files import SpeechFile
 from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
@@ -312,6 +312,46 @@ class Gateway:
         except Exception as e:
             yield line(internal_error(e, "generation failed").body())
         yield "data: [DONE]\n\n"
+
+    @api.post("/v1/responses")
+    async def responses(self, request: Request):
+        """OpenAI's Responses API over the same pipeline (services/gateway/responses_api.py)."""
+        arrival = time.perf_counter()
+        with telemetry.request_span("gateway", "gateway.responses", request.headers) as span:
+            try:
+                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
+                req, turn = responses_api.parse(
+                    await self._read_json(request),
+                    self.profile.limits,
+                    session=request.headers.get(SESSION_HEADER, ""),
+                    slo_class=request.headers.get(SLO_HEADER, ""),
+                )
+                prepared = await self.pipeline.prepare(turn, tenant)
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": "responses", "code": str(e.status)})
+                raise
+            telemetry.inject(prepared.ctx)
+        events = self._observed("responses", self.pipeline.generate(prepared), arrival, span)
+        out = responses_api.Rendered(
+            req, turn, self.profile.served_model_name, prepared.plan.speak, prepared.audio_format
+        )
+        if req.stream:
+            return StreamingResponse(
+                self._responses_sse(out, events),
+                media_type="text/event-stream",
+                headers=prepared.lease.headers,
+            )
+        return JSONResponse(await out.whole(events), headers=prepared.lease.headers)
+
+    @staticmethod
+    async def _responses_sse(out, events) -> AsyncIterator[str]:
+        try:
+            async for line in out.stream(events):
+                yield line
+        except OmniError as e:  # headers are gone: the stream ends with response.failed
+            yield out.failed(e.body()["error"])
+        except Exception as e:
+            yield out.failed(internal_error(e, "response failed").body()["error"])
 
     # ---- Audio endpoints -------------------------------------------------------------------
 

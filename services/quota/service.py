@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from services.common.errors import OmniError
 from services.common.redis_config import UNAVAILABLE
-from services.quota.buckets import AdmitResult, Buckets
+from services.quota.buckets import AdmitResult, Buckets, BucketState
 from services.quota.tenants import MODALITIES, SloClass, Tenants, TenantSpec
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class Lease:
     cost: Cost
     headers: dict[str, str] = field(default_factory=dict)
     levels: dict[str, float] = field(default_factory=dict)  # remaining / limit per budget
+    buckets: list[BucketState] = field(default_factory=list)  # after the admission (rate_limits.updated)
     queued_s: float = 0.0
     # False: nothing in Redis to end — a tenant with no budget and no concurrency cap, or one
     # admitted without a debit while Redis was unreachable (fail_open)
@@ -155,6 +156,7 @@ class QuotaService:
                         cost,
                         headers=ratelimit_headers(result),
                         levels={b.modality: max(0.0, b.remaining) / b.capacity for b in result.buckets},
+                        buckets=list(result.buckets),
                         queued_s=time.monotonic() - start,
                     )
                     if self.metrics:

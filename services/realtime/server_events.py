@@ -283,6 +283,20 @@ class FunctionCallArgumentsDone(_FunctionCallArguments):
     arguments: str
 
 
+class RateLimit(_Model):
+    # OpenAI's "tokens" is the text-token budget; the others are omniray's budgets by modality
+    # (audio_seconds, image_tiles, ...): what the tenant may spend a minute, what is left now.
+    name: str
+    limit: float
+    remaining: float
+    reset_seconds: float
+
+
+class RateLimitsUpdated(_Event):
+    type: Literal["rate_limits.updated"] = "rate_limits.updated"
+    rate_limits: list[RateLimit]
+
+
 class _InputTranscription(_Event):
     """An event about the transcription of a committed user turn (`audio.input.transcription`)."""
 
@@ -380,6 +394,7 @@ ServerEvent = Annotated[
     | ConversationItemRetrieved
     | ConversationItemTruncated
     | FunctionCallArgumentsDelta
+    | RateLimitsUpdated
     | FunctionCallArgumentsDone
     | InputAudioTranscriptionDelta
     | InputAudioTranscriptionCompleted

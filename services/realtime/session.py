@@ -873,6 +873,11 @@ class RealtimeSession:
             response.tools = turn.tools
         self.response = response
         await self.send(se.ResponseCreated(response=self._describe(response)))
+        if buckets := prepared.lease.buckets:  # what the tenant has left after admitting it
+            limits = [se.RateLimit(name="tokens" if b.modality == "text_tokens" else b.modality, limit=b.limit,
+                                   remaining=round(max(0.0, b.remaining), 3), reset_seconds=round(b.reset_s, 3))
+                      for b in buckets]  # fmt: skip
+            await self.send(se.RateLimitsUpdated(rate_limits=limits))
         run = self._run_calls if response.tools is not None else self._run
         response.task = asyncio.create_task(run(response, prepared))
 

@@ -108,3 +108,29 @@ def test_batch_request_waits_for_budget_then_completes(omniray):
     assert time.monotonic() - t0 > 0.9  # it waited for budget instead of a 429
     flex = _post(omniray, key, max_tokens=60, service_tier="flex")  # OpenAI's tier maps to batch
     assert flex.status_code == 200, flex.text
+
+
+def test_a_realtime_response_tells_the_tenants_rate_limits(omniray):
+    """`rate_limits.updated` after `response.created`: what the tenant's budgets hold after admitting
+    the response (OpenAI's "tokens" is the text-token budget)."""
+    import json
+
+    from websockets.sync.client import connect
+
+    key = _tenant(omniray, per_minute=Limits(text_tokens=100_000))
+    url = omniray.http_url.replace("http", "ws") + "/v1/realtime?model=omniray-tiny"
+    with connect(url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],
+                                                                  "audio": {"input": {"turn_detection": None}}}}))  # fmt: skip
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                                         "content": [{"type": "input_text", "text": "hi"}]}}))  # fmt: skip
+        ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 4}}))
+        kinds, limits = [], None
+        while "response.done" not in kinds:
+            event = json.loads(ws.recv(timeout=60))
+            kinds.append(event["type"])
+            if event["type"] == "rate_limits.updated":
+                limits = event["rate_limits"]
+    assert kinds.index("rate_limits.updated") == kinds.index("response.created") + 1
+    (tokens,) = [x for x in limits if x["name"] == "tokens"]
+    assert tokens["limit"] == 100_000 and 0 < tokens["remaining"] < 100_000 and tokens["reset_seconds"] >= 0

@@ -70,6 +70,13 @@ EXAMPLES = [
     se.InputAudioTranscriptionFailed(
         item_id="item_1", error=se.ErrorDetail(type="server_error", code="stage_unavailable", message="retry")
     ),
+    se.RateLimitsUpdated(
+        rate_limits=[se.RateLimit(name="tokens", limit=6000, remaining=5800, reset_seconds=2.0)]
+    ),
+    se.FunctionCallArgumentsDelta(response_id="resp_1", item_id="item_3", call_id="call_1", delta='{"city"'),
+    se.FunctionCallArgumentsDone(
+        response_id="resp_1", item_id="item_3", call_id="call_1", name="f", arguments="{}"
+    ),
 ]
 
 

@@ -69,7 +69,13 @@ class Pipeline:
         if tokens + max_tokens > self.profile.engine.max_model_len:
             self.refused += 1
             raise bad_request("prompt too long", code="context_length_exceeded", param="messages")
-        prepared = SimpleNamespace(request=req, prompt=prompt, prompt_tokens=tokens, max_tokens=max_tokens)
+        prepared = SimpleNamespace(
+            request=req,
+            prompt=prompt,
+            prompt_tokens=tokens,
+            max_tokens=max_tokens,
+            lease=SimpleNamespace(buckets=[]),
+        )
         self.prepared.append(prepared)
         return prepared
 
