@@ -10,6 +10,8 @@ keeps each handler's request deserializer, so this runs in the proxy process."""
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 import grpc
@@ -19,9 +21,10 @@ from omni.v1 import omni_pb2, omni_pb2_grpc
 from services.common.errors import bad_request
 from services.models.profile import LimitsSpec
 from services.pipeline import media
+from services.pipeline.tools import Tool, ToolCall, Tools
 from services.pipeline.turn import Message, Part, Sampling, Turn, speech_out
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("auto", "low", "high")
 SLO_HEADER = "x-omniray-slo-class"
 SESSION_HEADER = "x-omniray-session-id"
@@ -73,6 +76,8 @@ def add_omni_servicer_to_server(servicer, server) -> None:
     omni_pb2_grpc.add_OmniServicer_to_server(servicer, _LenientServer(server))
 
 
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOOL_CHOICES = ("none", "auto", "required")
 # ChatChunk audio is pcm16 deltas; "wav" is taken as the same (what the REST stream does).
 GRPC_AUDIO_FORMATS = ("", "pcm16", "wav")
 
@@ -90,6 +95,8 @@ def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[
                 parts=tuple(
                     _part(part, f"messages.{i}.content.{j}", limits) for j, part in enumerate(m.content)
                 ),
+                tool_calls=tuple(ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls),
+                tool_call_id=m.tool_call_id,
             )
         )
     s = request.sampling
@@ -120,7 +127,29 @@ def chat_turn(request: omni_pb2.ChatRequest, limits: LimitsSpec, metadata: dict[
         session=request.session_id or metadata.get(SESSION_HEADER, ""),
         slo_class=request.slo_class or metadata.get(SLO_HEADER, ""),
         service_tier=request.service_tier,
+        tools=_tools(request),
     )
+
+
+def _tools(request: omni_pb2.ChatRequest) -> Tools | None:
+    if not request.tools and not request.tool_choice and not request.tool_choice_function:
+        return None
+    for i, t in enumerate(request.tools):
+        if not TOOL_NAME.fullmatch(t.name):
+            raise bad_request("a tool's name is 1-64 letters, digits, _ or -", param=f"tools.{i}.name")
+        if t.parameters_json:
+            try:
+                json.loads(t.parameters_json)
+            except ValueError:
+                raise bad_request("parameters_json is not JSON", param=f"tools.{i}.parameters_json") from None
+    specs = tuple(Tool(t.name, t.description, t.parameters_json) for t in request.tools)
+    parallel = not request.sequential_tool_calls
+    if request.tool_choice_function:
+        return Tools(specs, "function", request.tool_choice_function, parallel)
+    choice = request.tool_choice or ("auto" if specs else "none")
+    if choice not in TOOL_CHOICES:
+        raise bad_request(f"tool_choice is one of {TOOL_CHOICES}", param="tool_choice")
+    return Tools(specs, choice, parallel=parallel)
 
 
 def _part(part: omni_pb2.ContentPart, param: str, limits: LimitsSpec) -> Part:

@@ -573,10 +573,14 @@ class Gateway:
                 raise
             telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
+        tools = turn.tools if turn.tools is not None and turn.tools.forced else None
+        written: list[str] = []  # a required call's JSON: its calls go out whole, before the last chunk
         async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival, span):
             if ev.progress is not None:
                 yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
-            if ev.text:
+            if ev.text and tools is not None:
+                written.append(ev.text)
+            elif ev.text:
                 yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
             if ev.pcm16:
                 yield omni_pb2.ChatChunk(
@@ -587,7 +591,13 @@ class Gateway:
                     ),
                 )
             if ev.finish_reason:
-                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
+                finish = ev.finish_reason
+                if tools is not None:
+                    calls = [omni_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                             for c in tools.calls("".join(written))]  # fmt: skip
+                    yield omni_pb2.ChatChunk(id=rid, model=model, tool_calls=calls)
+                    finish = "tool_calls" if finish == "stop" else finish
+                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=finish, usage=ev.usage)
 
     async def Realtime(
         self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None

@@ -981,6 +981,21 @@ GRPC_CASES = {
     "audio_odd_pcm16": lambda m: _grpc_request(
         m, omni_pb2.ContentPart(audio=AUD(data=b"\x00" * 3, format="pcm16"))
     ),
+    "tool_name_bad": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="a b")], tool_choice="required"
+    ),
+    "tool_parameters_not_json": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f", parameters_json="{")], tool_choice="required"
+    ),
+    "tool_choice_unknown": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f")], tool_choice="always"
+    ),
+    "tool_choice_function_unknown": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f")], tool_choice_function="g"
+    ),
+    "tool_role_unknown_call": lambda m: omni_pb2.ChatRequest(
+        model=m, messages=[omni_pb2.Message(role="robot", content=[omni_pb2.ContentPart(text="x")])]
+    ),
     "too_many_images": lambda m: _grpc_request(
         m, *[omni_pb2.ContentPart(image=IMG(data=png_bytes(8, 8)))] * 65
     ),

@@ -115,3 +115,38 @@ def test_auto_is_refused_with_the_reason(openai_client, model_name):
     with pytest.raises(openai.BadRequestError) as e:
         _create(openai_client, model_name, tools=[WEATHER])
     assert e.value.body["param"] == "tool_choice" and "tool-call parser" in e.value.message
+
+
+def test_grpc_chat_calls_a_required_tool(omniray, model_name):
+    import grpc
+    from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
+
+    from tests.conftest import grpc_channel
+
+    channel = grpc_channel(omniray.grpc_target)
+    try:
+        stub = omni_pb2_grpc.OmniStub(channel)
+        tool = omni_pb2.FunctionTool(
+            name="get_weather", parameters_json=json.dumps(WEATHER["function"]["parameters"])
+        )
+        request = omni_pb2.ChatRequest(
+            model=model_name,
+            messages=[omni_pb2.Message(role="user", content=[omni_pb2.ContentPart(text="Weather in Oslo?")])],
+            sampling=common_pb2.SamplingParams(max_tokens=64, temperature=0),
+            tools=[tool],
+            tool_choice_function="get_weather",
+        )
+        chunks = list(stub.Chat(request, timeout=120))
+        (call,) = next(c for c in chunks if c.tool_calls).tool_calls
+        assert call.name == "get_weather" and json.loads(call.arguments)["city"] in ("Paris", "Oslo")
+        assert chunks[-1].finish_reason == "tool_calls" and not any(c.text for c in chunks)
+        with pytest.raises(grpc.RpcError) as e:
+            list(
+                stub.Chat(
+                    omni_pb2.ChatRequest(model=model_name, messages=request.messages, tools=[tool]),
+                    timeout=60,
+                )
+            )
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tool-call parser" in e.value.details()
+    finally:
+        channel.close()
