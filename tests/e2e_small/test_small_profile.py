@@ -126,3 +126,50 @@ def test_photo_answer_mentions_what_mobilenet_recognized(small):
         ],
     )
     assert any(label in answer.lower() for label in ("uniform", "bow tie", "graduation")), answer
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="speech in and out needs espeak-ng")
+def test_openai_agents_sdk_voice_agent_talks_with_its_defaults(small):
+    """A voice-agent framework left at its defaults except URL and key: the OpenAI Agents SDK's
+    RealtimeAgent (its model name, voice `ash`, semantic VAD, input transcription by
+    `gpt-4o-mini-transcribe`, pcm16) hears a spoken question and answers it aloud."""
+    import asyncio
+
+    from agents.realtime import RealtimeAgent, RealtimeRunner
+
+    from loadtest.speech import speech
+
+    url = small.base_url.copy_with(scheme="ws", path="/v1/realtime")
+    question = speech("What is the capital of France?") + b"\x00\x00" * 24_000 * 2  # then 2 s of silence
+
+    async def talk():
+        agent = RealtimeAgent(name="Assistant", instructions="Answer in one short sentence.")
+        session = await RealtimeRunner(agent).run(model_config={"url": str(url), "api_key": LOCAL_API_KEY})
+        audio, errors, history = bytearray(), [], []
+        async with session:
+            for at in range(0, len(question), 4800):  # 100 ms chunks, as a microphone sends them
+                await session.send_audio(question[at : at + 4800])
+            async for event in session:
+                if event.type == "audio":
+                    audio += event.audio.data
+                elif event.type == "error":
+                    errors.append(event.error)
+                elif event.type == "history_updated":
+                    history = event.history
+                elif event.type == "audio_end":
+                    break
+        return bytes(audio), errors, history
+
+    audio, errors, history = asyncio.run(asyncio.wait_for(talk(), timeout=180))
+    assert not errors, errors
+    assert len(audio) / 2 / 24_000 > 1.0  # pcm16 at 24 kHz, the SDK's default format
+    said = [
+        c.transcript
+        for item in history
+        if item.role == "user"
+        for c in item.content
+        if c.type == "input_audio"
+    ]
+    answer = [c.transcript for item in history if item.role == "assistant" for c in item.content]
+    assert said and "capital of france" in (said[0] or "").lower(), history
+    assert any("paris" in (t or "").lower() for t in answer), history
