@@ -329,7 +329,11 @@ def usage_dict(usage: common_pb2.Usage) -> dict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": usage.cached_prompt_tokens,
+            "audio_tokens": usage.audio_prompt_tokens,
+        },
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 

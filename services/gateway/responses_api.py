@@ -300,7 +300,11 @@ class Rendered:
         u = self.usage
         return {
             "input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_prompt_tokens, "cache_write_tokens": 0},
+            "input_tokens_details": {
+                "cached_tokens": u.cached_prompt_tokens,
+                "cache_write_tokens": 0,
+                "audio_tokens": u.audio_prompt_tokens,
+            },
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.total_tokens,

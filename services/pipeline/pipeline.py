@@ -143,6 +143,7 @@ class Prepared:
     prompt_tokens: int = 0
     # The response's speech to OUTPUT_RATE (made at its first audio: the vocoder says its rate).
     resampler: StreamResampler | None = None
+    audio_prompt_tokens: int = 0  # of prompt_tokens: the request's audio (usage details)
 
 
 @dataclass
@@ -363,6 +364,11 @@ class Pipeline:
         encoded = await self._encode(p.ctx, p.turn.media, p.grids, progress) if p.turn.media else []
         p.prompt = self.prompts.fill(p.layout, encoded)
         p.prompt_tokens = prompt_tokens(p.prompt)
+        p.audio_prompt_tokens = sum(
+            self.prompts.item_tokens(out)
+            for item, out in zip(p.turn.media, encoded, strict=True)
+            if isinstance(item, AudioClip)
+        )
         if p.prompt_tokens + p.sampling.max_tokens > self.profile.engine.max_model_len:
             raise bad_request(
                 f"prompt ({p.prompt_tokens} tokens) plus max_tokens ({p.sampling.max_tokens}) exceeds the "
@@ -619,7 +625,10 @@ class Pipeline:
                         yield ev
             for t in tasks:  # re-raise a stage failure
                 t.result()
-            yield Event(finish_reason=final.get("finish_reason", "stop"), usage=final.get("usage"))
+            usage = final.get("usage")
+            if usage is not None:
+                usage.audio_prompt_tokens = p.audio_prompt_tokens
+            yield Event(finish_reason=final.get("finish_reason", "stop"), usage=usage)
         finally:
             for t in tasks:
                 t.cancel()

@@ -117,6 +117,13 @@ class PromptBuilder:
             prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=self._encode(text)))
         return prompt
 
+    def item_tokens(self, item: stages_pb2.EncodedItem) -> int:
+        """Prompt tokens one encoder output takes: its rows (and placement tokens), or its text's."""
+        if item.WhichOneof("output") == "text":
+            return len(self._encode(item.text))
+        placed = item.placement
+        return item.embeddings.shape[0] + len(placed.prefix_ids) + len(placed.suffix_ids)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

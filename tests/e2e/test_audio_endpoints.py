@@ -235,3 +235,25 @@ def test_grpc_server_reflection_lists_and_describes_the_api(omniray):
         assert methods["Speech"].input_type.full_name == "omni.v1.SpeechRequest"
     finally:
         channel.close()
+
+
+def test_chat_usage_counts_the_audio_in_the_prompt(openai_client, model_name):
+    from tests.conftest import wav_bytes
+
+    clip = {
+        "type": "input_audio",
+        "input_audio": {"data": base64.b64encode(wav_bytes(2.0)).decode(), "format": "wav"},
+    }
+    heard = openai_client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, clip]}],
+        max_tokens=2,
+    )
+    read = openai_client.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
+    audio = heard.usage.prompt_tokens_details.audio_tokens
+    assert (
+        0 < audio == heard.usage.prompt_tokens - read.usage.prompt_tokens + 1
+    )  # the clip's rows; one "\n" less
+    assert read.usage.prompt_tokens_details.audio_tokens == 0
