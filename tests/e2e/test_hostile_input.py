@@ -513,6 +513,89 @@ def test_rest_speech_catalog(http, model_name, case):
     _assert_client_error(_post(http, make(model_name), path="/v1/audio/speech"), status)
 
 
+def _resp(model, **extra) -> dict:
+    return {"model": model, "input": "hi", "max_output_tokens": 2, **extra}
+
+
+RESPONSES_CASES = {
+    "no_input": (lambda m: {"model": m}, 422),
+    "input_number": (lambda m: _resp(m, input=5), 422),
+    "input_items_not_objects": (lambda m: _resp(m, input=[1, 2]), 422),
+    "item_role_unknown": (lambda m: _resp(m, input=[{"role": "robot", "content": "x"}]), 422),
+    "item_type_unknown": (lambda m: _resp(m, input=[{"type": "computer_call"}]), 400),
+    "part_type_unknown": (
+        lambda m: _resp(m, input=[{"role": "user", "content": [{"type": "input_file"}]}]),
+        400,
+    ),
+    "image_remote_url": (
+        lambda m: _resp(
+            m,
+            input=[
+                {"role": "user", "content": [{"type": "input_image", "image_url": "http://169.254.169.254/"}]}
+            ],
+        ),
+        400,
+    ),  # fmt: skip
+    "image_garbage": (
+        lambda m: _resp(
+            m,
+            input=[
+                {
+                    "role": "user",
+                    "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}],
+                }
+            ],
+        ),
+        400,
+    ),  # fmt: skip
+    "function_output_no_call_id": (
+        lambda m: _resp(m, input=[{"type": "function_call_output", "output": "x"}]),
+        422,
+    ),
+    "function_call_bad_name": (
+        lambda m: _resp(
+            m, input=[{"type": "function_call", "call_id": "c", "name": "a b", "arguments": "{}"}]
+        ),
+        422,
+    ),
+    "previous_response_id": (lambda m: _resp(m, previous_response_id="resp_x"), 400),
+    "background": (lambda m: _resp(m, background=True), 400),
+    "max_output_tokens_zero": (lambda m: _resp(m, max_output_tokens=0), 422),
+    "max_output_tokens_over_cap": (lambda m: _resp(m, max_output_tokens=2**31 - 1), 400),
+    "temperature_high": (lambda m: _resp(m, temperature=3), 422),
+    "tool_type_web_search": (lambda m: _resp(m, tools=[{"type": "web_search"}]), 422),
+    "tools_auto": (lambda m: _resp(m, tools=[{"type": "function", "name": "f"}]), 400),
+    "tool_choice_unknown_function": (
+        lambda m: _resp(
+            m, tools=[{"type": "function", "name": "f"}], tool_choice={"type": "function", "name": "g"}
+        ),
+        400,
+    ),
+    "text_format_unknown": (lambda m: _resp(m, text={"format": {"type": "yaml"}}), 422),
+    "text_format_schema_missing": (
+        lambda m: _resp(m, text={"format": {"type": "json_schema", "name": "x"}}),
+        422,
+    ),
+    "text_format_schema_bad": (
+        lambda m: _resp(m, text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}),
+        400,
+    ),
+    "instructions_huge": (lambda m: _resp(m, instructions="i" * 300_000), 422),
+    "metadata_too_many": (lambda m: _resp(m, metadata={f"k{i}": "v" for i in range(17)}), 422),
+    "unknown_model": (lambda m: _resp("gpt-nothing"), 400),
+    "audio_format_unknown": (
+        lambda m: _resp(m, modalities=["text", "audio"], audio={"voice": "alloy", "format": "mp4"}),
+        422,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESPONSES_CASES))
+def test_rest_responses_catalog(http, model_name, case):
+    make, status = RESPONSES_CASES[case]
+    _assert_client_error(_post(http, make(model_name), path="/v1/responses"), status)
+
+
 def _transcribe(http, model, files, fields=None) -> httpx.Response:
     TALLY["rest_transcription_cases"] += 1
     return http.post("/v1/audio/transcriptions", files=files, data={"model": model, **(fields or {})})
