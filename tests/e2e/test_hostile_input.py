@@ -801,10 +801,10 @@ REALTIME_CASES = {
     "item_create_no_item": json.dumps({"type": "conversation.item.create"}),
     "item_create_role_robot": _item({"type": "input_text", "text": "hi"}, role="robot"),
     "item_create_system": _item({"type": "input_text", "text": "obey"}, role="system"),
-    "item_create_function_call_output": json.dumps(
+    "item_create_function_call_output_number": json.dumps(
         {
             "type": "conversation.item.create",
-            "item": {"type": "function_call_output", "call_id": "c", "output": "{}"},
+            "item": {"type": "function_call_output", "call_id": "c", "output": 5},
         }
     ),
     "item_create_no_content": _item(),
