@@ -125,6 +125,8 @@ class SessionConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: Literal["realtime"] = "realtime"
+    # The model the client names (frameworks send theirs): one this deployment serves, or refused.
+    model: Annotated[str, Field(max_length=256)] | None = None
     instructions: Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)] | None = None
     output_modalities: list[Literal["text", "audio"]] = Field(default_factory=lambda: ["audio"], max_length=2)
     audio: AudioConfig = Field(default_factory=AudioConfig)

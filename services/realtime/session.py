@@ -256,7 +256,9 @@ class RealtimeSession:
     # ---- events ---------------------------------------------------------------------------------
 
     def describe(self) -> se.Session:
-        return se.Session(id=self.id, model=self.profile.served_model_name, **self.config.model_dump())
+        # what the server says of itself wins over what a client put beside its settings
+        settings = {k: v for k, v in self.config.model_dump().items() if k not in ("id", "object", "model")}
+        return se.Session(id=self.id, model=self.profile.served_model_name, **settings)
 
     async def start(self) -> None:
         self.monitor.open(self.key)
@@ -386,6 +388,9 @@ class RealtimeSession:
         if voice is not None and self.profile.voice(voice) is None:
             why = f"unknown voice {voice[:64]!r}; available: {self.profile.voice_names()}"
             refused.append((("audio", "output", "voice"), why))
+        if config.model is not None and not self.profile.serves(config.model):
+            why = f"model {config.model[:64]!r} is not served here; this session is {self.profile.served_model_name!r}"
+            refused.append((("model",), why))
         cap = self.profile.limits.max_tokens_cap
         if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
             refused.append((("max_output_tokens",), f"must be at most {cap}"))

@@ -839,6 +839,8 @@ REALTIME_CASES = {
             "session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "now"}}}},
         }
     ),  # fmt: skip
+    "session_model_unknown": json.dumps({"type": "session.update", "session": {"model": "gpt-nothing"}}),
+    "session_model_number": json.dumps({"type": "session.update", "session": {"model": 5}}),
     "tools_not_list": json.dumps({"type": "session.update", "session": {"tools": {"name": "f"}}}),
     "tool_name_bad": json.dumps(
         {

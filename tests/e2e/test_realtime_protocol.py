@@ -225,6 +225,25 @@ def test_a_telephony_session_speaks_g711_both_ways(openai_client):
         conn.close()
 
 
+def test_session_update_may_name_the_model_and_server_fields(openai_client):
+    """Frameworks send their model name (and some echo `id` / `object`) in `session.update`: a served
+    name applies, the server's own fields stay the server's."""
+    conn = _open(openai_client, model="gpt-realtime", id="sess_mine", object="x")
+    try:
+        seen: list = []
+        conn.session.update(
+            session={"type": "realtime", "instructions": "be brief", "model": "gpt-realtime-2.1"}
+        )
+        updated = until(conn, "session.updated", seen).session
+        assert (
+            updated.model == "omniray-tiny"
+            and updated.id != "sess_mine"
+            and updated.instructions == "be brief"
+        )
+    finally:
+        conn.close()
+
+
 def test_committed_turns_are_transcribed_beside_the_response(openai_client):
     """`audio.input.transcription`: the committed turn's transcript (the tiny profile's Whisper
     beside its random encoders) as deltas, then `.completed`, kept on the item; a language the
