@@ -17,7 +17,8 @@ from services.gateway.audio_files import SpeechFile
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
-from services.pipeline.tools import MAX_TOOLS, Tool, ToolCall, Tools
+from services.pipeline.tools import MAX_TOOLS, ToolCall, Tools
+from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, speech_out
 
 INT32_MAX = 2**31 - 1
@@ -231,20 +232,13 @@ def parse_request(
 
 
 def _tools(req: ChatCompletionRequest) -> Tools | None:
-    if not req.tools and req.tool_choice is None:
-        return None
-    specs = tuple(
-        Tool(
-            t.function.name,
-            t.function.description,
-            json.dumps(t.function.parameters) if t.function.parameters is not None else "",
-        )
-        for t in req.tools or ()
+    named = isinstance(req.tool_choice, NamedToolChoice)
+    return tools_asked(
+        [(t.function.name, t.function.description, t.function.parameters) for t in req.tools or ()],
+        None if named else req.tool_choice,
+        req.tool_choice.function.name if named else "",
+        req.parallel_tool_calls,
     )
-    choice = req.tool_choice or ("auto" if specs else "none")
-    if isinstance(choice, NamedToolChoice):
-        return Tools(specs, "function", choice.function.name, req.parallel_tool_calls)
-    return Tools(specs, choice, parallel=req.parallel_tool_calls)
 
 
 def _structured(f: ResponseFormat | None) -> dict:

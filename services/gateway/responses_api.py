@@ -35,7 +35,8 @@ from services.gateway.openai_api import (
 )
 from services.models.profile import LimitsSpec
 from services.pipeline.pipeline import Event
-from services.pipeline.tools import MAX_TOOLS, Tool, ToolCall, Tools, new_call_id
+from services.pipeline.tools import MAX_TOOLS, ToolCall, Tools, new_call_id
+from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Sampling, Turn, speech_out
 
 MAX_INPUT_ITEMS = 1024
@@ -190,16 +191,13 @@ class _FunctionOutputItem(_Loose):
 
 
 def _tools(req: ResponsesRequest) -> Tools | None:
-    if not req.tools and req.tool_choice is None:
-        return None
-    specs = tuple(
-        Tool(t.name, t.description, json.dumps(t.parameters) if t.parameters is not None else "")
-        for t in req.tools or ()
+    named = isinstance(req.tool_choice, NamedFunctionChoice)
+    return tools_asked(
+        [(t.name, t.description, t.parameters) for t in req.tools or ()],
+        None if named else req.tool_choice,
+        req.tool_choice.name if named else "",
+        req.parallel_tool_calls,
     )
-    choice = req.tool_choice or ("auto" if specs else "none")
-    if isinstance(choice, NamedFunctionChoice):
-        return Tools(specs, "function", choice.name, req.parallel_tool_calls)
-    return Tools(specs, choice, parallel=req.parallel_tool_calls)
 
 
 # ---- output ------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -33,6 +34,7 @@ from services.models.profile import Profile
 from services.pipeline.pipeline import Event, Pipeline, Prepared, StageHandles, Transcription
 from services.pipeline.prompt import PromptBuilder
 from services.pipeline.tools import ToolCall, Tools, new_call_id
+from services.quota.tenants import TenantSpec
 from services.realtime import grpc_events
 from services.realtime import server_events as se
 from services.realtime.hub import RealtimeHub, Refused
@@ -167,6 +169,20 @@ class Gateway:
             if playback.audio_s:
                 self.metrics.rtf.observe((last_audio - arrival) / playback.audio_s, tags=tags)
 
+    @contextlib.asynccontextmanager
+    async def _admitting(
+        self, api_name: str, op: str, carrier
+    ) -> AsyncIterator[tuple[trace.Span, TenantSpec]]:
+        """A request's root span and its tenant (from the key in `carrier`: HTTP headers or gRPC
+        metadata); a client error raised in the block (key, body, validation, quota) is counted
+        under `api_name` before it leaves."""
+        with telemetry.request_span("gateway", op, carrier) as span:
+            try:
+                yield span, await self.quota.authenticate(bearer_token(carrier.get("authorization")))
+            except OmniError as e:
+                self.metrics.requests.inc(tags={"api": api_name, "code": str(e.status)})
+                raise
+
     # ---- REST ---------------------------------------------------------------------------
 
     async def _read_json(self, request: Request):
@@ -197,20 +213,15 @@ class Gateway:
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request):
         arrival = time.perf_counter()
-        with telemetry.request_span("gateway", "gateway.chat", request.headers) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
-                body = await self._read_json(request)
-                req, turn = openai_api.parse_request(
-                    body,
-                    self.profile.limits,
-                    session=request.headers.get(SESSION_HEADER, ""),
-                    slo_class=request.headers.get(SLO_HEADER, ""),
-                )
-                prepared = await self.pipeline.prepare(turn, tenant)
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "rest", "code": str(e.status)})
-                raise
+        async with self._admitting("rest", "gateway.chat", request.headers) as (span, tenant):
+            body = await self._read_json(request)
+            req, turn = openai_api.parse_request(
+                body,
+                self.profile.limits,
+                session=request.headers.get(SESSION_HEADER, ""),
+                slo_class=request.headers.get(SLO_HEADER, ""),
+            )
+            prepared = await self.pipeline.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         events = self._observed("rest", self.pipeline.generate(prepared), arrival, span)
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
@@ -317,19 +328,14 @@ class Gateway:
     async def responses(self, request: Request):
         """OpenAI's Responses API over the same pipeline (services/gateway/responses_api.py)."""
         arrival = time.perf_counter()
-        with telemetry.request_span("gateway", "gateway.responses", request.headers) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
-                req, turn = responses_api.parse(
-                    await self._read_json(request),
-                    self.profile.limits,
-                    session=request.headers.get(SESSION_HEADER, ""),
-                    slo_class=request.headers.get(SLO_HEADER, ""),
-                )
-                prepared = await self.pipeline.prepare(turn, tenant)
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "responses", "code": str(e.status)})
-                raise
+        async with self._admitting("responses", "gateway.responses", request.headers) as (span, tenant):
+            req, turn = responses_api.parse(
+                await self._read_json(request),
+                self.profile.limits,
+                session=request.headers.get(SESSION_HEADER, ""),
+                slo_class=request.headers.get(SLO_HEADER, ""),
+            )
+            prepared = await self.pipeline.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)
         events = self._observed("responses", self.pipeline.generate(prepared), arrival, span)
         out = responses_api.Rendered(
@@ -358,14 +364,9 @@ class Gateway:
     @api.post("/v1/audio/speech")
     async def audio_speech(self, request: Request):
         arrival = time.perf_counter()
-        with telemetry.request_span("gateway", "gateway.speech", request.headers) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
-                req, turn = audio_api.speech_request(await self._read_json(request))
-                prepared = await self.pipeline.prepare_speech(turn, tenant)
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "speech", "code": str(e.status)})
-                raise
+        async with self._admitting("speech", "gateway.speech", request.headers) as (span, tenant):
+            req, turn = audio_api.speech_request(await self._read_json(request))
+            prepared = await self.pipeline.prepare_speech(turn, tenant)
             telemetry.inject(prepared.ctx)
         file = SpeechFile(req.response_format, req.speed)
         chunks = self._speech_chunks(prepared, file, arrival, span)
@@ -410,18 +411,14 @@ class Gateway:
     @api.post("/v1/audio/transcriptions")
     async def audio_transcriptions(self, request: Request):
         arrival = time.perf_counter()
-        with telemetry.request_span("gateway", "gateway.transcription", request.headers) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
-                limits = self.profile.limits
-                form, data = await audio_api.read_form(
-                    await self._read_body(request), request.headers, limits
-                )
-                turn = await asyncio.to_thread(audio_api.transcription_turn, form, data, limits)
-                t = await self.pipeline.prepare_transcription(turn, tenant, "transcription")
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "transcription", "code": str(e.status)})
-                raise
+        async with self._admitting("transcription", "gateway.transcription", request.headers) as (
+            span,
+            tenant,
+        ):
+            limits = self.profile.limits
+            form, data = await audio_api.read_form(await self._read_body(request), request.headers, limits)
+            turn = await asyncio.to_thread(audio_api.transcription_turn, form, data, limits)
+            t = await self.pipeline.prepare_transcription(turn, tenant, "transcription")
             telemetry.inject(t.ctx)
         segments = self._transcribed(t, arrival, span)
         if form.stream:
@@ -563,14 +560,9 @@ class Gateway:
             )
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
-        with telemetry.request_span("gateway", "gateway.chat", metadata) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
-                turn = grpc_wire.chat_turn(request, self.profile.limits, metadata)
-                prepared = await self.pipeline.prepare(turn, tenant)
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "grpc", "code": str(e.status)})
-                raise
+        async with self._admitting("grpc", "gateway.chat", metadata) as (span, tenant):
+            turn = grpc_wire.chat_turn(request, self.profile.limits, metadata)
+            prepared = await self.pipeline.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
         tools = turn.tools if turn.tools is not None and turn.tools.forced else None
@@ -657,14 +649,9 @@ class Gateway:
             )
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
-        with telemetry.request_span("gateway", "gateway.speech", metadata) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
-                req, turn = audio_api.grpc_speech_request(request)
-                prepared = await self.pipeline.prepare_speech(turn, tenant)
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "grpc_speech", "code": str(e.status)})
-                raise
+        async with self._admitting("grpc_speech", "gateway.speech", metadata) as (span, tenant):
+            req, turn = audio_api.grpc_speech_request(request)
+            prepared = await self.pipeline.prepare_speech(turn, tenant)
             telemetry.inject(prepared.ctx)
         file = SpeechFile(req.response_format, req.speed)
         first = True
@@ -690,14 +677,9 @@ class Gateway:
             )
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
-        with telemetry.request_span("gateway", "gateway.transcription", metadata) as span:
-            try:
-                tenant = await self.quota.authenticate(bearer_token(metadata.get("authorization")))
-                turn = await asyncio.to_thread(audio_api.grpc_transcription, request, self.profile.limits)
-                t = await self.pipeline.prepare_transcription(turn, tenant, "grpc_transcription")
-            except OmniError as e:
-                self.metrics.requests.inc(tags={"api": "grpc_transcription", "code": str(e.status)})
-                raise
+        async with self._admitting("grpc_transcription", "gateway.transcription", metadata) as (span, tenant):
+            turn = await asyncio.to_thread(audio_api.grpc_transcription, request, self.profile.limits)
+            t = await self.pipeline.prepare_transcription(turn, tenant, "grpc_transcription")
             telemetry.inject(t.ctx)
         texts, language, duration = [], "", t.turn.audio.seconds
         async for segment in self._transcribed(t, arrival, span):

@@ -106,6 +106,20 @@ class Tools:
         ]
 
 
+def asked(
+    tools: list[tuple[str, str, dict | None]], choice: str | None, function: str = "", parallel: bool = True
+) -> Tools | None:
+    """What a request offers and asks, from its wire's pieces: (name, description, parameters) of
+    each tool, the choice ("none" | "auto" | "required"; None: auto with tools, else none) or the
+    function named. None when it offers nothing and asks nothing."""
+    if not tools and choice in (None, "auto") and not function:
+        return None
+    specs = tuple(Tool(n, d, json.dumps(params) if params is not None else "") for n, d, params in tools)
+    if function:
+        return Tools(specs, "function", function, parallel)
+    return Tools(specs, choice or ("auto" if specs else "none"), parallel=parallel)
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 

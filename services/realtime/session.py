@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import math
 import time
@@ -25,7 +24,8 @@ from typing import Any
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
-from services.pipeline.tools import Tool, ToolCall, Tools, new_call_id
+from services.pipeline.tools import ToolCall, Tools, new_call_id
+from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
@@ -409,16 +409,14 @@ class RealtimeSession:
 
     @staticmethod
     def _tools(tools: list[ev.FunctionTool], choice: ev.ToolChoice) -> Tools | None:
-        """What a response offers and asks (None: no function calling)."""
-        if not tools and choice == "auto":
-            return None
-        specs = tuple(
-            Tool(t.name, t.description, json.dumps(t.parameters) if t.parameters is not None else "")
-            for t in tools
+        """What a response offers and asks (None: no function calling); one call a response."""
+        named = isinstance(choice, ev.NamedTool)
+        return tools_asked(
+            [(t.name, t.description, t.parameters) for t in tools],
+            None if named else choice,
+            choice.name if named else "",
+            parallel=False,
         )
-        if isinstance(choice, ev.NamedTool):
-            return Tools(specs, "function", choice.name, parallel=False)
-        return Tools(specs, choice, parallel=False)
 
     def _transcription_turn(self, asked: ev.InputTranscription, clip: AudioClip | None) -> TranscriptionTurn:
         # the deployment's transcriber, whatever model the client names (served names only otherwise)
@@ -958,19 +956,10 @@ class RealtimeSession:
             else:
                 await self.send(se.ResponseOutputTextDone(text=r.item.text, **ids))
         except asyncio.CancelledError:
-            r.status = "cancelled"
-            r.details = se.StatusDetails(type="cancelled", reason=r.cancel_reason)
+            self._cancelled(r)
             self.stats.generated(r.item.tokens)
         except Exception as e:  # the stage failed: say so, keep the session
-            r.status = "failed"
-            err = (
-                e
-                if isinstance(e, OmniError)
-                else internal_error(e, f"realtime session {self.key}: response failed")
-            )
-            code = err.code or "response_failed"
-            r.details = se.StatusDetails(type="failed", error={"type": "server_error", "code": code})
-            await self.send(se.error(err.message, code, kind="server_error"))
+            await self._failed(r, e)
         finally:
             if r.status == "completed":  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
@@ -1014,18 +1003,9 @@ class RealtimeSession:
                                                                   call_id=item.call_id, delta=item.text))  # fmt: skip
             r.status, r.details = "completed", se.StatusDetails(type="completed")
         except asyncio.CancelledError:
-            r.status = "cancelled"
-            r.details = se.StatusDetails(type="cancelled", reason=r.cancel_reason)
+            self._cancelled(r)
         except Exception as e:  # the stage failed: say so, keep the session
-            r.status = "failed"
-            err = (
-                e
-                if isinstance(e, OmniError)
-                else internal_error(e, f"realtime session {self.key}: response failed")
-            )
-            code = err.code or "response_failed"
-            r.details = se.StatusDetails(type="failed", error={"type": "server_error", "code": code})
-            await self.send(se.error(err.message, code, kind="server_error"))
+            await self._failed(r, e)
         finally:
             self.stats.generated(r.item.tokens)
             self.monitor.response_finished(self.key)
@@ -1042,6 +1022,24 @@ class RealtimeSession:
                 if r.in_conversation:
                     await self.send(se.ConversationItemDone(item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
+
+    @staticmethod
+    def _cancelled(r: Response) -> None:
+        r.status = "cancelled"
+        r.details = se.StatusDetails(type="cancelled", reason=r.cancel_reason)
+
+    async def _failed(self, r: Response, e: Exception) -> None:
+        """A stage failed the response: `failed` with the error's code, told in an `error` event
+        (without exception text); the session goes on."""
+        r.status = "failed"
+        err = (
+            e
+            if isinstance(e, OmniError)
+            else internal_error(e, f"realtime session {self.key}: response failed")
+        )
+        code = err.code or "response_failed"
+        r.details = se.StatusDetails(type="failed", error={"type": "server_error", "code": code})
+        await self.send(se.error(err.message, code, kind="server_error"))
 
     async def _add_call(self, r: Response, call: ToolCall) -> Item:
         """One of the response's function_call items, added (to the conversation too, in band)."""

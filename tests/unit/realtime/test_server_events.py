@@ -21,7 +21,9 @@ USER = se.Item(id="item_1", role="user", content=[se.Content(type="input_audio")
 SAID = se.Item(id="item_2", role="assistant", status="incomplete",
                content=[se.Content(type="output_audio", transcript="Hello the")])  # fmt: skip
 USAGE = se.Usage(input_tokens=3, output_tokens=4, total_tokens=7)
-SESSION = se.Session(id="sess_1", model="m", **SessionConfig(instructions="be brief").model_dump())
+SESSION = se.Session(
+    id="sess_1", model="m", **SessionConfig(instructions="be brief").model_dump(exclude={"model"})
+)
 
 EXAMPLES = [
     se.error("bad", "invalid_json", "evt_9"),
