@@ -39,7 +39,7 @@ from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
-from services.pipeline.structured_output import check_json_schema
+from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.tools import Tools
 from services.pipeline.turn import (
@@ -231,8 +231,6 @@ class Pipeline:
             )
         if s.seed is not None and not -SEED_BOUND <= s.seed < SEED_BOUND:
             raise bad_request("seed must be a 64-bit integer", param="seed")
-        if s.json_schema is not None:
-            check_json_schema(s.json_schema)
         json_schema = s.json_schema or ""
         if (tools := turn.tools) is not None:
             json_schema = self.tool_schema(tools, s.json_schema is not None or s.json_object)
@@ -267,9 +265,16 @@ class Pipeline:
             raise bad_request(
                 "response_format cannot be combined with a required tool call", param="response_format"
             )
-        schema = tools.schema()
-        check_json_schema(schema, param="tools", what="tools")
-        return schema
+        return tools.schema()
+
+    @staticmethod
+    async def check_schema(turn: Turn, sampling: common_pb2.SamplingParams) -> None:
+        """The schema the answer is generated under compiles (a required call's, or
+        response_format's): a 400 with the reason otherwise."""
+        if sampling.json_schema:
+            forced = turn.tools is not None and turn.tools.forced
+            where = {"param": "tools", "what": "tools"} if forced else {}
+            await checked_json_schema(sampling.json_schema, **where)
 
     def _check_media(self, turn: Turn) -> list[TileGrid | None]:
         """What the media cost and whether this deployment takes them, from their headers alone:
@@ -314,6 +319,7 @@ class Pipeline:
         """Validate, plan, admit against the tenant's quota; decode and encode media and build the
         prompt (documents: later, in generate(), with progress events)."""
         sampling, voice, audio_format = self._validate(turn)
+        await self.check_schema(turn, sampling)
         slo = slo_class(tenant, turn.slo_class, turn.service_tier)
         ctx = common_pb2.RequestContext(
             request_id=f"chatcmpl-{uuid.uuid4().hex}",

@@ -24,6 +24,7 @@ from typing import Any
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
+from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.tools import ToolCall, Tools, new_call_id
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
@@ -362,7 +363,7 @@ class RealtimeSession:
         given, refused = event.session, []
         while True:
             config, given, bad = ev.updated(self.config, given)
-            deployment = self._check(config, given)
+            deployment = await self._check(config, given)
             refused += bad + deployment
             smaller = functools.reduce(ev.without, (loc for loc, _ in deployment), given)
             if not deployment or smaller == given:
@@ -380,7 +381,7 @@ class RealtimeSession:
             self._start_vad()
         await self.send(se.SessionUpdated(session=self.describe()))
 
-    def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
+    async def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
         """What only this deployment knows (its voices, its token cap, what it does with tools), as
         (field, why) refused; a refusal names a field of `given` (what the update changed)."""
         refused = []
@@ -396,7 +397,8 @@ class RealtimeSession:
             refused.append((("max_output_tokens",), f"must be at most {cap}"))
         if (tools := self._tools(config.tools, config.tool_choice)) is not None:
             try:
-                self.pipeline.tool_schema(tools)
+                if schema := self.pipeline.tool_schema(tools):
+                    await checked_json_schema(schema, param="tools", what="tools")
             except OmniError as e:
                 field = e.param if e.param in given else ("tools" if "tools" in given else "tool_choice")
                 refused.append(((field,), e.message))

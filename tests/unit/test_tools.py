@@ -94,3 +94,29 @@ def test_templates_without_tools_get_them_as_text():
     assert '"name": "get_weather", "description": "The weather in a city"' in text  # the offered tool
     assert '[{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text  # the call made
     assert '<|im_start|>tool\n{"sky":"clear"}' in text  # its result
+
+
+async def test_schemas_compile_off_the_loop_once_and_within_a_deadline(monkeypatch):
+    from services.pipeline import structured_output as so
+
+    calls = []
+    monkeypatch.setattr(so, "_compiled", so.OrderedDict())
+    real = so.check_json_schema
+    monkeypatch.setattr(
+        so, "check_json_schema", lambda schema, **kw: (calls.append(schema), real(schema, **kw))
+    )
+    schema = Tools((WEATHER,), "required").schema()
+    await so.checked_json_schema(schema, param="tools", what="tools")
+    await so.checked_json_schema(schema, param="tools", what="tools")
+    assert calls == [schema]  # remembered
+    with pytest.raises(OmniError) as e:
+        await so.checked_json_schema('{"type": "nope"}', param="tools", what="tools")
+    assert e.value.param == "tools" and "does not compile" in e.value.message
+
+    import time
+
+    monkeypatch.setattr(so, "COMPILE_DEADLINE_S", 0.05)
+    monkeypatch.setattr(so, "check_json_schema", lambda schema, **kw: time.sleep(0.5))
+    with pytest.raises(OmniError) as e:
+        await so.checked_json_schema('{"type": "object"}')
+    assert e.value.status == 400 and "too long" in e.value.message
