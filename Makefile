@@ -15,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -103,6 +103,10 @@ bench-voice: models
 	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
 
 # Gateway CPU per realtime turn over a 10-turn conversation (flat: a turn costs what it adds).
+# The audio endpoints: speech first byte vs whole file, transcription speed, speech -> text WER.
+bench-audio: models
+	$(PY) -m loadtest.audio_endpoints_bench --profile $(PROFILE) --wer
+
 bench-turn-cost: models
 	$(PY) -m loadtest.realtime_turn_cost --profile $(PROFILE)
 
