@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from omni.v1 import omni_pb2, stages_pb2
@@ -73,18 +72,17 @@ def speech_sse(delta: bytes | None, usage=None) -> str:
 # ---- transcriptions ---------------------------------------------------------------------------
 
 
-@dataclass
-class TranscriptionForm:
-    model: str
-    response_format: str = "json"
+class TranscriptionBody(_Loose):
+    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
     stream: bool = False
-    language: str = ""
-    prompt: str = ""
-    temperature: float = 0.0
-    timestamp_granularities: list[str] = field(default_factory=list)
+    language: str = Field(default="", max_length=16)
+    prompt: str = Field(default="", max_length=MAX_TRANSCRIPTION_PROMPT_CHARS)
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    timestamp_granularities: list[Literal["segment", "word"]] = Field(default_factory=list, max_length=2)
 
 
-async def read_form(body: bytes, headers: Headers, limits: LimitsSpec) -> tuple[TranscriptionForm, bytes]:
+async def read_form(body: bytes, headers: Headers, limits: LimitsSpec) -> tuple[TranscriptionBody, bytes]:
     """The multipart form (Starlette's parser over the body already read within its limit)."""
 
     async def stream() -> AsyncIterator[bytes]:
@@ -96,7 +94,11 @@ async def read_form(body: bytes, headers: Headers, limits: LimitsSpec) -> tuple[
         )
     try:
         form = await MultiPartParser(
-            headers, stream(), max_files=1, max_fields=MAX_FORM_FIELDS, max_part_size=MAX_SPEECH_CHARS
+            headers,
+            stream(),
+            max_files=1,
+            max_fields=MAX_FORM_FIELDS,
+            max_part_size=4 * MAX_TRANSCRIPTION_PROMPT_CHARS,  # fields: UTF-8 of a whole prompt
         ).parse()
     except MultiPartException as e:
         raise bad_request(f"multipart form: {str(e)[:200]}", code="invalid_form") from None
@@ -122,21 +124,10 @@ async def read_form(body: bytes, headers: Headers, limits: LimitsSpec) -> tuple[
                 code="unsupported_parameter",
                 param=unsupported.rstrip("[]"),
             )
-    req = validated(TranscriptionBody, body_fields)
-    return TranscriptionForm(**req.model_dump()), data
+    return validated(TranscriptionBody, body_fields), data
 
 
-class TranscriptionBody(_Loose):
-    model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
-    stream: bool = False
-    language: str = Field(default="", max_length=16)
-    prompt: str = Field(default="", max_length=MAX_TRANSCRIPTION_PROMPT_CHARS)
-    temperature: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
-    timestamp_granularities: list[Literal["segment", "word"]] = Field(default_factory=list, max_length=2)
-
-
-def transcription_turn(form: TranscriptionForm, data: bytes, limits: LimitsSpec) -> TranscriptionTurn:
+def transcription_turn(form: TranscriptionBody, data: bytes, limits: LimitsSpec) -> TranscriptionTurn:
     """Checks what the model cannot honour, then the audio (decoded here when compressed: call from
     a thread)."""
     if "word" in form.timestamp_granularities:
@@ -158,17 +149,11 @@ def transcription_turn(form: TranscriptionForm, data: bytes, limits: LimitsSpec)
 
 
 def grpc_transcription(request: omni_pb2.TranscriptionRequest, limits: LimitsSpec) -> TranscriptionTurn:
-    form = TranscriptionForm(
-        **validated(
-            TranscriptionBody,
-            {
-                "model": request.model,
-                "language": request.language,
-                "prompt": request.prompt,
-                "temperature": request.temperature,
-            },
-        ).model_dump()
-    )
+    form = validated(
+        TranscriptionBody,
+        {"model": request.model, "language": request.language, "prompt": request.prompt,
+         "temperature": request.temperature},
+    )  # fmt: skip
     return transcription_turn(form, request.file, limits)
 
 

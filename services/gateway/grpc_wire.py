@@ -18,7 +18,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from omni.v1 import omni_pb2, omni_pb2_grpc
 
-from services.common.errors import bad_request
+from services.common.errors import OmniError, bad_request
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.tools import Tool, ToolCall, Tools
@@ -35,16 +35,23 @@ class Undecodable:
     """Bytes that are not the method's request message; `reason` says why, in our words."""
 
     reason: str
+    message: str = ""  # the request message's full name
+
+    def error(self) -> OmniError:
+        return bad_request(f"request is not an {self.message}: {self.reason}", code="invalid_protobuf")
 
 
 def _lenient(parse):
+    message = getattr(getattr(parse, "__self__", None), "DESCRIPTOR", None)
+    name = message.full_name if message is not None else "omni.v1 message"
+
     def deserialize(raw: bytes):
         try:
             return parse(raw)
         except DecodeError as e:
             utf8 = "UTF-8" in str(e)
             return Undecodable(
-                "a string field is not valid UTF-8" if utf8 else "the protobuf wire format is corrupt"
+                "a string field is not valid UTF-8" if utf8 else "the protobuf wire format is corrupt", name
             )
 
     return deserialize

@@ -218,7 +218,6 @@ class Rendered:
         self.pcm = bytearray()
         self.calls: list[ToolCall] = []
         self.status = "in_progress"
-        self.finish = "stop"
         self.usage = common_pb2.Usage()
         self.seq = 0
 
@@ -309,7 +308,6 @@ class Rendered:
         }
 
     def _finished(self, ev: Event) -> None:
-        self.finish = ev.finish_reason
         self.usage = ev.usage or self.usage
         self.status = "incomplete" if ev.finish_reason == "length" else "completed"
         if self.tools is not None:

@@ -22,7 +22,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import telemetry
-from services.common.errors import OmniError, bad_request, internal_error, too_large
+from services.common.errors import OmniError, internal_error, too_large
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.gateway import audio_api, grpc_wire, openai_api, responses_api
@@ -555,9 +555,7 @@ class Gateway:
 
     async def _chat(self, request: omni_pb2.ChatRequest, grpc_context) -> AsyncIterator[omni_pb2.ChatChunk]:
         if isinstance(request, Undecodable):
-            raise bad_request(
-                f"request is not an omni.v1.ChatRequest: {request.reason}", code="invalid_protobuf"
-            )
+            raise request.error()
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         async with self._admitting("grpc", "gateway.chat", metadata) as (span, tenant):
@@ -644,9 +642,7 @@ class Gateway:
 
     async def _speech(self, request, grpc_context) -> AsyncIterator[omni_pb2.SpeechChunk]:
         if isinstance(request, Undecodable):
-            raise bad_request(
-                f"request is not an omni.v1.SpeechRequest: {request.reason}", code="invalid_protobuf"
-            )
+            raise request.error()
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         async with self._admitting("grpc_speech", "gateway.speech", metadata) as (span, tenant):
@@ -672,9 +668,7 @@ class Gateway:
 
     async def _transcribe(self, request, grpc_context) -> AsyncIterator[omni_pb2.TranscriptionChunk]:
         if isinstance(request, Undecodable):
-            raise bad_request(
-                f"request is not an omni.v1.TranscriptionRequest: {request.reason}", code="invalid_protobuf"
-            )
+            raise request.error()
         arrival = time.perf_counter()
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         async with self._admitting("grpc_transcription", "gateway.transcription", metadata) as (span, tenant):

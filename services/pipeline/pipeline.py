@@ -30,6 +30,7 @@ from ray.serve.handle import DeploymentHandle
 
 from services.common import telemetry
 from services.common.errors import OmniError, bad_request, too_large
+from services.common.redis_config import async_client
 from services.common.session_key import SessionKey
 from services.common.streams import next_batch
 from services.common.telemetry import metric
@@ -185,6 +186,7 @@ class Pipeline:
         self.token_talker = talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
+        self._token_redis = None  # speech on a token talker: the token streams it writes (made on use)
 
     # ---- validation and preparation -----------------------------------------------------
 
@@ -205,12 +207,7 @@ class Pipeline:
                 raise bad_request(
                     f"{why}; use modalities ['text']", code="unsupported_modality", param="modalities"
                 )
-            voice = self.profile.voice(turn.speech.voice or pipe.default_voice)
-            if voice is None:
-                raise bad_request(
-                    f"unknown voice {turn.speech.voice[:64]!r}; available: {self.profile.voice_names()}",
-                    param="audio.voice",
-                )
+            voice = self._voice_named(turn.speech.voice, "audio.voice")
             audio_format = turn.speech.format
             if audio_format not in SPEECH_FORMATS:
                 raise bad_request(f"audio.format must be one of {SPEECH_FORMATS}", param="audio.format")
@@ -729,22 +726,17 @@ class Pipeline:
                 code="unsupported_parameter",
                 param="instructions",
             )
-        voice = self.profile.voice(turn.voice or self.profile.pipeline.default_voice)
-        if voice is None:
-            raise bad_request(
-                f"unknown voice {(turn.voice or '')[:64]!r}; available: {self.profile.voice_names()}",
-                param="voice",
-            )
+        voice = self._voice_named(turn.voice, "voice")
         ctx = common_pb2.RequestContext(request_id=f"speech-{uuid.uuid4().hex}", tenant=tenant.id)
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare_speech"):
             telemetry.inject(ctx)
             # A token talker speaks the thinker's tokens: the text as the assistant's answer to it.
-            layout = self.prompts.layout([Message("user", (turn.input,))])
+            said = Turn(turn.model, (Message("user", (turn.input,)),))
+            layout = self._layout(said)
             cost = Cost(text_tokens=layout.text_tokens)
             lease = await self.quota.admit(tenant, ctx.request_id, cost, slo_class(tenant))
-        turn_ = Turn(turn.model, (Message("user", (turn.input,)),))
         p = Prepared(
-            turn_, ctx, plan(True, [], []), [], common_pb2.SamplingParams(), voice, "pcm16", lease, layout
+            said, ctx, plan(True, [], []), [], common_pb2.SamplingParams(), voice, "pcm16", lease, layout
         )
         p.prompt = self.prompts.fill(layout, [])
         p.prompt_tokens = layout.text_tokens
@@ -796,7 +788,8 @@ class Pipeline:
             voice=p.voice,
             thinker=stages_pb2.ThinkerOutput(prompt_ids=ids, media=placements, token_stream=stream),
         )
-        writer = token_stream.TokenStreamWriter(stream)
+        self._token_redis = self._token_redis or async_client()
+        writer = token_stream.TokenStreamWriter(stream, self._token_redis)
         answer = self.prompts.tokenizer.encode(text, add_special_tokens=False)
         await writer.add(answer)
         await writer.end()
@@ -860,6 +853,15 @@ class Pipeline:
         finally:
             if t.lease is not None:
                 await self._release(t.lease, t.lease.cost)
+
+    def _voice_named(self, name: str | None, param: str) -> str:
+        """The profile's voice for `name` (an own name or an alias; None: the default), or a 400."""
+        voice = self.profile.voice(name or self.profile.pipeline.default_voice)
+        if voice is None:
+            raise bad_request(
+                f"unknown voice {(name or '')[:64]!r}; available: {self.profile.voice_names()}", param=param
+            )
+        return voice
 
     def _check_model(self, model: str) -> None:
         if not self.profile.serves(model):

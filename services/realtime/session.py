@@ -967,9 +967,7 @@ class RealtimeSession:
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
                 self.monitor.response_finished(self.key)
-            if not r.usage.output_tokens:  # ended before the engine's count: what was streamed
-                r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
-                                   output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
+            self._streamed_usage(r)
             done = r.item.describe(r.item_status)
             await self.send(se.ResponseContentPartDone(part=r.item.part(), **ids))
             await self.send(se.ResponseOutputItemDone(response_id=r.id, item=done))
@@ -1011,9 +1009,7 @@ class RealtimeSession:
         finally:
             self.stats.generated(r.item.tokens)
             self.monitor.response_finished(self.key)
-            if not r.usage.output_tokens:
-                r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
-                                   output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
+            self._streamed_usage(r)
             for index, item in enumerate(r.calls):
                 item.tokens, item.generated = (r.item.tokens, item.text) if len(r.calls) == 1 else (0, "")
                 await self.send(se.FunctionCallArgumentsDone(response_id=r.id, item_id=item.id, output_index=index,
@@ -1024,6 +1020,13 @@ class RealtimeSession:
                 if r.in_conversation:
                     await self.send(se.ConversationItemDone(item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
+
+    @staticmethod
+    def _streamed_usage(r: Response) -> None:
+        """A response that ended before the engine's count (cancelled, failed): what was streamed."""
+        if not r.usage.output_tokens:
+            r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
+                               output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
 
     @staticmethod
     def _cancelled(r: Response) -> None:

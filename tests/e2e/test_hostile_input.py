@@ -504,6 +504,7 @@ SPEECH_CASES = {
     "unknown_stream_format": (lambda m: _speech(m, stream_format="ws"), 422),
     "unknown_model": (lambda m: _speech("gpt-nothing"), 400),
     "body_not_object": (lambda m: [1, 2], 400),
+    "input_lone_surrogate": (lambda m: _speech(m, input="say \ud800 this"), 400),  # JSON-escaped
 }
 
 
@@ -622,6 +623,8 @@ TRANSCRIPTION_CASES = {
     "stream_srt": ({"file": ("a.wav", _wav())}, {"stream": "true", "response_format": "srt"}, 400),
     "prompt_too_long": ({"file": ("a.wav", _wav())}, {"prompt": "p" * 5000}, 400),
     "logprobs": ({"file": ("a.wav", _wav())}, {"include[]": "logprobs"}, 400),
+    "model_not_utf8": ({"file": ("a.wav", _wav())}, {"model": b"\xff\xfe"}, 400),
+    "prompt_unicode_huge": ({"file": ("a.wav", _wav())}, {"prompt": "\u00e9" * 20_000}, 400),
 }
 
 

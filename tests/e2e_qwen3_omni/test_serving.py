@@ -204,3 +204,23 @@ def test_a_realtime_session_sends_raw_audio_into_the_models_audio_encoder(client
         conn.response.create()
         assert until(conn, "response.done", seen).response.status == "completed"
         assert [e for e in seen if e.type == "response.output_audio.delta"]
+
+
+def test_audio_speech_feeds_the_talker_the_texts_tokens(client):
+    """/v1/audio/speech on the token talker: the input's tokens go to it through a token stream, as
+    decode writes an answer's; code2wav's 24 kHz comes back as a file. No transcriber here: 400."""
+    import io
+
+    import av
+    import openai
+
+    data = client.audio.speech.create(
+        model=MODEL, voice="ethan", input="Hello there, how are you?", response_format="wav"
+    ).read()
+    with av.open(
+        io.BytesIO(data)
+    ) as f:  # random weights may end the speech at any frame: the file is what is checked
+        assert f.streams.audio[0].rate == 24_000
+    with pytest.raises(openai.BadRequestError) as e:
+        client.audio.transcriptions.create(model=MODEL, file=("a.wav", wav_bytes(seconds=1.0)))
+    assert e.value.body["param"] == "model" and "no transcription model" in e.value.message
