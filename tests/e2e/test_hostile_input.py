@@ -621,7 +621,7 @@ TRANSCRIPTION_CASES = {
     "temperature_nan": ({"file": ("a.wav", _wav())}, {"temperature": "nan"}, 422),
     "stream_not_bool": ({"file": ("a.wav", _wav())}, {"stream": "maybe"}, 422),
     "stream_srt": ({"file": ("a.wav", _wav())}, {"stream": "true", "response_format": "srt"}, 400),
-    "prompt_too_long": ({"file": ("a.wav", _wav())}, {"prompt": "p" * 5000}, 400),
+    "prompt_too_long": ({"file": ("a.wav", _wav())}, {"prompt": "p" * 5000}, 422),
     "logprobs": ({"file": ("a.wav", _wav())}, {"include[]": "logprobs"}, 400),
     "model_not_utf8": ({"file": ("a.wav", _wav())}, {"model": b"\xff\xfe"}, 400),
     "prompt_unicode_huge": ({"file": ("a.wav", _wav())}, {"prompt": "\u00e9" * 20_000}, 400),
