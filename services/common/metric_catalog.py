@@ -55,6 +55,12 @@ def _declared() -> list[Metric]:
             ("api",),
         ),
         Metric(
+            "omniray_gateway_tool_calls_total",
+            c,
+            "Function calls made by answers, by tool_choice (auto: found by the profile's tool parser).",
+            ("choice",),
+        ),
+        Metric(
             "omniray_gateway_audio_stall_seconds_total",
             c,
             "Seconds a client playing audio from its first chunk in real time waits for the next.",

@@ -17,7 +17,7 @@ from services.gateway.audio_files import SpeechFile
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
-from services.pipeline.tools import MAX_TOOLS, ToolCall, Tools
+from services.pipeline.tools import MAX_TOOLS, CallDelta, ToolCall, Tools
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, speech_out
 
@@ -346,8 +346,8 @@ def completion(
         # As OpenAI: with audio out, the words are the audio's transcript.
         message = {"role": "assistant", "content": None, "audio": audio}
     if calls is not None:
-        message = {"role": "assistant", "content": None, "tool_calls": [tool_call(c) for c in calls]}
-        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        message["tool_calls"] = [tool_call(c) for c in calls]
+        message["content"] = message["content"] or None
     return {
         "id": rid,
         "object": "chat.completion",
@@ -361,6 +361,13 @@ def completion(
 def tool_call(c: ToolCall, index: int | None = None) -> dict:
     out = {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
     return out if index is None else {"index": index, **out}
+
+
+def tool_call_delta(d: CallDelta) -> dict:
+    """A streamed call piece: the first names the call."""
+    if d.id:
+        return tool_call(ToolCall(d.id, d.name, d.arguments), d.index)
+    return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
 def audio_message(audio_id: str, pcm16: bytes, sample_rate: int, fmt: str, transcript: str) -> dict:

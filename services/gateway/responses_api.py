@@ -35,7 +35,7 @@ from services.gateway.openai_api import (
 )
 from services.models.profile import LimitsSpec
 from services.pipeline.pipeline import Event
-from services.pipeline.tools import MAX_TOOLS, ToolCall, Tools, new_call_id
+from services.pipeline.tools import MAX_TOOLS, CallDelta, ToolCall, Tools, joined
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Sampling, Turn, speech_out
 
@@ -205,18 +205,20 @@ def _tools(req: ResponsesRequest) -> Tools | None:
 
 class Rendered:
     """One response's output as the Responses API shows it, built from the pipeline's events: a
-    message (text, or audio with its transcript), or function calls when the request required one."""
+    message (text, or audio with its transcript) and the function calls the answer made, as output
+    items in the order they began."""
 
-    def __init__(self, req: ResponsesRequest, turn: Turn, model: str, speak: bool, audio_format: str):
+    def __init__(self, req: ResponsesRequest, model: str, speak: bool, audio_format: str):
         self.req, self.model = req, model
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.tools = turn.tools if turn.tools is not None and turn.tools.forced else None
         self.speak, self.audio_format = speak, audio_format
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.text: list[str] = []
         self.pcm = bytearray()
-        self.calls: list[ToolCall] = []
+        self.deltas: list[CallDelta] = []
+        self.order: list[int | None] = []  # output items as they began: None the message, else a call
+        self.item_ids: dict[int, str] = {}  # call index -> its item's id
         self.status = "in_progress"
         self.usage = common_pb2.Usage()
         self.seq = 0
@@ -256,9 +258,10 @@ class Rendered:
         }
 
     def output(self) -> list[dict]:
-        if self.tools is not None:
-            return [self._call_item(c, self.item_status) for c in self.calls]
-        return [self._message(self.item_status)]
+        return [self._item(i, self.item_status) for i in self.order]
+
+    def _item(self, index: int | None, status: str) -> dict:
+        return self._message(status) if index is None else self._call_item(index, status)
 
     @property
     def item_status(self) -> str:
@@ -288,10 +291,13 @@ class Rendered:
         file = SpeechFile(fmt)
         return file.push(bytes(self.pcm)) + file.close()
 
-    @staticmethod
-    def _call_item(c: ToolCall, status: str) -> dict:
-        return {"id": f"fc_{c.id[5:]}", "type": "function_call", "status": status, "call_id": c.id,
-                "name": c.name, "arguments": c.arguments}  # fmt: skip
+    def _call_item(self, index: int, status: str) -> dict:
+        (c,) = joined([d for d in self.deltas if d.index == index])
+        return {"id": self.item_ids[index], "type": "function_call", "status": status, "call_id": c.id,
+                "name": c.name, "arguments": c.arguments if status != "in_progress" else ""}  # fmt: skip
+
+    def _indices(self) -> list[int]:
+        return sorted({d.index for d in self.deltas})
 
     def _usage(self) -> dict:
         u = self.usage
@@ -310,22 +316,32 @@ class Rendered:
     def _finished(self, ev: Event) -> None:
         self.usage = ev.usage or self.usage
         self.status = "incomplete" if ev.finish_reason == "length" else "completed"
-        if self.tools is not None:
-            if self.tools.choice == "function":
-                self.calls[0] = ToolCall(self.calls[0].id, self.calls[0].name, "".join(self.text))
-            else:
-                self.calls = self.tools.calls("".join(self.text))
+
+    def _took(self, ev: Event) -> tuple[bool, list[CallDelta]]:
+        """An event into the output: (whether it adds to the message, the call pieces that begin
+        a call)."""
+        content = bool(ev.is_text or ev.text or ev.pcm16)
+        if content:
+            self.text.append(ev.text)
+            self.pcm += ev.pcm16
+        begun = []
+        for d in ev.calls:
+            self.deltas.append(d)
+            if d.index not in self.item_ids:
+                self.item_ids[d.index] = f"fc_{uuid.uuid4().hex}"
+                begun.append(d)
+        return content, begun
 
     # -- whole
 
     async def whole(self, events: AsyncIterator[Event]) -> dict:
-        if self.tools is not None and self.tools.choice == "function":
-            self.calls = [ToolCall(new_call_id(), self.tools.name, "")]
+        message = False
         async for ev in events:
-            self.text.append(ev.text)
-            self.pcm += ev.pcm16
+            content, _ = self._took(ev)
+            message = message or content
             if ev.finish_reason:
                 self._finished(ev)
+        self.order = ([None] if message or not self.item_ids else []) + self._indices()
         return self.response()
 
     # -- stream
@@ -335,58 +351,87 @@ class Rendered:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.seq, **fields})}\n\n"
 
     async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
+        """The message begins at its first content and ends when a call begins (nothing follows a
+        call in one answer) or at the end; each call's arguments stream as they are written."""
         yield self._event("response.created", response=self.response())
         yield self._event("response.in_progress", response=self.response())
-        named = self.tools is not None and self.tools.choice == "function"
-        at = {"output_index": 0}
-        if named:
-            self.calls = [ToolCall(new_call_id(), self.tools.name, "")]
-            item = self._call_item(self.calls[0], "in_progress")
-            yield self._event("response.output_item.added", item=item, **at)
-        elif self.tools is None:
-            yield self._event("response.output_item.added", item=self._message("in_progress"), **at)
-            at = {**at, "item_id": self.message_id, "content_index": 0}
-            yield self._event("response.content_part.added", part=self._part(whole=False), **at)
+        part = {}  # the open message's item id and content index, with its output index
         async for ev in events:
+            content, begun = self._took(ev)
+            if content and not part and None not in self.order:
+                for line in self._message_added():
+                    yield line
+                part = {
+                    "item_id": self.message_id,
+                    "output_index": self.order.index(None),
+                    "content_index": 0,
+                }
             if ev.is_text or ev.text:
-                self.text.append(ev.text)
-                if named:
-                    yield self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=0, delta=ev.text)  # fmt: skip
-                elif self.tools is None and self.speak:
-                    yield self._event("response.audio.transcript.delta", delta=ev.text, **at)
-                elif self.tools is None:
-                    yield self._event("response.output_text.delta", delta=ev.text, logprobs=[], **at)
+                kind = "response.audio.transcript.delta" if self.speak else "response.output_text.delta"
+                extra = {} if self.speak else {"logprobs": []}
+                yield self._event(kind, delta=ev.text, **part, **extra)
             if ev.pcm16:
-                self.pcm += ev.pcm16
-                yield self._event("response.audio.delta", delta=base64.b64encode(ev.pcm16).decode(), **at)
+                yield self._event("response.audio.delta", delta=base64.b64encode(ev.pcm16).decode(), **part)
+            for d in ev.calls:
+                if d in begun:
+                    if part:
+                        for line in self._message_done(part):
+                            yield line
+                        part = {}
+                    self.order.append(d.index)
+                    item = self._call_item(d.index, "in_progress")
+                    yield self._event(
+                        "response.output_item.added", item=item, output_index=len(self.order) - 1
+                    )
+                if d.arguments:
+                    yield self._event("response.function_call_arguments.delta", item_id=self.item_ids[d.index],
+                                      output_index=self.order.index(d.index), delta=d.arguments)  # fmt: skip
             if ev.finish_reason:
                 self._finished(ev)
-        if self.tools is not None:
-            for i, call in enumerate(self.calls):
-                item = self._call_item(call, self.item_status)
-                if not named:
-                    yield self._event(
-                        "response.output_item.added", item={**item, "status": "in_progress"}, output_index=i
-                    )
-                    yield self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                      output_index=i, delta=call.arguments)  # fmt: skip
+        if not self.order:  # an empty answer is an empty message
+            for line in self._message_added():
+                yield line
+            part = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
+        if part:
+            for line in self._message_done(part):
+                yield line
+        for i, index in enumerate(self.order):
+            if index is not None:
+                item = self._call_item(index, self.item_status)
                 yield self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                                  name=call.name, arguments=call.arguments)  # fmt: skip
+                                  name=item["name"], arguments=item["arguments"])  # fmt: skip
                 yield self._event("response.output_item.done", item=item, output_index=i)
-        else:
-            text = "".join(self.text)
-            if self.speak:
-                yield self._event("response.audio.done", **at)
-                yield self._event("response.audio.transcript.done", transcript=text, **at)
-            else:
-                yield self._event("response.output_text.done", text=text, logprobs=[], **at)
-            yield self._event("response.content_part.done", part=self._part(), **at)
-            yield self._event(
-                "response.output_item.done", item=self._message(self.item_status), output_index=0
-            )
         done = "response.incomplete" if self.status == "incomplete" else "response.completed"
         yield self._event(done, response=self.response())
+
+    def _message_added(self) -> list[str]:
+        self.order.append(None)
+        at = {"output_index": len(self.order) - 1}
+        return [
+            self._event("response.output_item.added", item=self._message("in_progress"), **at),
+            self._event(
+                "response.content_part.added",
+                part=self._part(whole=False),
+                item_id=self.message_id,
+                content_index=0,
+                **at,
+            ),  # fmt: skip
+        ]
+
+    def _message_done(self, part: dict) -> list[str]:
+        text = "".join(self.text)
+        status = self.item_status if self.status != "in_progress" else "completed"
+        if self.speak:
+            lines = [self._event("response.audio.done", **part),
+                     self._event("response.audio.transcript.done", transcript=text, **part)]  # fmt: skip
+        else:
+            lines = [self._event("response.output_text.done", text=text, logprobs=[], **part)]
+        return lines + [
+            self._event("response.content_part.done", part=self._part(), **part),
+            self._event(
+                "response.output_item.done", item=self._message(status), output_index=part["output_index"]
+            ),
+        ]
 
     def failed(self, error: dict) -> str:
         self.status = "failed"

@@ -33,7 +33,7 @@ from services.gateway.quota import quota_service
 from services.models.profile import Profile
 from services.pipeline.pipeline import Event, Pipeline, Prepared, StageHandles, Transcription
 from services.pipeline.prompt import PromptBuilder
-from services.pipeline.tools import ToolCall, Tools, new_call_id
+from services.pipeline.tools import CallDelta, joined
 from services.quota.tenants import TenantSpec
 from services.realtime import grpc_events
 from services.realtime import server_events as se
@@ -226,17 +226,18 @@ class Gateway:
         events = self._observed("rest", self.pipeline.generate(prepared), arrival, span)
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
         speak = prepared.plan.speak
-        tools = turn.tools if turn.tools is not None and turn.tools.forced else None
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return StreamingResponse(
-                self._sse(events, rid, model, created, speak, include_usage, tools),
+                self._sse(events, rid, model, created, speak, include_usage),
                 media_type="text/event-stream",
                 headers=prepared.lease.headers,
             )
         text, pcm, rate, finish, usage = [], bytearray(), 0, "stop", common_pb2.Usage()
+        deltas: list[CallDelta] = []
         async for ev in events:
             text.append(ev.text)
+            deltas += ev.calls
             pcm += ev.pcm16
             rate = ev.sample_rate or rate
             if ev.finish_reason:
@@ -246,7 +247,7 @@ class Gateway:
             audio = openai_api.audio_message(
                 f"audio_{uuid.uuid4().hex}", bytes(pcm), rate or 24000, prepared.audio_format, "".join(text)
             )
-        calls = tools.calls("".join(text)) if tools is not None else None
+        calls = joined(deltas) if deltas else None
         return JSONResponse(
             openai_api.completion(rid, model, created, "".join(text), finish, usage, audio, calls),
             headers=prepared.lease.headers,
@@ -260,30 +261,21 @@ class Gateway:
         created: int,
         speak: bool,
         include_usage: bool,
-        tools: Tools | None = None,
     ) -> AsyncIterator[str]:
         def line(obj: dict) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
         audio_id = f"audio_{uuid.uuid4().hex}"
         yield line(openai_api.chunk(rid, model, created, {"role": "assistant", "content": ""}))
-        # A named function's arguments stream as they are written; "required" calls go out whole
-        # once their JSON is complete (the function's name is inside it).
-        named = None if tools is None or tools.choice != "function" else new_call_id()
-        written: list[str] = []
         try:
             async for ev in events:
                 if ev.progress is not None:
                     # Documents: encoder progress as a chunk with no choices (OpenAI SDKs skip those).
                     yield line(openai_api.progress_chunk(rid, model, created, ev.progress))
-                if tools is not None and (ev.is_text or ev.text):
-                    if named is not None:
-                        delta = {"index": 0, "function": {"arguments": ev.text}}
-                        if not written:  # the call's first chunk names it
-                            delta = openai_api.tool_call(ToolCall(named, tools.name, ev.text), 0)
-                        yield line(openai_api.chunk(rid, model, created, {"tool_calls": [delta]}))
-                    written.append(ev.text)
-                elif ev.is_text or ev.text:
+                if ev.calls:
+                    calls = [openai_api.tool_call_delta(d) for d in ev.calls]
+                    yield line(openai_api.chunk(rid, model, created, {"tool_calls": calls}))
+                if ev.is_text or ev.text:
                     # As OpenAI: with audio out the words stream as the audio's transcript. Tokens
                     # whose text is empty go out too (as vLLM's server sends them).
                     delta = (
@@ -306,16 +298,7 @@ class Gateway:
                         )
                     )
                 if ev.finish_reason:
-                    finish = ev.finish_reason
-                    if tools is not None:
-                        if named is None:
-                            calls = [
-                                openai_api.tool_call(c, i)
-                                for i, c in enumerate(tools.calls("".join(written)))
-                            ]
-                            yield line(openai_api.chunk(rid, model, created, {"tool_calls": calls}))
-                        finish = "tool_calls" if finish == "stop" else finish
-                    yield line(openai_api.chunk(rid, model, created, {}, finish))
+                    yield line(openai_api.chunk(rid, model, created, {}, ev.finish_reason))
                     if include_usage and ev.usage is not None:
                         yield line(openai_api.usage_chunk(rid, model, created, ev.usage))
         except OmniError as e:  # headers are gone: report in-band, then end the stream cleanly
@@ -339,7 +322,7 @@ class Gateway:
             telemetry.inject(prepared.ctx)
         events = self._observed("responses", self.pipeline.generate(prepared), arrival, span)
         out = responses_api.Rendered(
-            req, turn, self.profile.served_model_name, prepared.plan.speak, prepared.audio_format
+            req, self.profile.served_model_name, prepared.plan.speak, prepared.audio_format
         )
         if req.stream:
             return StreamingResponse(
@@ -563,14 +546,12 @@ class Gateway:
             prepared = await self.pipeline.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
         rid, model = prepared.ctx.request_id, self.profile.served_model_name
-        tools = turn.tools if turn.tools is not None and turn.tools.forced else None
-        written: list[str] = []  # a required call's JSON: its calls go out whole, before the last chunk
+        deltas: list[CallDelta] = []  # the calls go out whole, before the last chunk
         async for ev in self._observed("grpc", self.pipeline.generate(prepared), arrival, span):
             if ev.progress is not None:
                 yield omni_pb2.ChatChunk(id=rid, model=model, progress=ev.progress)
-            if ev.text and tools is not None:
-                written.append(ev.text)
-            elif ev.text:
+            deltas += ev.calls
+            if ev.text:
                 yield omni_pb2.ChatChunk(id=rid, model=model, text=ev.text)
             if ev.pcm16:
                 yield omni_pb2.ChatChunk(
@@ -581,13 +562,11 @@ class Gateway:
                     ),
                 )
             if ev.finish_reason:
-                finish = ev.finish_reason
-                if tools is not None:
+                if deltas:
                     calls = [omni_pb2.ToolCall(id=c.id, name=c.name, arguments=c.arguments)
-                             for c in tools.calls("".join(written))]  # fmt: skip
+                             for c in joined(deltas)]  # fmt: skip
                     yield omni_pb2.ChatChunk(id=rid, model=model, tool_calls=calls)
-                    finish = "tool_calls" if finish == "stop" else finish
-                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=finish, usage=ev.usage)
+                yield omni_pb2.ChatChunk(id=rid, model=model, finish_reason=ev.finish_reason, usage=ev.usage)
 
     async def Realtime(
         self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None

@@ -221,6 +221,9 @@ class PipelineSpec(_Strict):
     default_max_tokens: int = 256
     default_voice: str = "default"
     voices: list[str] = Field(default_factory=lambda: ["default"])
+    # vLLM's tool parser for the model's own call format (the name `--tool-call-parser` takes, e.g.
+    # "hermes" for Qwen): tool_choice "auto" needs one (services/pipeline/tool_parser.py).
+    tool_call_parser: str | None = None
 
 
 class AliasSpec(_Strict):

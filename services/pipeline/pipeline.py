@@ -42,7 +42,8 @@ from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
 from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.text_chunker import TextChunker
-from services.pipeline.tools import Tools
+from services.pipeline.tool_parser import ToolCallParser
+from services.pipeline.tools import CallDelta, CallStream, NamedCall, RequiredCalls, Tools
 from services.pipeline.turn import (
     SEED_BOUND,
     SPEECH_FORMATS,
@@ -78,12 +79,13 @@ class Event:
     finish_reason: str | None = None
     usage: common_pb2.Usage | None = None
     progress: common_pb2.Progress | None = None
+    calls: tuple[CallDelta, ...] = ()  # tool calls as they are written (`text` is the content)
 
     @property
     def is_text(self) -> bool:
         """Only generated text (what piles up and merges under load)."""
         return bool(self.tokens or self.text) and not (
-            self.pcm16 or self.finish_reason is not None or self.progress is not None
+            self.pcm16 or self.finish_reason is not None or self.progress is not None or self.calls
         )
 
 
@@ -186,7 +188,14 @@ class Pipeline:
         self.token_talker = talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
+        self.tool_calls = metric("omniray_gateway_tool_calls_total")
+        for choice in ("auto", "required", "function"):
+            zero(self.tool_calls, choice=choice)
         self._token_redis = None  # speech on a token talker: the token streams it writes (made on use)
+        parser = profile.pipeline.tool_call_parser
+        self.tool_parser = (
+            ToolCallParser(parser, prompts.tokenizer, profile.served_model_name) if parser else None
+        )
 
     # ---- validation and preparation -----------------------------------------------------
 
@@ -244,15 +253,15 @@ class Pipeline:
         )
         return sampling, voice, audio_format
 
-    @staticmethod
-    def tool_schema(tools: Tools, structured: bool = False) -> str:
+    def tool_schema(self, tools: Tools, structured: bool = False) -> str:
         """The schema a forced call is generated under ("" when the model answers freely); what
         this deployment cannot do with `tools` is a 400."""
         tools.check()
-        if tools.choice == "auto":
+        if tools.choice == "auto" and self.tool_parser is None:
             raise bad_request(
-                "tool_choice 'auto' needs the model's own tool-call parser, which this server does not "
-                "run yet; use tool_choice 'required' or a named function (docs/api.md, Tools)",
+                f"tool_choice 'auto' needs the model's own tool-call parser, and profile "
+                f"{self.profile.name!r} names none (its model has no tool-call format); use "
+                "tool_choice 'required' or a named function (docs/api.md, Tools)",
                 code="unsupported_parameter",
                 param="tool_choice",
             )
@@ -307,6 +316,16 @@ class Pipeline:
                 )
             grids.append(grid)
         return grids
+
+    def _call_stream(self, tools: Tools | None) -> CallStream | None:
+        """What splits the answer into content and tool calls (None: all content)."""
+        if tools is None or tools.choice == "none":
+            return None
+        if tools.choice == "function":
+            return NamedCall(tools.name)
+        if tools.choice == "required":
+            return RequiredCalls(tools)
+        return self.tool_parser.stream(tools)
 
     def _layout(self, turn: Turn) -> Layout:
         offered = turn.tools.specs if turn.tools is not None and turn.tools.choice != "none" else ()
@@ -538,8 +557,10 @@ class Pipeline:
         pieces: asyncio.Queue = asyncio.Queue()
         final: dict = {}
         tokens_to = token_stream.key(p.ctx.request_id) if p.plan.speak and self.token_talker else ""
-        written: list[str] = []  # the answer's text as written (a token talker's transcript)
+        written: list[str] = []  # the answer's content as written (a token talker's transcript)
         thought = asyncio.Event()
+        calls_in = self._call_stream(p.turn.tools)
+        calling = asyncio.Event()  # a tool call began
 
         async def think() -> None:
             try:
@@ -555,23 +576,42 @@ class Pipeline:
                 self.profile.pipeline.chunk_min_tokens, self.profile.pipeline.chunk_max_tokens
             )
             text = []
-            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, tokens_to):
-                final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
-                if chunk.token_ids or chunk.text:
-                    # Tokens whose text is empty still count (as vLLM's server sends them).
-                    await out.put(Event(text=chunk.text, tokens=len(chunk.token_ids)))
-                if chunk.text:
-                    text.append(chunk.text)
-                    written.append(chunk.text)
+            called: set[int] = set()  # the calls written
+
+            async def wrote(content: str, calls: list[CallDelta], tokens: int) -> None:
+                # Tokens whose text is empty go out too (as vLLM's server sends them) — but not
+                # while calls are being written: their tokens go with the next piece (or the end).
+                tokens += final.pop("unsent", 0)
+                if content or calls or (tokens and calls_in is None):
+                    await out.put(Event(text=content, tokens=tokens, calls=tuple(calls)))
+                elif tokens:
+                    final["unsent"] = tokens
+                called.update(d.index for d in calls if d.id)
+                if calls and tokens_to and not calling.is_set():
+                    calling.set()  # a token talker would speak the call's tokens: it stops here
+                if content:
+                    text.append(content)
+                    written.append(content)
                     if (
                         p.plan.speak
                         and not tokens_to
                         and self.async_chunk
-                        and (piece := chunker.push(chunk.text, len(chunk.token_ids)))
+                        and (piece := chunker.push(content, tokens))
                     ):
                         await pieces.put(piece)
+
+            async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, tokens_to):
+                final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
+                content, calls = calls_in.feed(chunk.text) if calls_in else (chunk.text, [])
+                await wrote(content, calls, len(chunk.token_ids))
                 if chunk.finish_reason:
                     final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
+            if calls_in is not None:
+                await wrote(*calls_in.finish(), 0)
+                if calls_in.made and final.get("finish_reason", "stop") == "stop":
+                    final["finish_reason"] = "tool_calls"
+                if called:
+                    self.tool_calls.inc(len(called), tags={"choice": p.turn.tools.choice})
             if p.plan.speak and not tokens_to:
                 rest = chunker.flush() if self.async_chunk else "".join(text)
                 if rest and rest.strip():
@@ -605,7 +645,17 @@ class Pipeline:
                 new, spoken = "".join(written[spoken:]), len(written)
                 return new or None
 
-            await self._voice(p, talk, out, transcript)
+            voice = asyncio.create_task(self._voice(p, talk, out, transcript))
+            called = asyncio.create_task(calling.wait())
+            try:
+                await asyncio.wait((voice, called), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                called.cancel()
+                if not voice.done():
+                    voice.cancel()
+                    await asyncio.gather(voice, return_exceptions=True)
+            if not calling.is_set():
+                voice.result()
             await self._end_speech(p, out)
 
         async def run(coro) -> None:
@@ -631,7 +681,9 @@ class Pipeline:
             usage = final.get("usage")
             if usage is not None:
                 usage.audio_prompt_tokens = p.audio_prompt_tokens
-            yield Event(finish_reason=final.get("finish_reason", "stop"), usage=usage)
+            yield Event(
+                finish_reason=final.get("finish_reason", "stop"), usage=usage, tokens=final.get("unsent", 0)
+            )
         finally:
             for t in tasks:
                 t.cancel()

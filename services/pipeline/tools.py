@@ -1,12 +1,14 @@
-"""Function calling that works on any model: a call the request requires (`tool_choice` "required"
-or a named function) is generated under a JSON schema built from the tools' parameters (vLLM's
-structured outputs, as `response_format` is), and the JSON the model writes is the calls. The
-model's own tool-call format ("auto": the model decides) needs its tool parser; see
-docs/api.md "Tools".
+"""Function calling. A call the request requires (`tool_choice` "required" or a named function)
+works on any model: it is generated under a JSON schema built from the tools' parameters (vLLM's
+structured outputs, as `response_format` is), and the JSON the model writes is the calls:
 
 - a named function: the output is that function's arguments (its `parameters` schema);
 - "required": the output is `{"name": ..., "arguments": {...}}` (one of the tools), or with
   parallel calls a non-empty array of those.
+
+With "auto" the model decides, writing its calls in its own format; vLLM's tool parser for that
+format finds them (services/pipeline/tool_parser.py). Either way the answer's text goes through a
+`CallStream`, which splits it into content and `CallDelta`s as decode writes it; docs/api.md "Tools".
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from services.common.errors import bad_request
 
@@ -88,22 +90,88 @@ class Tools:
         return json.dumps({"type": "array", "items": call, "minItems": 1} if self.parallel else call)
 
     def calls(self, text: str) -> list[ToolCall]:
-        """A forced answer's text as its calls (the grammar made it valid JSON of the schema; an
+        """A "required" answer's text as its calls (the grammar made it valid JSON of the schema; an
         answer cut by max_tokens is not, and gives its text as one call's arguments)."""
-        if self.choice == "function":
-            return [ToolCall(new_call_id(), self.name, text)]
         try:
             found = json.loads(text)
         except ValueError:
-            return [ToolCall(new_call_id(), "", text)]
+            found = None
         found = found if isinstance(found, list) else [found]
-        return [
+        calls = [
             ToolCall(
                 new_call_id(), c.get("name", ""), json.dumps(c.get("arguments", {}), separators=(",", ":"))
             )
             for c in found
             if isinstance(c, dict)
         ]
+        return calls or [ToolCall(new_call_id(), "", text)]
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A piece of the answer's tool calls as it is written: a call's first piece carries its id and
+    name, later ones add to its arguments (OpenAI's streamed `tool_calls` deltas)."""
+
+    index: int
+    arguments: str = ""
+    id: str = ""
+    name: str = ""
+
+
+class CallStream(Protocol):
+    """One answer's text as decode writes it -> (content, call pieces). `made`: a call was written
+    (the answer finishes with "tool_calls")."""
+
+    made: bool
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]: ...
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        """What was held back, once the answer is whole."""
+        ...
+
+
+class NamedCall:
+    """A named function's call: the answer is its arguments, streamed as they are written."""
+
+    def __init__(self, name: str):
+        self.name, self.made = name, False
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        if self.made:
+            return "", [CallDelta(0, text)] if text else []
+        self.made = True
+        return "", [CallDelta(0, text, new_call_id(), self.name)]
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        return ("", []) if self.made else self.feed("")
+
+
+class RequiredCalls:
+    """ "required": the calls go out whole once their JSON is complete (a function's name is inside
+    it, after its arguments may have begun)."""
+
+    def __init__(self, tools: Tools):
+        self.tools, self.made, self._text = tools, False, []
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        self._text.append(text)
+        return "", []
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        calls = self.tools.calls("".join(self._text))
+        self.made = bool(calls)
+        return "", [CallDelta(i, c.arguments, c.id, c.name) for i, c in enumerate(calls)]
+
+
+def joined(deltas: list[CallDelta]) -> list[ToolCall]:
+    """Streamed call pieces as whole calls, in index order."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        if d.index not in calls:
+            calls[d.index] = [d.id, d.name, ""]
+        calls[d.index][2] += d.arguments
+    return [ToolCall(*calls[i]) for i in sorted(calls)]
 
 
 def asked(

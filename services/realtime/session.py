@@ -19,13 +19,13 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
 from services.pipeline.structured_output import checked_json_schema
-from services.pipeline.tools import ToolCall, Tools, new_call_id
+from services.pipeline.tools import ToolCall, Tools
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
 from services.playback.monitor import PlaybackMonitor
@@ -148,8 +148,10 @@ class Response:
     details: se.StatusDetails | None = None
     usage: se.Usage = field(default_factory=se.Usage)
     audio_in_tokens: int = 0  # the prompt's user audio rows (usage details)
-    tools: Tools | None = None  # a required call: the response's output is function_call items
-    calls: list[Item] = field(default_factory=list)
+    tools: Tools | None = None  # offered (its answer may be calls)
+    output: list[Item] = field(default_factory=list)  # its output items as they began
+    message: Literal["none", "open", "done"] = "none"  # its message item
+    previous: str | None = None  # the conversation item before its message
     cancel_reason: str = "client_cancelled"  # or turn_detected (a barge-in)
 
     @property
@@ -874,7 +876,7 @@ class RealtimeSession:
             se.new_id("resp"), item, modalities, config.conversation == "auto", config.metadata
         )
         response.audio_in_tokens = sum(user.audio_tokens or 0 for turn in turns for user in turn[:1])
-        if turn.tools is not None and turn.tools.forced:
+        if turn.tools is not None and turn.tools.choice != "none":
             response.tools = turn.tools
         self.response = response
         await self.send(se.ResponseCreated(response=self._describe(response)))
@@ -883,8 +885,7 @@ class RealtimeSession:
                                    remaining=round(max(0.0, b.remaining), 3), reset_seconds=round(b.reset_s, 3))
                       for b in buckets]  # fmt: skip
             await self.send(se.RateLimitsUpdated(rate_limits=limits))
-        run = self._run_calls if response.tools is not None else self._run
-        response.task = asyncio.create_task(run(response, prepared))
+        response.task = asyncio.create_task(self._run(response, prepared))
 
     def _describe(self, r: Response) -> se.Response:
         done = r.status != "in_progress"
@@ -894,33 +895,44 @@ class RealtimeSession:
             status_details=r.details,
             conversation_id=self.conversation_id if r.in_conversation else None,
             output_modalities=r.modalities,
-            output=(
-                [c.describe(r.item_status) for c in r.calls] if r.tools else [r.item.describe(r.item_status)]
-            )
-            if done
-            else [],
+            output=[i.describe(r.item_status) for i in r.output] if done else [],
             usage=r.usage if done else None,
             metadata=r.metadata,
         )
 
     async def _run(self, r: Response, prepared) -> None:
-        """The response's events in OpenAI's order: its item and content part added, the deltas,
-        the part and item done (also when cancelled or failed: incomplete), `response.done`."""
+        """The response's events in OpenAI's order: its message item and content part added, the
+        deltas, the part and item done (also when cancelled or failed: incomplete); each function
+        call the answer makes as its own item (added, its arguments' deltas, the arguments and item
+        done); then `response.done`. With tools offered the message begins at its first content (an
+        answer that is only calls has no empty message) and a call ends it: nothing follows a call
+        in one answer, and calls are never spoken."""
         ids = {"response_id": r.id, "item_id": r.item.id}
-        await self.send(se.ResponseOutputItemAdded(response_id=r.id, item=r.item.describe("in_progress")))
-        previous = None
-        if r.in_conversation:
-            previous = self.items[-1].id if self.items else None
-            self.items.append(r.item)
-            await self.send(
-                se.ConversationItemAdded(previous_item_id=previous, item=r.item.describe("in_progress"))
-            )
-        await self.send(se.ResponseContentPartAdded(part=r.item.part(), **ids))
+        if r.tools is None:
+            await self._begin_message(r)
+        calls: dict[int, Item] = {}  # the answer's calls by index
         audio_out = OutputAudio(self.config.audio.output.format.type)
         self.monitor.response_started(self.key)
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
+                if out.calls:
+                    if r.message == "open":
+                        await self._message_written(r, audio_out)
+                        await self._end_message(r)
+                    for d in out.calls:
+                        if d.index not in calls:
+                            calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
+                        item = calls[d.index]
+                        item.text += d.arguments
+                        if d.arguments:
+                            await self.send(se.FunctionCallArgumentsDelta(
+                                response_id=r.id, item_id=item.id, output_index=r.output.index(item),
+                                call_id=item.call_id, delta=d.arguments))  # fmt: skip
+                    calls[out.calls[-1].index].tokens += out.tokens
+                    continue
+                if r.message == "none" and (out.text or out.pcm16):
+                    await self._begin_message(r)
                 r.item.tokens += out.tokens
                 if out.text:
                     r.item.text += out.text
@@ -929,7 +941,7 @@ class RealtimeSession:
                         await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
                     else:
                         await self.send(se.ResponseOutputTextDelta(delta=out.text, **ids))
-                if out.pcm16:
+                if out.pcm16 and r.message == "open":
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
                         r.item.spoken.append([out.transcript or "", 0.0])
@@ -949,69 +961,27 @@ class RealtimeSession:
                     r.usage = self._usage(out.usage, r)
             r.status = "completed"
             r.details = se.StatusDetails(type="completed")
-            self.stats.generated(r.item.tokens)
-            if r.item.audio_out:
-                if delta := audio_out.flush():
-                    await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
-                await self.send(se.ResponseOutputAudioDone(**ids))
-                await self.send(se.ResponseOutputAudioTranscriptDone(transcript=r.item.text, **ids))
-            else:
-                await self.send(se.ResponseOutputTextDone(text=r.item.text, **ids))
+            if not r.output:  # an empty answer is an empty message
+                await self._begin_message(r)
+            if r.message == "open":
+                await self._message_written(r, audio_out)
         except asyncio.CancelledError:
             self._cancelled(r)
-            self.stats.generated(r.item.tokens)
         except Exception as e:  # the stage failed: say so, keep the session
             await self._failed(r, e)
         finally:
-            if r.status == "completed":  # whole responses tell the audio per token
+            tokens = r.item.tokens + sum(c.tokens for c in calls.values())
+            self.stats.generated(tokens)
+            if r.status == "completed" and not calls:  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
                 self.monitor.response_finished(self.key)
-            self._streamed_usage(r)
-            done = r.item.describe(r.item_status)
-            await self.send(se.ResponseContentPartDone(part=r.item.part(), **ids))
-            await self.send(se.ResponseOutputItemDone(response_id=r.id, item=done))
-            if r.in_conversation:
-                await self.send(se.ConversationItemDone(previous_item_id=previous, item=done))
-            await self.send(se.ResponseDone(response=self._describe(r)))
-
-    async def _run_calls(self, r: Response, prepared) -> None:
-        """A response whose answer is a required call (`tool_choice` "required" or a function): its
-        function_call items in OpenAI's order — added, the arguments' deltas (a named function's
-        as they are written; "required" ones once whole, the function's name being in them), the
-        arguments done, the item done — then `response.done`. Nothing is spoken."""
-        tools, written = r.tools, []
-        self.monitor.response_started(self.key)
-        try:
-            if tools.choice == "function":
-                item = await self._add_call(r, ToolCall(new_call_id(), tools.name, ""))
-            async for out in self.pipeline.generate(prepared):
-                r.item.tokens += out.tokens
-                if out.text:
-                    written.append(out.text)
-                    if tools.choice == "function":
-                        item.text += out.text
-                        await self.send(se.FunctionCallArgumentsDelta(response_id=r.id, item_id=item.id,
-                                                                      call_id=item.call_id, delta=out.text))  # fmt: skip
-                if out.finish_reason and out.usage is not None:
-                    r.usage = self._usage(out.usage, r)
-            if tools.choice != "function":
-                for call in tools.calls("".join(written)):
-                    item = await self._add_call(r, call)
-                    await self.send(se.FunctionCallArgumentsDelta(response_id=r.id, item_id=item.id,
-                                                                  output_index=len(r.calls) - 1,
-                                                                  call_id=item.call_id, delta=item.text))  # fmt: skip
-            r.status, r.details = "completed", se.StatusDetails(type="completed")
-        except asyncio.CancelledError:
-            self._cancelled(r)
-        except Exception as e:  # the stage failed: say so, keep the session
-            await self._failed(r, e)
-        finally:
-            self.stats.generated(r.item.tokens)
-            self.monitor.response_finished(self.key)
-            self._streamed_usage(r)
-            for index, item in enumerate(r.calls):
-                item.tokens, item.generated = (r.item.tokens, item.text) if len(r.calls) == 1 else (0, "")
+            self._streamed_usage(r, tokens)
+            if r.message == "open":
+                await self._end_message(r)
+            for item in calls.values():
+                item.generated = item.text
+                index = r.output.index(item)
                 await self.send(se.FunctionCallArgumentsDone(response_id=r.id, item_id=item.id, output_index=index,
                                                              call_id=item.call_id, name=item.name,
                                                              arguments=item.text))  # fmt: skip
@@ -1021,12 +991,61 @@ class RealtimeSession:
                     await self.send(se.ConversationItemDone(item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
 
+    async def _begin_message(self, r: Response) -> None:
+        """The response's message item added (to the conversation too, in band), its part begun."""
+        r.output.append(r.item)
+        r.message = "open"
+        index = len(r.output) - 1
+        await self.send(
+            se.ResponseOutputItemAdded(
+                response_id=r.id, output_index=index, item=r.item.describe("in_progress")
+            )
+        )
+        if r.in_conversation:
+            r.previous = self.items[-1].id if self.items else None
+            self.items.append(r.item)
+            await self.send(
+                se.ConversationItemAdded(previous_item_id=r.previous, item=r.item.describe("in_progress"))
+            )
+        await self.send(
+            se.ResponseContentPartAdded(
+                part=r.item.part(), response_id=r.id, item_id=r.item.id, output_index=index
+            )
+        )
+
+    async def _message_written(self, r: Response, audio_out: OutputAudio) -> None:
+        """The message's content is whole: its audio and transcript (or text) done."""
+        ids = {"response_id": r.id, "item_id": r.item.id, "output_index": r.output.index(r.item)}
+        if r.item.audio_out:
+            if delta := audio_out.flush():
+                await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
+            await self.send(se.ResponseOutputAudioDone(**ids))
+            await self.send(se.ResponseOutputAudioTranscriptDone(transcript=r.item.text, **ids))
+        else:
+            await self.send(se.ResponseOutputTextDone(text=r.item.text, **ids))
+
+    async def _end_message(self, r: Response) -> None:
+        """The message's part and item done (incomplete unless the response completed, or a call
+        followed it)."""
+        r.message = "done"
+        index = r.output.index(r.item)
+        status = "completed" if r.status == "in_progress" else r.item_status
+        done = r.item.describe(status)
+        await self.send(
+            se.ResponseContentPartDone(
+                part=r.item.part(), response_id=r.id, item_id=r.item.id, output_index=index
+            )
+        )
+        await self.send(se.ResponseOutputItemDone(response_id=r.id, output_index=index, item=done))
+        if r.in_conversation:
+            await self.send(se.ConversationItemDone(previous_item_id=r.previous, item=done))
+
     @staticmethod
-    def _streamed_usage(r: Response) -> None:
+    def _streamed_usage(r: Response, tokens: int) -> None:
         """A response that ended before the engine's count (cancelled, failed): what was streamed."""
         if not r.usage.output_tokens:
-            r.usage = se.Usage(output_tokens=r.item.tokens, total_tokens=r.item.tokens,
-                               output_token_details=se.TokenDetails(text_tokens=r.item.tokens))  # fmt: skip
+            r.usage = se.Usage(output_tokens=tokens, total_tokens=tokens,
+                               output_token_details=se.TokenDetails(text_tokens=tokens))  # fmt: skip
 
     @staticmethod
     def _cancelled(r: Response) -> None:
@@ -1050,8 +1069,8 @@ class RealtimeSession:
         """One of the response's function_call items, added (to the conversation too, in band)."""
         item = Item(se.new_id("item"), "assistant", text=call.arguments, kind="function_call",
                     call_id=call.id, name=call.name)  # fmt: skip
-        r.calls.append(item)
-        index = len(r.calls) - 1
+        r.output.append(item)
+        index = len(r.output) - 1
         await self.send(
             se.ResponseOutputItemAdded(
                 response_id=r.id, output_index=index, item=item.describe("in_progress")

@@ -224,3 +224,40 @@ def test_audio_speech_feeds_the_talker_the_texts_tokens(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.audio.transcriptions.create(model=MODEL, file=("a.wav", wav_bytes(seconds=1.0)))
     assert e.value.body["param"] == "model" and "no transcription model" in e.value.message
+
+
+def test_auto_tools_go_through_the_models_tool_parser(client):
+    """tool_choice "auto" on Qwen3-Omni: the answer streams through vLLM's hermes parser, content as
+    content (and as speech) and any `<tool_call>` as tool_calls; over chat, the Responses API and a
+    realtime session. Random weights decide freely: what is checked is that the answer arrives whole
+    and consistent with its finish (the parsing itself: tests/unit/test_tool_parser.py)."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}}}}}  # fmt: skip
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[weather],
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"}, max_tokens=16,
+        seed=SPEECH_SEED, stream=True,
+    )  # fmt: skip
+    chunks = [c for c in stream if c.choices]
+    (finish,) = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or ()]
+    audio = [getattr(c.choices[0].delta, "audio", None) for c in chunks]
+    transcript = "".join(getattr(a, "transcript", None) or "" for a in audio if a is not None)
+    assert (calls or transcript) and finish in ("tool_calls", "length") and (finish == "length" or calls)
+    answer = client.responses.create(model=MODEL, input="Weather in Paris?", max_output_tokens=16,
+                                     tools=[{"type": "function", **weather["function"]}])  # fmt: skip
+    kinds = [o.type for o in answer.output]
+    assert kinds and (answer.status == "incomplete" or "function_call" in kinds)
+    with client.realtime.connect(model=MODEL) as conn:
+        tool = {"type": "function", **weather["function"]}
+        conn.session.update(session={"type": "realtime", "tools": [tool], "output_modalities": ["text"],
+                                     "max_output_tokens": 12, "audio": {"input": {"turn_detection": None}}})  # fmt: skip
+        conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]}
+        )
+        conn.response.create()
+        for event in conn:
+            assert event.type != "error", event
+            if event.type == "response.done":
+                assert event.response.status == "completed" and event.response.output
+                break

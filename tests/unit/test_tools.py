@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from services.common.errors import OmniError
 from services.models.profile import load_profile
 from services.pipeline.prompt import PromptBuilder
-from services.pipeline.tools import Tool, ToolCall, Tools
+from services.pipeline.tools import NamedCall, RequiredCalls, Tool, ToolCall, Tools, joined
 from services.pipeline.turn import Message
 
 WEATHER = Tool(
@@ -38,7 +38,10 @@ def test_a_named_function_is_generated_under_its_parameters():
     tools = Tools((WEATHER, TIME), "function", "get_weather")
     assert _accepts(tools.schema(), '{"city": "Paris"}')
     assert not _accepts(tools.schema(), '{"town": "Paris"}')
-    (call,) = tools.calls('{"city":"Paris"}')
+    stream = NamedCall("get_weather")
+    pieces = [stream.feed(t) for t in ('{"city"', ':"Paris"}')] + [stream.finish()]
+    assert all(content == "" for content, _ in pieces) and stream.made
+    (call,) = joined([d for _, deltas in pieces for d in deltas])
     assert (call.name, call.arguments) == ("get_weather", '{"city":"Paris"}') and call.id.startswith("call_")
 
 
@@ -52,7 +55,11 @@ def test_required_admits_one_call_of_any_tool_or_several_in_parallel():
         [{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]
     )
     assert _accepts(parallel.schema(), text) and not _accepts(parallel.schema(), "[]")
-    calls = parallel.calls(text)
+    stream = RequiredCalls(parallel)
+    assert stream.feed(text[:9]) == ("", []) and stream.feed(text[9:]) == ("", [])
+    content, deltas = stream.finish()
+    calls = joined(deltas)
+    assert content == "" and stream.made
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_weather", {"city": "Oslo"}),
         ("get_time", {}),
@@ -62,8 +69,10 @@ def test_required_admits_one_call_of_any_tool_or_several_in_parallel():
 
 @given(st.text(max_size=40))
 def test_any_text_becomes_calls_without_raising(text):
-    for tools in (Tools((WEATHER,), "required"), Tools((WEATHER,), "function", "get_weather")):
-        assert all(isinstance(c, ToolCall) for c in tools.calls(text))
+    for stream in (RequiredCalls(Tools((WEATHER,), "required")), NamedCall("get_weather")):
+        stream.feed(text)
+        _, deltas = stream.finish()
+        assert all(isinstance(c, ToolCall) for c in joined(deltas)) and stream.made
 
 
 @pytest.mark.parametrize(
