@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -13,6 +15,8 @@ import kubernetes_validate
 import yaml
 
 from services.deploy import CHART_DIR
+
+ROOT = Path(__file__).resolve().parents[2]
 
 VALUES_FILES = {"default": None, "gpu": "values-gpu.yaml", "cpu-dev": "values-cpu-dev.yaml"}
 # Every optional part switched on, for the templates the value files leave off.
@@ -38,6 +42,19 @@ def values(name: str) -> dict[str, Any]:
     return yaml.safe_load((CHART_DIR / values_file).read_text()) if values_file else {}
 
 
+def notes(values: dict[str, Any]) -> str:
+    """NOTES.txt as `helm install` prints it (release omniray, namespace prod)."""
+    import helm_python
+
+    chart = helm_python.Chart.load(str(CHART_DIR))
+    try:
+        return chart.render(values, name="omniray", namespace="prod", is_install=True)[
+            "omniray/templates/NOTES.txt"
+        ]
+    finally:
+        chart.close()
+
+
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] == kind]
 
@@ -55,22 +72,60 @@ def tool(name: str) -> str | None:
 
 K8S_VERSION = "1.32.0"
 SCHEMAS = Path(__file__).parent / "schemas"
+# The Prometheus operator's kinds: JSON schemas of the fields the chart uses.
 CRD_SCHEMAS = {
-    "RayService": "rayservice.json",
     "ServiceMonitor": "servicemonitor.json",
     "PodMonitor": "podmonitor.json",
     "PrometheusRule": "prometheusrule.json",
 }
+# KubeRay's own CRDs (v1.7.0), read where the environment keeps them (ENVIRONMENT.md: not copied
+# into the repo); OMNIRAY_KUBERAY_CRDS points elsewhere.
+KUBERAY_CRDS = Path(os.environ.get("OMNIRAY_KUBERAY_CRDS", ROOT.parent / "shared" / "kuberay"))
+KUBERAY_VERSION = "v1.7.0"
+
+
+def _structural(node: Any) -> Any:
+    """A CRD's structural schema as plain JSON schema, with the API server's strict field
+    validation: an object that lists its properties takes no others (unless it preserves unknown
+    fields); int-or-string is either."""
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _structural(v) for k, v in node.items() if not k.startswith("x-kubernetes-")}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+@functools.cache
+def kuberay_schema(kind: str) -> dict[str, Any]:
+    """`openAPIV3Schema` of KubeRay's CRD for `kind` (its served `v1`), as JSON schema."""
+    path = KUBERAY_CRDS / f"ray.io_{kind.lower()}s.yaml"
+    assert path.is_file(), f"KubeRay's CRDs are not at {KUBERAY_CRDS} (set OMNIRAY_KUBERAY_CRDS)"
+    crd = yaml.safe_load(path.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return _structural(version["schema"]["openAPIV3Schema"])
 
 
 def validate(doc: dict[str, Any]) -> None:
-    """A manifest against Kubernetes' schema (strict: unknown fields fail) or, for a CRD, the JSON
-    schema in tests/chart/schemas; the RayService's pod templates as core/v1 PodTemplates."""
+    """A manifest against Kubernetes' schema (strict: unknown fields fail) or, for a CRD, its
+    schema: KubeRay's own for a RayService (its pod templates also as core/v1 PodTemplates), the
+    JSON schemas in tests/chart/schemas for the Prometheus operator's."""
     kind = doc["kind"]
-    if kind not in CRD_SCHEMAS:
+    if kind == "RayService":
+        jsonschema.Draft7Validator(kuberay_schema(kind)).validate(doc)
+    elif kind in CRD_SCHEMAS:
+        jsonschema.Draft7Validator(json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text())).validate(doc)
+    else:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-        return
-    jsonschema.Draft7Validator(json.loads((SCHEMAS / CRD_SCHEMAS[kind]).read_text())).validate(doc)
     if kind == "RayService":
         cluster = doc["spec"]["rayClusterConfig"]
         for group in [cluster["headGroupSpec"], *cluster.get("workerGroupSpecs", [])]:

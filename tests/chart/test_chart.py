@@ -15,7 +15,7 @@ from ray.serve.schema import ServeDeploySchema
 from services import deploy
 from services.app import DEPLOYMENT_NAMES, SERVE_ENV
 from services.models.profile import load_profile
-from tests.chart.helpers import VALUES_FILES, by_kind, one, validate, values
+from tests.chart.helpers import VALUES_FILES, by_kind, notes, one, validate, values
 
 RENDERS = [*VALUES_FILES, "all-on"]
 
@@ -195,7 +195,11 @@ def test_external_redis_needs_a_url():
 
 
 def test_tenants_configmap():
-    dev = yaml.safe_load(one(deploy.render({}), "ConfigMap", "omniray-tenants")["data"]["tenants.yaml"])
+    dev = yaml.safe_load(
+        one(deploy.render({"tenants": {"devTenant": True}}), "ConfigMap", "omniray-tenants")["data"][
+            "tenants.yaml"
+        ]
+    )
     assert [t["id"] for t in dev["tenants"]] == ["local"]
     mine = {"id": "acme", "api_key_sha256": ["0" * 64], "default_class": "interactive"}
     docs = deploy.render({"tenants": {"devTenant": False, "tenants": [mine]}})
@@ -242,19 +246,10 @@ def test_monitors_scrape_every_ray_pod(rendered):
 
 
 def test_notes_tell_how_to_reach_it():
-    chart = helm_python.Chart.load(str(deploy.CHART_DIR))
-    try:
-        notes = chart.render({}, name="omniray", namespace="prod", is_install=True)[
-            "omniray/templates/NOTES.txt"
-        ]
-        gpu = chart.render(values("gpu"), name="omniray", namespace="prod", is_install=True)[
-            "omniray/templates/NOTES.txt"
-        ]
-    finally:
-        chart.close()
-    assert "port-forward svc/omniray 8000:8000" in notes and "/v1/realtime" in notes
-    assert "port-forward svc/omniray-grpc 9000:9000" in notes
-    assert "sk-omniray-local" in notes and "WARNING" in notes
+    default, gpu, dev = notes({}), notes(values("gpu")), notes(values("cpu-dev"))
+    assert "port-forward svc/omniray 8000:8000" in default and "/v1/realtime" in default
+    assert "port-forward svc/omniray-grpc 9000:9000" in default
+    assert "sk-omniray-local" in dev and "WARNING" in dev
     assert "sk-omniray-local" not in gpu and "ConfigMap omniray-tenants" in gpu
 
 

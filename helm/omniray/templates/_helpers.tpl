@@ -78,6 +78,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* The ServiceAccount of the Ray pods ("" for the namespace's default, whose token no pod mounts). */}}
+{{- define "omniray.serviceAccountName" -}}
+{{- if .Values.serviceAccountName }}
+{{- .Values.serviceAccountName }}
+{{- else if .Values.ray.enableInTreeAutoscaling }}
+{{- printf "%s-autoscaler" (include "omniray.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Where a container with a read-only root writes: HOME and the caches under /tmp (an emptyDir). */}}
+{{- define "omniray.scratchEnv" -}}
+- {name: HOME, value: /tmp/home}
+- {name: XDG_CACHE_HOME, value: /tmp/cache}
+{{- end }}
+
 {{- define "omniray.tenantsConfigMap" -}}
 {{- default (printf "%s-tenants" (include "omniray.fullname" .)) .Values.tenants.existingConfigMap }}
 {{- end }}
@@ -107,9 +122,13 @@ spec:
   # Longer than the stages' graceful_shutdown_timeout_s (120 s): a pod being terminated lets its
   # replicas finish the responses they are serving.
   terminationGracePeriodSeconds: {{ $root.Values.terminationGracePeriodSeconds }}
-  {{- with $root.Values.serviceAccountName }}
+  {{- with include "omniray.serviceAccountName" $root }}
   serviceAccountName: {{ . }}
   {{- end }}
+  # Only the in-tree autoscaler (a sidecar of the head) talks to the Kubernetes API.
+  automountServiceAccountToken: {{ and .head $root.Values.ray.enableInTreeAutoscaling }}
+  securityContext:
+    {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   {{- with $root.Values.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}
@@ -120,11 +139,15 @@ spec:
       image: {{ include "omniray.image" $root }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
       command: [python, -m, services.models.build, --profile, {{ $root.Values.profile | quote }}]
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
       env:
         - name: OMNIRAY_DATA
           value: /data
+        {{- include "omniray.scratchEnv" $root | nindent 8 }}
       volumeMounts:
         - {name: data, mountPath: /data}
+        - {name: tmp, mountPath: /tmp}
         {{- with $root.Values.models.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -133,9 +156,12 @@ spec:
     - name: {{ ternary "ray-head" "ray-worker" .head }}
       image: {{ include "omniray.image" $root }}
       imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      securityContext:
+        {{- toYaml $root.Values.securityContext | nindent 8 }}
       env:
         - name: OMNIRAY_DATA
           value: /data
+        {{- include "omniray.scratchEnv" $root | nindent 8 }}
         - name: OMNIRAY_TENANTS_FILE
           value: /etc/omniray/tenants/tenants.yaml
         - name: RAY_SERVE_GRPC_MAX_MESSAGE_SIZE  # the gRPC proxy's receive limit (Serve's default: 2 GiB)
@@ -173,6 +199,7 @@ spec:
       volumeMounts:
         - {name: data, mountPath: /data}
         - {name: tenants, mountPath: /etc/omniray/tenants, readOnly: true}
+        - {name: tmp, mountPath: /tmp}
         {{- if $group.shmSize }}
         - {name: dshm, mountPath: /dev/shm}
         {{- end }}
@@ -185,6 +212,8 @@ spec:
     - name: tenants
       configMap:
         name: {{ include "omniray.tenantsConfigMap" $root }}
+    - name: tmp
+      emptyDir: {sizeLimit: {{ $root.Values.tmpSize }}}
     {{- if $group.shmSize }}
     - name: dshm
       emptyDir: {medium: Memory, sizeLimit: {{ $group.shmSize }}}
