@@ -15,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -67,7 +67,17 @@ test: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m services.models.build --profile small
 	$(PY) -m services.models.build --profile qwen3-omni-tiny
-	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra tests
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -m "not image" tests
+
+# The container image (docker/Dockerfile; ENGINE=gpu for the CUDA one): built here with a local
+# Debian base (docker/build.sh installs docker.io and mmdebstrap where missing). `test-image` runs it
+# as the chart's head pod and asks it a chat and a speech request (tests/image/test_image.py).
+ENGINE ?= cpu
+image:
+	docker/build.sh $(ENGINE)
+
+test-image: setup image
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m image tests/image
 
 # Unit and property tests and the chart tests (no Ray, no engine, no cluster): seconds.
 test-fast: setup
