@@ -294,3 +294,29 @@ def test_generated_files_have_not_drifted():
     assert not stale, f"run `make chart`: {stale}"
     generated = {p for d in (deploy.CHART_DIR / "files", deploy.K8S_DIR) for p in d.rglob("*") if p.is_file()}
     assert generated == set(expected), f"not written by `make chart`: {generated - set(expected)}"
+
+
+def test_upgrades_drain_through_serves_graceful_shutdown():
+    """A new cluster takes over on upgrade and the old one drains for a while; the replicas' graceful
+    shutdown comes from the values into every Serve deployment, and a pod's termination grace must
+    outlast it (a render that would cut responses off fails)."""
+    default = one(deploy.render({}), "RayService")["spec"]
+    assert (
+        default["upgradeStrategy"] == {"type": "NewCluster"}
+        and default["rayClusterDeletionDelaySeconds"] >= 120
+    )
+    spec = one(
+        deploy.render({"gracefulShutdownSeconds": 200, "terminationGracePeriodSeconds": 240}), "RayService"
+    )["spec"]
+    config = yaml.safe_load(spec["serveConfigV2"])
+    ServeDeploySchema.model_validate(config)
+    assert {d["graceful_shutdown_timeout_s"] for a in config["applications"] for d in a["deployments"]} == {
+        200
+    }
+    assert all(
+        g["template"]["spec"]["terminationGracePeriodSeconds"] == 240 for g in groups({"spec": spec}).values()
+    )
+    with pytest.raises(
+        helm_python.errors.HelmRenderError, match="must be longer than the replicas' graceful shutdown"
+    ):
+        deploy.render({"gracefulShutdownSeconds": 200})

@@ -120,9 +120,9 @@ def test_no_service_exposes_rays_own_ports(rendered, name):
     for svc in by_kind(rendered[name], "Service"):
         for port in svc["spec"]["ports"]:
             if svc["spec"]["selector"].get("app.kubernetes.io/component") == "ray":
-                assert port["targetPort"] in ("serve", "grpc", "metrics") and port["port"] not in RAY_PORTS, svc[
-                    "metadata"
-                ]["name"]
+                assert port["targetPort"] in ("serve", "grpc", "metrics") and port["port"] not in RAY_PORTS, (
+                    svc["metadata"]["name"]
+                )
 
 
 def test_metrics_carry_no_api_keys():

@@ -36,7 +36,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if not $config }}
 {{- fail (printf "profile %q has no generated Serve config %s: run `make chart`" .Values.profile $path) }}
 {{- end }}
+{{- $serve := fromYaml $config }}
+{{- $grace := 0.0 }}
+{{- range $app := $serve.applications }}
+{{- range $d := $app.deployments }}
+{{- if $.Values.gracefulShutdownSeconds }}
+{{- $_ := set $d "graceful_shutdown_timeout_s" ($.Values.gracefulShutdownSeconds | float64) }}
+{{- end }}
+{{- $grace = maxf $grace ($d.graceful_shutdown_timeout_s | float64) }}
+{{- end }}
+{{- end }}
+{{- if le (.Values.terminationGracePeriodSeconds | float64) $grace }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than the replicas' graceful shutdown (%v s)" .Values.terminationGracePeriodSeconds $grace) }}
+{{- end }}
+{{- if .Values.gracefulShutdownSeconds }}
+{{- toYaml $serve }}
+{{- else }}
 {{- $config }}
+{{- end }}
 {{- end }}
 
 {{/* Ray's custom resource for one pool, as a rayStartParams `resources` value (a quoted JSON map). */}}
