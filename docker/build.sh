@@ -41,6 +41,8 @@ fi
 # A CPU torch from the wheels pip is pointed at (PIP_FIND_LINKS), where the PyTorch index is out of reach.
 rm -f docker/wheels/*.whl
 for dir in ${PIP_FIND_LINKS:-}; do [ -d "$dir" ] && cp "$dir"/torch-*+cpu-*.whl docker/wheels/ 2>/dev/null || true; done
+index=()
+compgen -G 'docker/wheels/torch-*.whl' >/dev/null && index=(--build-arg TORCH_INDEX=)
 
 secret=()
 [ -s /etc/ssl/certs/ca-certificates.crt ] && secret=(--secret id=cacert,src=/etc/ssl/certs/ca-certificates.crt)
@@ -48,7 +50,7 @@ start=$(date +%s)
 log=/tmp/omniray-image-build.log
 echo "[image] building $IMAGE (ENGINE=$ENGINE, BASE=$BASE_IMAGE; log: $log)"
 if ! DOCKER_BUILDKIT=1 "$DOCKER" build --network host --progress plain \
-    --build-arg BASE="$BASE_IMAGE" --build-arg ENGINE="$ENGINE" "${secret[@]}" \
+    --build-arg BASE="$BASE_IMAGE" --build-arg ENGINE="$ENGINE" "${index[@]}" "${secret[@]}" \
     -f docker/Dockerfile -t "$IMAGE" . >"$log" 2>&1; then
   tail -40 "$log"
   exit 1
