@@ -16,6 +16,7 @@ from kv_store import metrics as kv_metrics
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 DECISION_BUCKETS_S = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+RESUME_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,19 @@ def _declared() -> list[Metric]:
             c,
             "Function calls made by answers, by tool_choice (auto: found by the profile's tool parser).",
             ("choice",),
+        ),
+        Metric(
+            "omniray_gateway_decode_resumes_total",
+            c,
+            "Responses whose decode replica died mid-stream: resumed on another replica, or failed.",
+            ("outcome",),
+        ),
+        Metric(
+            "omniray_gateway_decode_resume_seconds",
+            h,
+            "The hiccup of a resumed response: the replica's loss to its next token.",
+            (),
+            RESUME_BUCKETS_S,
         ),
         Metric(
             "omniray_gateway_audio_stall_seconds_total",

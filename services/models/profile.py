@@ -212,6 +212,17 @@ class ModelsSpec(_Strict):
         return self
 
 
+class DecodeResumeSpec(_Strict):
+    """A response whose decode replica died goes on elsewhere from the tokens already sent
+    (services/pipeline/pipeline.py: Pipeline._decode)."""
+
+    enabled: bool = True
+    # How long after the loss a live replica may take to answer (Serve replaces a dead one).
+    wait_s: float = Field(default=120.0, gt=0)
+    # Between tries while no replica answers.
+    retry_s: float = Field(default=1.0, gt=0)
+
+
 class PipelineSpec(_Strict):
     # Async chunk: the talker starts on the first text chunk instead of the whole answer.
     async_chunk: bool = True
@@ -224,6 +235,7 @@ class PipelineSpec(_Strict):
     # vLLM's tool parser for the model's own call format (the name `--tool-call-parser` takes, e.g.
     # "hermes" for Qwen): tool_choice "auto" needs one (services/pipeline/tool_parser.py).
     tool_call_parser: str | None = None
+    decode_resume: DecodeResumeSpec = Field(default_factory=DecodeResumeSpec)
 
 
 class AliasSpec(_Strict):

@@ -18,6 +18,7 @@ import functools
 import logging
 import math
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -129,6 +130,19 @@ def stage_calls() -> Iterator[None]:
         ) from None
 
 
+def _continued(request: stages_pb2.DecodeRequest, sent: list[int]) -> stages_pb2.DecodeRequest:
+    """The request again, its prompt followed by the tokens already sent, for what is left of
+    max_tokens; decode computes the prompt itself (the prefill replica's hand-off was for the lost
+    one)."""
+    continued = stages_pb2.DecodeRequest()
+    continued.CopyFrom(request)
+    continued.kv_transfer_params = ""
+    if sent:
+        continued.prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=sent))
+        continued.sampling.max_tokens = request.sampling.max_tokens - len(sent)
+    return continued
+
+
 @dataclass
 class Prepared:
     turn: Turn
@@ -189,6 +203,10 @@ class Pipeline:
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
         self.tool_calls = metric("omniray_gateway_tool_calls_total")
+        self.decode_resumes = metric("omniray_gateway_decode_resumes_total")
+        for outcome in ("resumed", "failed"):
+            zero(self.decode_resumes, outcome=outcome)
+        self.resume_seconds = metric("omniray_gateway_decode_resume_seconds")
         for choice in ("auto", "required", "function"):
             zero(self.tool_calls, choice=choice)
         self._token_redis = None  # speech on a token talker: the token streams it writes (made on use)
@@ -547,8 +565,51 @@ class Pipeline:
                 kv_transfer_params=kv_params,
                 token_stream=token_stream,
             )
-            async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
+            async for chunk in self._decode(request, session):
                 yield chunk
+
+    async def _decode(
+        self, request: stages_pb2.DecodeRequest, session: dict
+    ) -> AsyncIterator[stages_pb2.DecodeChunk]:
+        """Decode, streamed. When the replica serving it dies mid-response, the response goes on on
+        another (or the replaced) replica from the tokens already sent: the prompt and those tokens
+        are computed again (prefix caching and the KV store hold the prompt's pages) and generation
+        continues for what is left of max_tokens — one visible hiccup, counted, and bounded by
+        `pipeline.decode_resume.wait_s`. Not for answers under a grammar (structured output would
+        restart its state mid-answer): those fail as before."""
+        resume = self.profile.pipeline.decode_resume
+        original, sent, resent = request, [], 0
+        lost_at: float | None = None  # when the serving replica was lost (None: serving)
+        while True:
+            try:
+                async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
+                    if lost_at is not None:
+                        self.decode_resumes.inc(tags={"outcome": "resumed"})
+                        self.resume_seconds.observe(time.monotonic() - lost_at)
+                        lost_at = None
+                    sent.extend(chunk.token_ids)
+                    if resent and chunk.usage.total_tokens:
+                        # the engine counted the resent tokens as prompt: they were generated
+                        chunk.usage.prompt_tokens -= resent
+                        chunk.usage.completion_tokens += resent
+                    yield chunk
+                return
+            except STAGE_GONE:
+                now = time.monotonic()
+                lost_at = now if lost_at is None else lost_at
+                left = original.sampling.max_tokens - len(sent)
+                grammar = original.sampling.json_schema or original.sampling.json_object
+                if not resume.enabled or grammar or left <= 0 or now - lost_at > resume.wait_s:
+                    if resume.enabled and not grammar:
+                        self.decode_resumes.inc(tags={"outcome": "failed"})
+                    raise
+                log.warning(
+                    "decode replica lost mid-response (%s): resuming after %d tokens",
+                    original.ctx.request_id,
+                    len(sent),
+                )
+                request, resent = _continued(original, sent), len(sent)
+                await asyncio.sleep(resume.retry_s)
 
     # ---- generation ----------------------------------------------------------------------
 
