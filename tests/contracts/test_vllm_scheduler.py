@@ -148,6 +148,22 @@ def test_urgency_orders_vllm_running_queue_and_holds_the_well_buffered(urgent):
     assert stats.kv_connector_stats is None  # nothing left for vLLM's connector logging
 
 
+@pytest.mark.parametrize("telemetry", [True, False])
+def test_a_free_seat_goes_to_the_most_urgent_waiting_request(urgent, telemetry):
+    """One seat (max_num_seqs full but one): a new turn (U1: no audio yet) that arrived after a
+    well-buffered session's request (U2) is admitted first; without telemetry, the older one (FCFS)."""
+    s, views = urgent
+    s.max_num_active_reqs = 1
+    now = time.time()
+    s.add_request(_request("buffered", "t/a", now - 3))
+    s.add_request(_request("new-turn", "t/b", now - 1))
+    if telemetry:
+        views.update({"t/a": _view(60_000.0), "t/b": _view(0.0, first_audio=False)})
+    (admitted,) = s.schedule().num_scheduled_tokens
+    assert admitted == ("new-turn" if telemetry else "buffered")
+    assert [r.request_id for r in s.waiting] == ["buffered" if telemetry else "new-turn"]
+
+
 def test_without_telemetry_the_order_is_fcfs(urgent):
     s, _ = urgent
     now = time.time()

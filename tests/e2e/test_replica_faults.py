@@ -56,6 +56,7 @@ class _Outcome:
         self.detail = ""
         self.finish = ""
         self.tokens = 0  # completion tokens in the final usage
+        self.audio: list[tuple[float, int]] = []  # (when, base64 length) of each audio delta
         self.started = threading.Event()
 
 
@@ -79,6 +80,9 @@ def _rest_stream(omniray, model_name, out: _Outcome, extra: dict | None = None) 
                 elif event.get("choices") and event["choices"][0].get("finish_reason"):
                     out.finish = event["choices"][0]["finish_reason"]
                 elif event.get("choices") and event["choices"][0]["delta"].get("content"):
+                    out.started.set()
+                elif event.get("choices") and (event["choices"][0]["delta"].get("audio") or {}).get("data"):
+                    out.audio.append((time.monotonic(), len(event["choices"][0]["delta"]["audio"]["data"])))
                     out.started.set()
             lines.append(line)
         out.detail += f" | last: {next((x for x in reversed(lines) if x), None)}"
@@ -142,7 +146,7 @@ class _Realtime:
 
 
 def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name):
-    rest, rpc, grammar = _Outcome(), _Outcome(), _Outcome()
+    rest, rpc, grammar, spoken = _Outcome(), _Outcome(), _Outcome(), _Outcome()
     before = _resumes(omniray)
     rt = _Realtime(omniray, model_name)
     rt.turn()
@@ -159,10 +163,14 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
         threading.Thread(target=_rest_stream, args=(omniray, model_name, rest)),
         threading.Thread(target=_grpc_stream, args=(omniray, model_name, rpc)),
         threading.Thread(target=_rest_stream, args=(omniray, model_name, grammar, {"response_format": schema})),
+        threading.Thread(target=_rest_stream, args=(omniray, model_name, spoken, {"modalities": ["text", "audio"],
+                         "audio": {"voice": "alloy", "format": "pcm16"}})),
     ]  # fmt: skip
     for t in threads:
         t.start()
-    assert rest.started.wait(30) and rpc.started.wait(30), "the streams did not start"
+    assert rest.started.wait(30) and rpc.started.wait(30) and spoken.started.wait(30), (
+        "the streams did not start"
+    )
     time.sleep(1)  # the structured answer is under way too (it writes no content deltas: JSON is content)
 
     killed_at = time.monotonic()
@@ -186,16 +194,21 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     rt.turn()  # the same session's next turn is served (before the session idles out)
     assert rt.wait("response.done", timeout=120)["response"]["status"] == "completed"
     rt.conn.close()
-    for t in threads[:2]:
+    for t in (threads[0], threads[1], threads[3]):
         t.join(RECOVER_S)
         assert not t.is_alive(), "a client hung after the replica died"
     print(f"\n[replica-faults] decode killed: streams finished {time.monotonic() - killed_at:.0f} s later")
     assert rest.error_at is None and (rest.finish, rest.tokens) == ("length", MAX_TOKENS), rest.detail
     assert rpc.error_at is None and (rpc.finish, rpc.tokens) == ("length", MAX_TOKENS), rpc.detail
+    # the spoken answer too: all its tokens, and speech after the kill as well as before
+    assert spoken.error_at is None and (spoken.finish, spoken.tokens) == ("length", MAX_TOKENS), spoken.detail
+    assert [a for a in spoken.audio if a[0] < killed_at] and [
+        a for a in spoken.audio if a[0] > killed_at + 10
+    ]
     deadline = time.monotonic() + 60  # Ray exports metrics with a lag
-    while _resumes(omniray) < before + 3 and time.monotonic() < deadline:
+    while _resumes(omniray) < before + 4 and time.monotonic() < deadline:
         time.sleep(2)
-    assert _resumes(omniray) >= before + 3
+    assert _resumes(omniray) >= before + 4
 
 
 @pytest.fixture(autouse=True)

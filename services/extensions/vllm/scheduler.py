@@ -5,7 +5,10 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   (services/policies/urgency/) from the playback board (the gateways' playback monitors, through
   Redis). vLLM's own loop then runs them in that order — the most urgent get the token budget first
   and the least urgent are preempted first — and requests the policy holds back sit this round out.
-  With no telemetry (no board, or no realtime session among the running requests) the order is FCFS.
+  The waiting queue is put in the same order, so when the seats (max_num_seqs) are full the one that
+  frees goes to the most urgent waiting request (a new turn before resumed well-buffered work),
+  not the oldest. With no telemetry (no board, or no realtime session among the requests) the order
+  is FCFS.
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
@@ -21,6 +24,7 @@ Written for vLLM 0.32 (its `Scheduler` / `AsyncScheduler` API: `running`, `sched
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -64,29 +68,49 @@ class UrgencyOrder:
         return config
 
     def before(self, scheduler: OmnirayScheduler) -> list:
-        if not scheduler.running:
+        if not scheduler.running and len(scheduler.waiting) < 2:
             return []
         started = time.perf_counter()
-        held = self._rank(scheduler)
+        views = self.views()
+        held = self._rank(scheduler, views)
+        self._order_waiting(scheduler, views)
         self.recorder.record("decision", (self.policy.name,), time.perf_counter() - started)
         return held
 
-    def _rank(self, scheduler: OmnirayScheduler) -> list:
-        """Reorder scheduler.running by urgency; returns the requests held back this round."""
-        views = self.views()
-        running = scheduler.running
-        sessions = [session_of(r) for r in running]
+    def _ranked(self, scheduler: OmnirayScheduler, requests: list, views: dict) -> urgency.Ranking | None:
+        """The policy's ranking of `requests` (None without telemetry for any of them)."""
+        sessions = [session_of(r) for r in requests]
         if not views or not any(s in views for s in sessions):
-            return []
+            return None
         candidates = [
             urgency.Candidate(r.arrival_time, r.num_computed_tokens, r.num_output_tokens, views.get(s))
-            for r, s in zip(running, sessions, strict=True)
+            for r, s in zip(requests, sessions, strict=True)
         ]
-        ranking = self.policy.rank(candidates, time.time(), scheduler.kv_cache_manager.usage)
+        return self.policy.rank(candidates, time.time(), scheduler.kv_cache_manager.usage)
+
+    def _rank(self, scheduler: OmnirayScheduler, views: dict) -> list:
+        """Reorder scheduler.running by urgency; returns the requests held back this round."""
+        running = scheduler.running
+        ranking = self._ranked(scheduler, running, views) if running else None
+        if ranking is None:
+            return []
         for cls in set(ranking.classes):
             self.recorder.record("ranked", (cls,), ranking.classes.count(cls))
         scheduler.running = [running[i] for i in ranking.order]
         return [running[i] for i in ranking.held]
+
+    def _order_waiting(self, scheduler: OmnirayScheduler, views: dict) -> None:
+        """vLLM's FCFS waiting queue (a deque) in urgency order; what the policy would hold waits
+        last (admission is not a round to sit out). A priority queue keeps its own order."""
+        waiting = scheduler.waiting
+        if len(waiting) < 2 or not isinstance(waiting, collections.deque):
+            return
+        queued = list(waiting)
+        ranking = self._ranked(scheduler, queued, views)
+        if ranking is None:
+            return
+        waiting.clear()
+        waiting.extend(queued[i] for i in ranking.order + ranking.held)
 
     def after(self, scheduler: OmnirayScheduler, output: Any, held: list) -> None:
         if held and not output.total_num_scheduled_tokens:
