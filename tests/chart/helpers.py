@@ -78,9 +78,13 @@ CRD_SCHEMAS = {
     "PodMonitor": "podmonitor.json",
     "PrometheusRule": "prometheusrule.json",
 }
-# KubeRay's own CRDs (v1.7.0), read where the environment keeps them (ENVIRONMENT.md: not copied
-# into the repo); OMNIRAY_KUBERAY_CRDS points elsewhere.
-KUBERAY_CRDS = Path(os.environ.get("OMNIRAY_KUBERAY_CRDS", ROOT.parent / "shared" / "kuberay"))
+# KubeRay's own CRDs (v1.7.0), read where the environment keeps them, beside the checkout or in it
+# (ENVIRONMENT.md: not copied into the repo); OMNIRAY_KUBERAY_CRDS points elsewhere.
+KUBERAY_CRDS = Path(
+    os.environ.get("OMNIRAY_KUBERAY_CRDS")
+    or next((p for p in (ROOT.parent / "shared" / "kuberay", ROOT / "shared" / "kuberay") if p.is_dir()),
+            ROOT.parent / "shared" / "kuberay")
+)  # fmt: skip
 KUBERAY_VERSION = "v1.7.0"
 
 
