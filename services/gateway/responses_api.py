@@ -351,8 +351,9 @@ class Rendered:
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': self.seq, **fields})}\n\n"
 
     async def stream(self, events: AsyncIterator[Event]) -> AsyncIterator[str]:
-        """The message begins at its first content and ends when a call begins (nothing follows a
-        call in one answer) or at the end; each call's arguments stream as they are written."""
+        """The message begins at its first content and ends with the answer (its audio may follow
+        the words before a call); each call is added when it begins and its arguments stream as they
+        are written; the calls are done after the message."""
         yield self._event("response.created", response=self.response())
         yield self._event("response.in_progress", response=self.response())
         part = {}  # the open message's item id and content index, with its output index
@@ -374,10 +375,6 @@ class Rendered:
                 yield self._event("response.audio.delta", delta=base64.b64encode(ev.pcm16).decode(), **part)
             for d in ev.calls:
                 if d in begun:
-                    if part:
-                        for line in self._message_done(part):
-                            yield line
-                        part = {}
                     self.order.append(d.index)
                     item = self._call_item(d.index, "in_progress")
                     yield self._event(

@@ -272,9 +272,6 @@ class Gateway:
                 if ev.progress is not None:
                     # Documents: encoder progress as a chunk with no choices (OpenAI SDKs skip those).
                     yield line(openai_api.progress_chunk(rid, model, created, ev.progress))
-                if ev.calls:
-                    calls = [openai_api.tool_call_delta(d) for d in ev.calls]
-                    yield line(openai_api.chunk(rid, model, created, {"tool_calls": calls}))
                 if ev.is_text or ev.text:
                     # As OpenAI: with audio out the words stream as the audio's transcript. Tokens
                     # whose text is empty go out too (as vLLM's server sends them).
@@ -282,6 +279,9 @@ class Gateway:
                         {"audio": {"id": audio_id, "transcript": ev.text}} if speak else {"content": ev.text}
                     )
                     yield line(openai_api.chunk(rid, model, created, delta))
+                if ev.calls:  # after the words before them (one event may carry both)
+                    calls = [openai_api.tool_call_delta(d) for d in ev.calls]
+                    yield line(openai_api.chunk(rid, model, created, {"tool_calls": calls}))
                 if ev.pcm16:
                     yield line(
                         openai_api.chunk(

@@ -903,10 +903,11 @@ class RealtimeSession:
     async def _run(self, r: Response, prepared) -> None:
         """The response's events in OpenAI's order: its message item and content part added, the
         deltas, the part and item done (also when cancelled or failed: incomplete); each function
-        call the answer makes as its own item (added, its arguments' deltas, the arguments and item
-        done); then `response.done`. With tools offered the message begins at its first content (an
-        answer that is only calls has no empty message) and a call ends it: nothing follows a call
-        in one answer, and calls are never spoken."""
+        call the answer makes as its own item (added when it begins, its arguments' deltas, then the
+        arguments and item done after the message's); then `response.done`. With tools offered the
+        message begins at its first content (an answer that is only calls has no empty message); it
+        stays open after a call begins, for the audio of the words before it. Calls are never
+        spoken."""
         ids = {"response_id": r.id, "item_id": r.item.id}
         if r.tools is None:
             await self._begin_message(r)
@@ -916,24 +917,9 @@ class RealtimeSession:
         last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
-                if out.calls:
-                    if r.message == "open":
-                        await self._message_written(r, audio_out)
-                        await self._end_message(r)
-                    for d in out.calls:
-                        if d.index not in calls:
-                            calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
-                        item = calls[d.index]
-                        item.text += d.arguments
-                        if d.arguments:
-                            await self.send(se.FunctionCallArgumentsDelta(
-                                response_id=r.id, item_id=item.id, output_index=r.output.index(item),
-                                call_id=item.call_id, delta=d.arguments))  # fmt: skip
-                    calls[out.calls[-1].index].tokens += out.tokens
-                    continue
                 if r.message == "none" and (out.text or out.pcm16):
                     await self._begin_message(r)
-                r.item.tokens += out.tokens
+                r.item.tokens += out.tokens if not out.calls else 0
                 if out.text:
                     r.item.text += out.text
                     r.item.generated += out.text
@@ -941,6 +927,16 @@ class RealtimeSession:
                         await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
                     else:
                         await self.send(se.ResponseOutputTextDelta(delta=out.text, **ids))
+                for d in out.calls:
+                    if d.index not in calls:
+                        calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
+                    item = calls[d.index]
+                    item.text += d.arguments
+                    item.tokens += out.tokens if d is out.calls[-1] else 0
+                    if d.arguments:
+                        await self.send(se.FunctionCallArgumentsDelta(
+                            response_id=r.id, item_id=item.id, output_index=r.output.index(item),
+                            call_id=item.call_id, delta=d.arguments))  # fmt: skip
                 if out.pcm16 and r.message == "open":
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
