@@ -26,6 +26,22 @@ SCRIPT = [
     Event(finish_reason="tool_calls", usage=common_pb2.Usage(prompt_tokens=20, completion_tokens=9)),
 ]
 
+# the output items' events, the same over realtime and the Responses API
+MESSAGE_THEN_CALL = [
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.delta",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+]
+
 
 class Calling(Pipeline):
     async def generate(self, prepared):
@@ -45,22 +61,7 @@ async def test_realtime_sends_the_message_then_the_call():
     await s.handle(json.dumps({"type": "response.create"}))
     await s.response.task
     kinds = [e["type"] for e in sent if not e["type"].startswith(("rate_limits", "conversation.item"))]
-    assert kinds == [
-        "response.created",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.delta",
-        "response.output_item.added",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "response.done",
-    ]
+    assert kinds == ["response.created", *MESSAGE_THEN_CALL, "response.done"]
     added = [e for e in sent if e["type"] == "response.output_item.added"]
     assert [(e["output_index"], e["item"]["type"]) for e in added] == [(0, "message"), (1, "function_call")]
     done = sent[-1]["response"]
@@ -87,23 +88,7 @@ async def test_the_responses_api_lists_the_message_then_the_call():
     lines = [line async for line in Rendered(req, "m", False, "pcm16").stream(_events())]
     events = [json.loads(line.split("data: ", 1)[1]) for line in lines]
     kinds = [e["type"] for e in events]
-    assert kinds == [
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.delta",
-        "response.output_item.added",
-        "response.function_call_arguments.delta",
-        "response.function_call_arguments.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.function_call_arguments.done",
-        "response.output_item.done",
-        "response.completed",
-    ]
+    assert kinds == ["response.created", "response.in_progress", *MESSAGE_THEN_CALL, "response.completed"]
     assert [e["sequence_number"] for e in events] == list(range(1, len(events) + 1))
     streamed = events[-1]["response"]
     whole = await Rendered(req, "m", False, "pcm16").whole(_events())
