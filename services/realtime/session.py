@@ -919,7 +919,6 @@ class RealtimeSession:
             async for out in self.pipeline.generate(prepared):
                 if r.message == "none" and (out.text or out.pcm16):
                     await self._begin_message(r)
-                r.item.tokens += out.tokens if not out.calls else 0
                 if out.text:
                     r.item.text += out.text
                     r.item.generated += out.text
@@ -932,11 +931,12 @@ class RealtimeSession:
                         calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
                     item = calls[d.index]
                     item.text += d.arguments
-                    item.tokens += out.tokens if d is out.calls[-1] else 0
                     if d.arguments:
                         await self.send(se.FunctionCallArgumentsDelta(
                             response_id=r.id, item_id=item.id, output_index=r.output.index(item),
                             call_id=item.call_id, delta=d.arguments))  # fmt: skip
+                # the event's tokens wrote its last piece: a call's, else the message's
+                (calls[out.calls[-1].index] if out.calls else r.item).tokens += out.tokens
                 if out.pcm16 and r.message == "open":
                     ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
