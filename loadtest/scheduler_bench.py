@@ -1,68 +1,168 @@
-"""Decision overhead of the interaction-aware scheduler per scheduling round: the scheduler's own
-ranking step (`UrgencyOrder._rank` of services/extensions/vllm/scheduler.py: read the board copy, build
-candidates, rank, reorder)
-over N running requests of N live sessions with mixed states. LiveServe reports 0.093 ms average /
-0.222 ms P90 at 256 sessions.
+"""Decision overhead of the interaction-aware scheduler per scheduling round: the whole urgency hook
+(`UrgencyOrder.before` of services/extensions/vllm/scheduler.py: running and waiting queues ordered,
+preemption checked) on a simulated decode loop of N live voice sessions, with the changes a real
+loop brings, on a simulated clock:
 
-    python -m loadtest.scheduler_bench --sessions 256 --rounds 2000
+- one decode step every `--step-ms`: every running request not held generates a token;
+- a response ends after a random length (mean `--mean-tokens`) and the session's next turn arrives
+  (membership changes most rounds at 256 sessions);
+- the client plays in real time; the talker's audio reaches it in chunks (`--chunk-tokens` tokens of
+  `--ms-per-token` each), so a generating session's view changes when a chunk lands;
+- a fraction of sessions barge in now and then (the view changes, the response ends);
+- the board is read every `--poll-ms` through the real decoder (views whose course did not change
+  keep their object, as BoardReader does).
+
+The same simulation runs twice: the incremental plan (`refresh_s` as served) and, as the baseline,
+a full classification and sort every round (what the scheduler did before: `refresh_s` = 0).
+LiveServe reports 0.093 ms average / 0.222 ms P90 at 256 sessions.
+
+    python -m loadtest.scheduler_bench --sessions 64 256 1024 --rounds 3000
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import random
 import statistics
 import time
+from dataclasses import asdict
 from types import SimpleNamespace
 
 from kv_store.metrics import Recorder
 from services.extensions.vllm import engine_metrics
 from services.extensions.vllm.scheduler import SESSION_ARG, UrgencyOrder
-from services.playback.board import BoardView
+from services.playback.board import BoardView, decode
 from services.policies import urgency
 
 
-def _fixture(n: int, policy: str, seed: int = 0):
-    rng = random.Random(seed)
-    now = time.time()
-    views, running = {}, []
-    for i in range(n):
-        sid = f"t/s{i}"
-        views[sid] = BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=rng.choice([0, rng.uniform(0, 12_000)]), playing=True,
-                               speaking=rng.random() < 0.1, responding=True, first_audio=rng.random() < 0.8,
-                               barge_ins=rng.randint(0, 3), responses=rng.randint(1, 6), reply_gap_ms=None,
-                               at=now)  # fmt: skip
-        extra = {SESSION_ARG: sid} if rng.random() < 0.95 else {}
-        running.append(SimpleNamespace(arrival_time=now - rng.uniform(0, 60), num_computed_tokens=rng.randint(100, 8000), num_output_tokens=rng.randint(0, 300),
-                                       sampling_params=SimpleNamespace(extra_args=extra)))  # fmt: skip
-    order = UrgencyOrder(urgency.create(policy), lambda: views, Recorder(engine_metrics.ENGINE_SPEC))
-    return order, SimpleNamespace(running=running, kv_cache_manager=SimpleNamespace(usage=0.6))
+class _Session:
+    def __init__(self, sid: str, rng: random.Random, now: float):
+        self.sid, self.rng = sid, rng
+        self.buffered, self.played, self.pending, self.responses, self.barge_ins = 0.0, 0.0, 0, 1, 0
+        self.first_audio, self.at = False, now
+
+    def view(self, now: float, ms_per_token: float) -> BoardView:
+        # playback in real time since the last look
+        elapsed = (now - self.at) * 1000
+        self.played += min(self.buffered, elapsed)
+        self.buffered = max(0.0, self.buffered - elapsed)
+        self.at = now
+        return BoardView(session_id=self.sid, played_ms=self.played, age_s=0.0, ms_per_token=ms_per_token,
+                         buffered_ms=self.buffered, playing=self.buffered > 0, speaking=False, responding=True,
+                         first_audio=self.first_audio, barge_ins=self.barge_ins, responses=self.responses,
+                         reply_gap_ms=None, at=now)  # fmt: skip
 
 
-def measure(n: int, rounds: int, policy: str) -> list[float]:
-    order, sched = _fixture(n, policy)
-    original = list(sched.running)
-    times = []
-    for _ in range(rounds):
-        sched.running = list(original)
+class _Request(SimpleNamespace):
+    __hash__ = object.__hash__  # compared by identity, as vLLM's requests are
+    __eq__ = object.__eq__
+
+
+class _Loop:
+    """The engine's queues and the sessions' clients, on a simulated clock."""
+
+    def __init__(self, n: int, args, seed: int = 0):
+        self.rng, self.args, self.now = random.Random(seed), args, 1_000_000.0
+        self.sessions = [_Session(f"t/s{i}", self.rng, self.now) for i in range(n)]
+        self.sched = SimpleNamespace(running=[], waiting=collections.deque(), kv_cache_manager=SimpleNamespace(usage=0.6),
+                                     max_num_active_reqs=n, num_waiting_for_streaming_input=0)  # fmt: skip
+        for s in self.sessions:
+            # mid-conversation: some audio already buffered, some tokens generated
+            s.buffered, s.first_audio = self.rng.uniform(0, 8000), True
+            self.sched.running.append(self._request(s, self.rng.randint(0, 150)))
+        self.raw: dict[str, str] = {}
+        self.views: dict[str, BoardView] = {}
+        self.next_poll = self.now
+
+    def _request(self, session: _Session, generated: int = 0):
+        return _Request(session=session, arrival_time=self.now, num_computed_tokens=self.rng.randint(200, 4000),
+                               num_output_tokens=generated, length=int(self.rng.expovariate(1 / self.args.mean_tokens)) + 1,
+                               sampling_params=SimpleNamespace(extra_args={SESSION_ARG: session.sid}))  # fmt: skip
+
+    def step(self, held: list) -> None:
+        """One decode step: tokens, audio chunks, finished responses and next turns, board polls."""
+        self.now += self.args.step_ms / 1000
+        a, skip = self.args, set(map(id, held))
+        running = self.sched.running
+        done = []
+        for r in running:
+            if id(r) in skip:
+                continue
+            r.num_output_tokens += 1
+            r.num_computed_tokens += 1
+            s = r.session
+            s.pending += 1
+            if s.pending >= a.chunk_tokens:  # a talker chunk reaches the client
+                s.view(self.now, a.ms_per_token)
+                s.buffered += s.pending * a.ms_per_token
+                s.pending, s.first_audio = 0, True
+            barged = self.rng.random() < a.barge_in_rate
+            if r.num_output_tokens >= r.length or barged:
+                done.append(r)
+                s.barge_ins += barged
+                s.responses += 1
+                s.first_audio, s.pending = False, 0
+                if barged:
+                    s.view(self.now, a.ms_per_token)
+                    s.buffered = 0.0
+        if done:
+            gone = set(map(id, done))
+            self.sched.running = [r for r in running if id(r) not in gone]
+            self.sched.running.extend(self._request(r.session) for r in done)  # the next turns, admitted
+        if self.now >= self.next_poll:
+            self.next_poll += a.poll_ms / 1000
+            self.raw = {
+                s.sid: json.dumps({**asdict(s.view(self.now, a.ms_per_token))}) for s in self.sessions
+            }
+            self.views = decode(self.raw, self.views, self.now)
+
+
+def measure(n: int, args, policy: str, refresh_s: float) -> tuple[list[float], float]:
+    loop = _Loop(n, args)
+    order = UrgencyOrder(urgency.create(policy), lambda: loop.views, Recorder(engine_metrics.ENGINE_SPEC),
+                         refresh_s=refresh_s, clock=lambda: loop.now)  # fmt: skip
+    times, classified = [], 0
+    for _ in range(args.warmup + args.rounds):
         t = time.perf_counter()
-        held = order._rank(sched, order.views())
+        held = order.before(loop.sched)
         times.append(time.perf_counter() - t)
-        sched.running.extend(held)
-    return times
+        classified += order.running.classified
+        loop.sched.running.extend(held)
+        loop.step(held)
+    return times[args.warmup :], classified / (args.warmup + args.rounds)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[64, 256, 1024])
-    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--step-ms", type=float, default=25.0, help="decode step period")
+    ap.add_argument("--poll-ms", type=float, default=50.0, help="board poll period (BoardReader)")
+    ap.add_argument("--mean-tokens", type=float, default=200.0, help="mean response length")
+    ap.add_argument("--chunk-tokens", type=int, default=8, help="tokens per audio chunk reaching the client")
+    ap.add_argument("--ms-per-token", type=float, default=150.0)
+    ap.add_argument("--barge-in-rate", type=float, default=0.001, help="per generated token")
     args = ap.parse_args()
-    print(f"{'sessions':>8} {'policy':>9} {'avg ms':>8} {'p50 ms':>8} {'p90 ms':>8}")
+    print(f"step {args.step_ms} ms, board poll {args.poll_ms} ms, mean response {args.mean_tokens} tokens, "
+          f"audio chunk {args.chunk_tokens} tokens x {args.ms_per_token} ms")  # fmt: skip
+    print(
+        f"{'sessions':>8} {'policy':>9} {'plan':>12} {'avg ms':>8} {'p50 ms':>8} {'p90 ms':>8} {'classified/round':>17}"
+    )
     for n in args.sessions:
         for policy in ("fcfs", "liveserve"):
-            ms = sorted(t * 1000 for t in measure(n, args.rounds, policy))
-            p90 = ms[int(0.9 * (len(ms) - 1))]
-            print(f"{n:>8} {policy:>9} {statistics.mean(ms):8.3f} {statistics.median(ms):8.3f} {p90:8.3f}")
+            avg = {}
+            for plan, refresh_s in (("full/round", 0.0), ("incremental", 5.0)):
+                times, classified = measure(n, args, policy, refresh_s)
+                ms = sorted(t * 1000 for t in times)
+                avg[plan] = statistics.mean(ms)
+                p90 = ms[int(0.9 * (len(ms) - 1))]
+                print(
+                    f"{n:>8} {policy:>9} {plan:>12} {avg[plan]:8.3f} {statistics.median(ms):8.3f} {p90:8.3f} {classified:17.1f}"
+                )
+            print(f"{'':>8} {'':>9} {'speed-up':>12} {avg['full/round'] / avg['incremental']:7.1f}x")
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def _declared() -> list[Metric]:
         Metric(
             "omniray_scheduler_decision_seconds",
             h,
-            "Time the scheduler's urgency policy takes per scheduling round (ranking running requests).",
+            "Time the scheduler's urgency policy takes per scheduling round (ordering running and waiting requests, preempting).",
             ("policy",),
             DECISION_BUCKETS_S,
         ),
@@ -235,6 +235,12 @@ def _declared() -> list[Metric]:
             "omniray_scheduler_ranked_total",
             c,
             "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",
+            ("urgency",),
+        ),
+        Metric(
+            "omniray_scheduler_preemptions_total",
+            c,
+            "Running requests preempted to seat a more urgent waiting one, by the urgency of the one seated.",
             ("urgency",),
         ),
         # the KV store (kv_store/metrics.py), recorded in the engine processes

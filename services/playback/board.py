@@ -4,27 +4,34 @@ without the monitor — the engines' scheduler, the KV store — read the same p
 The gateway writes every open session's view into one hash (`omniray:sessions`, field = session id)
 every `interval_s`, stamped with wall-clock time; readers poll the hash on a thread and keep the
 latest dict, so a scheduling round reads memory, never Redis. A view carries the time it was taken:
-readers extrapolate playback to their own now (audio plays in real time) and ignore stale views.
+readers extrapolate playback to their own now (audio plays in real time); stale views are dropped by the
+reader, and a view whose course did not change stays the same object.
 
 Redis down or stalled: every call is bounded by the client's timeouts (services/common/redis_config);
-the writer skips rounds, the readers keep their last views, which go stale, so the engines'
-scheduler falls back to FCFS; both pick up again when Redis answers, and log only the change.
+the writer skips rounds, the readers keep their last views until they would be stale, then have
+none, so the engines' scheduler falls back to FCFS; both pick up again when Redis answers, and log only the change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import json
 import logging
+import operator
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from services.common.redis_config import sync_client
 from services.playback.monitor import PlaybackMonitor, PlaybackView
 
 KEY = "omniray:sessions"
+# A reader keeps a session's view object while newer ones tell the same course: within
+# COURSE_TOLERANCE_MS of playback as the kept one extrapolates it (so errors do not add up).
+COURSE_TOLERANCE_MS = 20.0
+STALE_S = 2.0
+CHANGE_LOG = 64  # polls a reader can fall behind and still be told only what changed  # a session not published for this long is no telemetry (its gateway is gone)
 log = logging.getLogger(__name__)
 
 
@@ -32,7 +39,7 @@ log = logging.getLogger(__name__)
 class BoardView(PlaybackView):
     """A monitor view as read from the board: `buffered_ms` and `played_ms` as of `at`."""
 
-    at: float = 0.0  # wall clock (time.time()) when the view was taken
+    at: float = 0.0  # wall clock (time.time()) when the view was taken: the origin of its course
 
     def buffered_at(self, now: float) -> float:
         """Audio still buffered at the client at `now` (it plays in real time)."""
@@ -42,22 +49,82 @@ class BoardView(PlaybackView):
         """The client's playback position in the current response's audio at `now`."""
         return self.played_ms + (self.buffered_ms - self.buffered_at(now))
 
-    def fresh(self, now: float, stale_s: float) -> bool:
-        return now - self.at <= stale_s
+    def same_course(self, newer: BoardView, tolerance_ms: float = COURSE_TOLERANCE_MS) -> bool:
+        """Whether `newer`, a later view of the session, says nothing this one does not (its state
+        as this one extrapolates it, within `tolerance_ms`)."""
+        return (
+            self.refilled(newer, tolerance_ms)
+            and newer.buffered_ms <= self.buffered_at(newer.at) + tolerance_ms
+        )
+
+    def refilled(self, newer: BoardView, tolerance_ms: float = COURSE_TOLERANCE_MS) -> bool:
+        """Whether `newer` is this course with, at most, more audio reached the client since: the
+        same state, the same playback position, no less buffered."""
+        return (
+            _state(newer) == _state(self)
+            and abs(self.played_at(newer.at) - newer.played_ms) <= tolerance_ms
+            and newer.buffered_ms >= self.buffered_at(newer.at) - tolerance_ms
+        )
+
+
+# Everything but what moves with playback or the clock (compared by extrapolation instead).
+_state = operator.attrgetter(
+    *(f.name for f in fields(BoardView) if f.name not in {"buffered_ms", "played_ms", "age_s", "at"})
+)
 
 
 def encode(monitor: PlaybackMonitor, now: float) -> dict[str, str]:
     return {sid: json.dumps({**asdict(v), "at": now}) for sid, v in monitor.snapshot().items()}
 
 
-def decode(raw: dict) -> dict[str, BoardView]:
+class BoardViews(dict):
+    """A poll's views (session id → view) and the sessions whose view object is not the previous
+    poll's (new, changed in course, gone): `changes_since` spares a reader comparing every session."""
+
+    def __init__(self, views: dict, epoch: int = 0, log: collections.deque | None = None):
+        super().__init__(views)
+        self.epoch = epoch
+        self.log = log if log is not None else collections.deque(maxlen=CHANGE_LOG)  # (epoch, changed)
+
+    def changes_since(self, epoch: int) -> set[str] | None:
+        """Sessions whose view changed after `epoch`; None when the log no longer reaches back."""
+        log = self.log
+        if not log or log[0][0] > epoch + 1:
+            return None
+        changed: set[str] = set()
+        for e, sessions in log:
+            if epoch < e <= self.epoch:
+                changed |= sessions
+        return changed
+
+
+def decode(raw: dict, previous: dict[str, BoardView] | None = None, now: float | None = None,
+           stale_s: float = STALE_S) -> BoardViews:  # fmt: skip
+    """The board's fresh views (published within `stale_s` of `now`); a session whose course is
+    unchanged keeps its `previous` view object — so readers find what changed by identity
+    (services/policies/urgency/plan.py), and a kept view's `at` says nothing of its freshness."""
     views = {}
+    previous = previous or {}
+    now = time.time() if now is None else now
     for sid, value in raw.items():
+        sid = sid.decode() if isinstance(sid, bytes) else sid
         try:
-            views[sid.decode() if isinstance(sid, bytes) else sid] = BoardView(**json.loads(value))
+            view = BoardView(**json.loads(value))
         except (TypeError, ValueError):
             continue  # a view from another version: no telemetry for that session
-    return views
+        if now - view.at > stale_s:
+            continue  # its gateway stopped publishing
+        kept = previous.get(sid)
+        views[sid] = kept if kept is not None and kept.same_course(view) else view
+    changed = {sid for sid, v in views.items() if previous.get(sid) is not v} | (
+        previous.keys() - views.keys()
+    )
+    if isinstance(previous, BoardViews):
+        out = BoardViews(views, previous.epoch + 1, previous.log)
+    else:
+        out = BoardViews(views, 1)
+    out.log.append((out.epoch, frozenset(changed)))
+    return out
 
 
 class BoardWriter:
@@ -97,20 +164,27 @@ class BoardWriter:
 
 
 class BoardReader:
-    """Polls the board on a daemon thread; `views()` is the latest copy (no I/O)."""
+    """Polls the board on a daemon thread; `views()` is the latest copy (no I/O): fresh views only,
+    so a reader never checks freshness itself."""
 
-    def __init__(self, redis_url: str, interval_s: float = 0.05):
+    def __init__(self, redis_url: str, interval_s: float = 0.05, stale_s: float = STALE_S):
         self.client = sync_client(redis_url)
-        self.interval_s = interval_s
-        self._views: dict[str, BoardView] = {}
+        self.interval_s, self.stale_s = interval_s, stale_s
+        self._views: BoardViews = BoardViews({})
         threading.Thread(target=self._poll, name="omniray-session-board", daemon=True).start()
 
     def _poll(self) -> None:
+        read_at = time.time()
         while True:
-            # Unreachable: keep the last views; they go stale and are ignored.
-            with contextlib.suppress(Exception):
-                self._views = decode(self.client.hgetall(KEY))
+            try:
+                raw = self.client.hgetall(KEY)
+            except Exception:  # unreachable: the last views stand until they would be stale
+                if self._views and time.time() - read_at > self.stale_s:
+                    self._views = decode({}, self._views)
+            else:
+                read_at = time.time()
+                self._views = decode(raw, self._views, read_at, self.stale_s)
             time.sleep(self.interval_s)
 
-    def views(self) -> dict[str, BoardView]:
+    def views(self) -> BoardViews:
         return self._views

@@ -164,6 +164,48 @@ def test_a_free_seat_goes_to_the_most_urgent_waiting_request(urgent, telemetry):
     assert [r.request_id for r in s.waiting] == ["buffered" if telemetry else "new-turn"]
 
 
+def test_an_urgent_arrival_preempts_the_least_urgent_well_buffered_request(urgent):
+    """Seats full of well-buffered work (U2): a new turn (U1) takes the seat of the least urgent one,
+    which goes back to waiting with its id in the round's `preempted_req_ids` (the workers drop its
+    state); it resumes when a seat frees, with every token it had."""
+    s, views = urgent
+    s.max_num_active_reqs = 2
+    now = time.time()
+    s.add_request(_request("calm", "t/a", now - 3))
+    s.add_request(_request("barger", "t/b", now - 2))
+    _run_prefill(s)
+    generated = {r.request_id: r.num_output_tokens for r in s.running}
+    views.update({"t/a": _view(60_000.0), "t/b": BoardView(**{**_view(60_000.0).__dict__, "barge_ins": 3}),
+                  "t/c": _view(0.0, first_audio=False)})  # fmt: skip
+    s.add_request(_request("new-turn", "t/c", now))
+    out = s.schedule()
+    assert out.preempted_req_ids == {"barger"}  # U2 ranks a frequent barger last
+    assert "new-turn" in out.num_scheduled_tokens and "barger" not in out.num_scheduled_tokens
+    assert {r.request_id for r in s.running} == {"calm", "new-turn"}
+    (resumed,) = s.waiting
+    assert resumed.request_id == "barger" and resumed.num_output_tokens == generated["barger"]
+    stats = engine_metrics.detach(s.make_stats())
+    assert dict((tuple(k), v) for k, v in stats["preempted"])[("U1",)] == [1]
+
+
+def test_held_requests_keep_their_seats(urgent):
+    """A held request sits a round out but keeps its seat: a waiting request no more urgent than it
+    (well buffered too) is not admitted in its place (the workers' batch is sized for the seats)."""
+    s, views = urgent
+    s.max_num_active_reqs = 1
+    now = time.time()
+    s.add_request(_request("ahead", "t/a", now - 3))
+    _run_prefill(s)
+    views.update({"t/a": _view(60_000.0, ms_per_token=5_000.0), "t/b": _view(60_000.0)})
+    s.add_request(_request("buffered", "t/b", now))
+    out = s.schedule()
+    assert not out.num_scheduled_tokens and not out.preempted_req_ids
+    assert [r.request_id for r in s.running] == ["ahead"] and [r.request_id for r in s.waiting] == [
+        "buffered"
+    ]
+    assert s.max_num_active_reqs == 1
+
+
 def test_without_telemetry_the_order_is_fcfs(urgent):
     s, _ = urgent
     now = time.time()

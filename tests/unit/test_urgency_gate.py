@@ -82,7 +82,7 @@ def _order(policy: str, views: dict) -> list[str]:
     return asyncio.run(run())
 
 
-def _views() -> dict:  # fresh: views older than the policy's stale_s count as no telemetry
+def _views() -> dict:  # fresh (a board reader drops stale ones)
     return {
         "low": _view("low", buffered_ms=300),  # U0: about to run dry
         "full": _view("full", buffered_ms=8000),  # U2: well buffered

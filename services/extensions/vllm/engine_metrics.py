@@ -30,6 +30,7 @@ ENGINE_SPEC: store_metrics.Spec = {
     for method, name in (
         ("decision", "omniray_scheduler_decision_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
+        ("preempted", "omniray_scheduler_preemptions_total"),
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}

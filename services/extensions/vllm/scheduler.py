@@ -1,14 +1,16 @@
 """omniray's vLLM scheduler (`scheduler_cls`): vLLM's own scheduler with independent hooks, each
 switched on by its section of the engine payload (services/extensions/vllm/specs.py):
 
-- `UrgencyOrder` ranks the running requests each round by an urgency policy
+- `UrgencyOrder` orders the running requests each round by an urgency policy
   (services/policies/urgency/) from the playback board (the gateways' playback monitors, through
   Redis). vLLM's own loop then runs them in that order — the most urgent get the token budget first
-  and the least urgent are preempted first — and requests the policy holds back sit this round out.
-  The waiting queue is put in the same order, so when the seats (max_num_seqs) are full the one that
-  frees goes to the most urgent waiting request (a new turn before resumed well-buffered work),
-  not the oldest. With no telemetry (no board, or no realtime session among the requests) the order
-  is FCFS.
+  and the least urgent are preempted first under KV pressure — and requests the policy holds back sit
+  this round out (keeping their seats). The waiting queue is put in the same order, so when the seats
+  (max_num_seqs) are full the one that frees goes to the most urgent waiting request (a new turn
+  before resumed well-buffered work), and an urgent arrival that finds no seat preempts a held or
+  well-buffered one. The order is an incremental plan (services/policies/urgency/plan.py): a round
+  classifies only the requests that arrived, whose session's view changed or whose class ran out.
+  With no telemetry (no board) the order is vLLM's (FCFS).
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
@@ -36,6 +38,7 @@ from services.extensions.vllm import engine_metrics, pins
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
 from services.playback.board import BoardReader
 from services.policies import urgency
+from services.policies.urgency.plan import UrgencyPlan
 
 pins.check(__name__)
 
@@ -56,13 +59,17 @@ class Hook(Protocol):
 
 
 class UrgencyOrder:
-    def __init__(self, policy: urgency.UrgencyPolicy, views: Callable[[], dict], recorder: Recorder):
-        self.policy, self.views, self.recorder = policy, views, recorder
+    def __init__(self, policy: urgency.UrgencyPolicy, views: Callable[[], dict], recorder: Recorder,
+                 refresh_s: float = 5.0, tokens_per_round: int = 1, clock: Callable[[], float] = time.time):  # fmt: skip
+        self.policy, self.views, self.recorder, self.clock = policy, views, recorder, clock
+        self.running = UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
+        self.waiting = UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
 
     @classmethod
-    def of(cls, payload: UrgencyPayload, recorder: Recorder) -> UrgencyOrder:
+    def of(cls, payload: UrgencyPayload, recorder: Recorder, tokens_per_round: int) -> UrgencyOrder:
         board = BoardReader(payload.board_url, payload.poll_s)
-        return cls(urgency.create(payload.policy, payload.params), board.views, recorder)
+        policy = urgency.create(payload.policy, payload.params)
+        return cls(policy, board.views, recorder, payload.refresh_s, tokens_per_round)
 
     def kv_cache_config(self, config: Any, vllm_config: Any) -> Any:
         return config
@@ -70,47 +77,64 @@ class UrgencyOrder:
     def before(self, scheduler: OmnirayScheduler) -> list:
         if not scheduler.running and len(scheduler.waiting) < 2:
             return []
-        started = time.perf_counter()
         views = self.views()
-        held = self._rank(scheduler, views)
-        self._order_waiting(scheduler, views)
+        if not views:  # no telemetry: vLLM's own order (FCFS)
+            return []
+        started = time.perf_counter()
+        now, occupancy = self.clock(), scheduler.kv_cache_manager.usage
+        scheduler.running, held = self.running.arrange(scheduler.running, views, now, occupancy)
+        if isinstance(scheduler.waiting, collections.deque) and scheduler.waiting:
+            self._order_waiting(scheduler, views, now, occupancy, held)
         self.recorder.record("decision", (self.policy.name,), time.perf_counter() - started)
+        for cls, n in self.running.classes.items():
+            if n:
+                self.recorder.record("ranked", (cls,), n)
         return held
 
-    def _ranked(self, scheduler: OmnirayScheduler, requests: list, views: dict) -> urgency.Ranking | None:
-        """The policy's ranking of `requests` (None without telemetry for any of them)."""
-        sessions = [session_of(r) for r in requests]
-        if not views or not any(s in views for s in sessions):
-            return None
-        candidates = [
-            urgency.Candidate(r.arrival_time, r.num_computed_tokens, r.num_output_tokens, views.get(s))
-            for r, s in zip(requests, sessions, strict=True)
+    def _order_waiting(self, scheduler: OmnirayScheduler, views: dict, now: float, occupancy: float,
+                       held: list) -> None:  # fmt: skip
+        """vLLM's FCFS waiting queue (a deque) in urgency order, so the seat that frees goes to the
+        most urgent; what the policy would hold waits last (admission is not a round to sit out).
+        With the seats full, an urgent arrival takes a preemptible one's seat. A priority queue
+        keeps its own order."""
+        order, last = self.waiting.arrange(list(scheduler.waiting), views, now, occupancy)
+        if self._preempt_for(scheduler, order, held):
+            order, last = self.waiting.arrange(list(scheduler.waiting), views, now, occupancy)
+        scheduler.waiting.clear()
+        scheduler.waiting.extend(order + last)
+
+    def _preempt_for(self, scheduler: OmnirayScheduler, waiting: list, held: list) -> int:
+        """Preempt less urgent preemptible requests — held ones first, then the end of the running
+        order — for the urgent waiting ones that find no free seat, as vLLM preempts under KV
+        pressure: the blocks go back to the pool (and stay in its prefix cache: the resume
+        recomputes only what was evicted meanwhile), the request goes back to waiting, and its id
+        reaches the workers with this round's output (`preempted_req_ids`), which drop its state."""
+        preemptible = self.policy.preemptible
+        free = scheduler.max_num_active_reqs - len(scheduler.running) - len(held)
+        free -= scheduler.num_waiting_for_streaming_input
+        pool = list(held) + [
+            r for r in reversed(scheduler.running) if self.running.class_of(r) in preemptible
         ]
-        return self.policy.rank(candidates, time.time(), scheduler.kv_cache_manager.usage)
-
-    def _rank(self, scheduler: OmnirayScheduler, views: dict) -> list:
-        """Reorder scheduler.running by urgency; returns the requests held back this round."""
-        running = scheduler.running
-        ranking = self._ranked(scheduler, running, views) if running else None
-        if ranking is None:
-            return []
-        for cls in set(ranking.classes):
-            self.recorder.record("ranked", (cls,), ranking.classes.count(cls))
-        scheduler.running = [running[i] for i in ranking.order]
-        return [running[i] for i in ranking.held]
-
-    def _order_waiting(self, scheduler: OmnirayScheduler, views: dict) -> None:
-        """vLLM's FCFS waiting queue (a deque) in urgency order; what the policy would hold waits
-        last (admission is not a round to sit out). A priority queue keeps its own order."""
-        waiting = scheduler.waiting
-        if len(waiting) < 2 or not isinstance(waiting, collections.deque):
-            return
-        queued = list(waiting)
-        ranking = self._ranked(scheduler, queued, views)
-        if ranking is None:
-            return
-        waiting.clear()
-        waiting.extend(queued[i] for i in ranking.order + ranking.held)
+        victims = []
+        for arrival in waiting:
+            if self.waiting.class_of(arrival) in preemptible:
+                break  # the rest of the queue is no more urgent than what it would preempt
+            if free > 0:
+                free -= 1
+                continue
+            if not pool or self.running.key_of(pool[0]) <= self.waiting.key_of(arrival):
+                break
+            victim = pool.pop(0)
+            if not scheduler._request_blocks_can_be_freed(victim):
+                break  # an in-flight step still writes its blocks (vLLM waits too)
+            victims.append(victim)
+            self.recorder.record("preempted", (self.waiting.class_of(arrival),), 1)
+        for victim in victims:
+            (held if victim in held else scheduler.running).remove(victim)
+            scheduler._preempt_request(
+                victim, time.monotonic(), drop_stale_output=scheduler.requires_kv_delivery
+            )
+        return len(victims)
 
     def after(self, scheduler: OmnirayScheduler, output: Any, held: list) -> None:
         if held and not output.total_num_scheduled_tokens:
@@ -119,19 +143,29 @@ class UrgencyOrder:
             time.sleep(HELD_IDLE_S)
 
 
+def identify(request) -> tuple[str | None, float]:
+    """What an urgency plan reads once from a vLLM request."""
+    return session_of(request), request.arrival_time
+
+
+def progress(request) -> tuple[int, int]:
+    """What an urgency plan reads from a vLLM request at each classification."""
+    return request.num_computed_tokens, request.num_output_tokens
+
+
 def session_of(request) -> str | None:
     extra = request.sampling_params.extra_args if request.sampling_params else None
     return (extra or {}).get(SESSION_ARG)
 
 
-def hooks(payload: EnginePayload, recorder: Recorder) -> list[Hook]:
+def hooks(payload: EnginePayload, recorder: Recorder, tokens_per_round: int = 1) -> list[Hook]:
     from services.extensions.vllm.sink_window import SinkWindowKv
 
     out: list[Hook] = []
     if payload.sink_window is not None:
         out.append(SinkWindowKv(payload.sink_window))
     if payload.urgency is not None:
-        out.append(UrgencyOrder.of(payload.urgency, recorder))
+        out.append(UrgencyOrder.of(payload.urgency, recorder, tokens_per_round))
     return out
 
 
@@ -139,7 +173,8 @@ class OmnirayScheduler(AsyncScheduler):
     def __init__(self, *args, **kwargs):
         payload = EnginePayload.of(kwargs["vllm_config"])
         self.recorder = Recorder(engine_metrics.ENGINE_SPEC)
-        self.hooks = hooks(payload, self.recorder)
+        spec = kwargs["vllm_config"].speculative_config
+        self.hooks = hooks(payload, self.recorder, 1 + (spec.num_speculative_tokens if spec else 0))
         for hook in self.hooks:
             kwargs["kv_cache_config"] = hook.kv_cache_config(kwargs["kv_cache_config"], kwargs["vllm_config"])
         super().__init__(*args, **kwargs)
@@ -148,10 +183,14 @@ class OmnirayScheduler(AsyncScheduler):
         held: list = []
         for hook in self.hooks:
             held.extend(hook.before(self))
+        # Held requests keep their KV and their seats (the workers' batch is sized for the seats):
+        # they run in a later round.
+        self.max_num_active_reqs -= len(held)
         try:
             output = super().schedule(*args, **kwargs)
         finally:
-            self.running.extend(held)  # they keep their KV and run in a later round
+            self.max_num_active_reqs += len(held)
+            self.running.extend(held)
         for hook in self.hooks:
             hook.after(self, output, held)
         return output

@@ -33,6 +33,7 @@ class UrgencyPayload(_Strict):
     params: dict[str, float]
     board_url: str  # the playback board's Redis
     poll_s: float = Field(gt=0)
+    refresh_s: float = Field(default=5.0, gt=0)  # every request classified anew at least this often
 
 
 class EnginePayload(_Strict):

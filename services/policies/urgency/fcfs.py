@@ -5,22 +5,27 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from services.policies.urgency.base import Candidate, Ranking
+from services.playback.board import BoardView
+from services.policies.urgency.base import NEVER, Candidate, Classified, UrgencyPolicy
 
 
 class FcfsParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Fcfs:
+class Fcfs(UrgencyPolicy):
     name = "fcfs"
+
+    preemptible = frozenset()
 
     def __init__(self, params: FcfsParams):
         self.params = params
 
-    def rank(self, candidates: list[Candidate], now: float, occupancy: float) -> Ranking:
-        order = sorted(range(len(candidates)), key=lambda i: candidates[i].arrival)
-        return Ranking(order, [], ["fcfs"] * len(candidates))
+    def keeps(self, c: Classified, old: BoardView | None, new: BoardView | None) -> bool:
+        return True  # views do not matter
+
+    def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
+        return Classified("fcfs", (c.arrival,), NEVER, NEVER)
 
 
 PARAMS = FcfsParams

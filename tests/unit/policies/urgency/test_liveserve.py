@@ -33,7 +33,7 @@ def test_classes_and_order():
         cand(4, view(900)),  # U0
         cand(5, view(0, first_audio=False)),  # U1, younger
         cand(6, view(3000), generated=100),  # held: 100 tokens x 150 ms, nothing played yet
-        cand(0.5, view(200, at=NOW - 10)),  # stale telemetry: U1, oldest
+        cand(0.5, None),  # stale telemetry (the board reader dropped it): U1, oldest
     ]
     r = policy.rank(c, NOW, occupancy=0.5)
     assert r.classes == ["U2", "U1", "U0", "U0", "U1", "held", "U1"]
@@ -41,9 +41,7 @@ def test_classes_and_order():
 
 
 def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
-    policy = urgency.create(
-        "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "ms_per_token": 100, "stale_s": 10}
-    )
+    policy = urgency.create("liveserve", {"safe_ms": 1000, "hold_ms": 5000, "ms_per_token": 100})
     ahead = cand(1, view(3000), generated=80)  # 8 s generated, nothing played
     assert policy.rank([ahead], NOW, 0.0).held == [0]
     early = view(0, first_audio=False)  # no audio yet: never held (it may need tokens to start)
@@ -54,6 +52,17 @@ def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
     assert policy.rank([cand(1, played, generated=80)], NOW, 0.0).classes == ["U0"]
     measured = BoardView(**{**view(3000).__dict__, "ms_per_token": 50.0})  # this session: 4 s ahead
     assert policy.rank([cand(1, measured, generated=80)], NOW, 0.0).classes == ["U2"]
+
+
+def test_a_held_request_is_released_a_batch_below_hold():
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100}
+    )
+    held = policy.classify(cand(1, view(9000), generated=60), NOW, 0.0)  # 6 s ahead
+    assert held.cls == "held" and held.until == pytest.approx(NOW + 3.0)  # 1 s to hold, 2 s more
+    u2 = policy.classify(cand(1, view(9000, at=NOW - 3.0), generated=60), NOW, 0.0)  # 3 s ahead
+    assert u2.cls == "U2" and u2.tokens == 21  # 2 s of tokens at 100 ms, then one over
+    assert u2.until == pytest.approx(NOW - 3.0 + 8.0)  # its buffer falls to safe_ms
 
 
 def test_buffer_drains_in_real_time_between_views():
@@ -73,7 +82,8 @@ def test_u2_prefers_big_kv_holders_when_memory_is_scarce_and_rare_barge_ins():
 
 
 @pytest.mark.parametrize(
-    "params", [{"safe_ms": 5000, "hold_ms": 100}, {"alpha": -1}, {"stale_s": 0}, {"nope": 1}]
+    "params",
+    [{"safe_ms": 5000, "hold_ms": 100}, {"alpha": -1}, {"resume_ms": 3000}, {"resume_ms": -1}, {"nope": 1}],
 )
 def test_bad_parameters_are_refused(params):
     with pytest.raises((ValueError, TypeError)):

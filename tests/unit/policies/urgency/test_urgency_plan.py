@@ -1,0 +1,112 @@
+"""The incremental urgency plan agrees with a full ranking at every round, over random runs of
+arrivals, departures, generated tokens, playback and board views (through the board decoder, so
+kept view objects and the change log are exercised), while classifying far fewer requests."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.playback.board import BoardView, decode
+from services.policies import urgency
+from services.policies.urgency.plan import UrgencyPlan
+
+STEP_S = 0.025
+KV = 1000  # constant: a U2 key's score then does not drift, so the orders must match exactly
+
+
+class Req:
+    def __init__(self, session: str | None, arrival: float):
+        self.session, self.arrival, self.generated = session, arrival, 0
+
+
+def _view(sid, played, buffered, first_audio, barge_ins, at) -> BoardView:
+    return BoardView(session_id=sid, played_ms=played, age_s=0.0, ms_per_token=100.0, buffered_ms=buffered,
+                     playing=buffered > 0, speaking=False, responding=True, first_audio=first_audio,
+                     barge_ins=barge_ins, responses=1, reply_gap_ms=None, at=at)  # fmt: skip
+
+
+class _World:
+    def __init__(self, rng: random.Random):
+        self.rng, self.now = rng, 1000.0
+        self.sessions = {
+            f"s{i}": [0.0, rng.uniform(0, 6000), rng.random() < 0.8, 0, self.now] for i in range(12)
+        }
+        self.requests = [
+            Req(rng.choice([*self.sessions, None]), self.now - rng.uniform(0, 5)) for _ in range(10)
+        ]
+        self.views = decode({}, None, self.now)
+
+    def step(self, held: list) -> None:
+        rng, self.now = self.rng, self.now + STEP_S
+        for r in self.requests:
+            if r not in held:
+                r.generated += 1
+        if rng.random() < 0.2 and self.requests:
+            self.requests.remove(rng.choice(self.requests))
+        if rng.random() < 0.2:
+            self.requests.append(Req(rng.choice([*self.sessions, None]), self.now))
+        for s in self.sessions.values():  # playback in real time; now and then a chunk or a barge-in
+            drained = min(s[1], (self.now - s[4]) * 1000)
+            s[0], s[1], s[4] = s[0] + drained, s[1] - drained, self.now
+            if rng.random() < 0.05:
+                s[1] += rng.uniform(0, 3000)
+                s[2] = True
+            if rng.random() < 0.01:
+                s[1], s[2], s[3] = 0.0, False, s[3] + 1
+        if rng.random() < 0.5:  # a board poll
+            raw = {
+                sid: json.dumps(asdict(_view(sid, *s)))
+                for sid, s in self.sessions.items()
+                if rng.random() < 0.95
+            }
+            self.views = decode(raw, self.views, self.now)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["fcfs", "liveserve"]), st.floats(0, 1))
+def test_the_plan_orders_as_a_full_ranking_would(seed, name, occupancy):
+    params = {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000} if name == "liveserve" else {}
+    policy = urgency.create(name, params)
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated), refresh_s=3600)
+    world = _World(random.Random(seed))
+    classified = 0
+    for _ in range(150):
+        order, held = plan.arrange(list(world.requests), world.views, world.now, occupancy)
+        classified += plan.classified
+        assert sorted(map(id, order + held)) == sorted(map(id, world.requests))  # none lost, none twice
+        candidates = [
+            urgency.Candidate(r.arrival, KV, r.generated, world.views.get(r.session) if r.session else None)
+            for r in world.requests
+        ]
+        full = policy.rank(candidates, world.now, occupancy)
+        for i, r in enumerate(world.requests):
+            mine = plan.class_of(r)
+            # a held request stays held until playback is resume_ms below hold_ms (hysteresis)
+            assert mine == full.classes[i] or (mine == "held" and full.classes[i] == "U2"), (
+                mine,
+                full.classes[i],
+            )
+        held_ids = set(map(id, held))
+        expected = [world.requests[i] for i in full.order if id(world.requests[i]) not in held_ids]
+        assert order == expected
+        world.step(held)
+    assert classified < 150 * 10  # not everything every round
+
+
+def test_a_round_without_changes_classifies_nothing():
+    policy = urgency.create("liveserve", {})
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated))
+    requests = [Req(None, float(i)) for i in range(5)]
+    views = decode({}, None, 1000.0)
+    first, _ = plan.arrange(requests, views, 1000.0, 0.5)
+    assert plan.classified == 5 and first == requests
+    again, _ = plan.arrange(first, views, 1000.1, 0.5)
+    assert plan.classified == 0 and again == requests
+    gone = again[1:] + [Req(None, 9.0)]  # one left, one arrived
+    third, _ = plan.arrange(gone, views, 1000.2, 0.5)
+    assert plan.classified == 1 and third == gone
