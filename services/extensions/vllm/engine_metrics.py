@@ -34,6 +34,7 @@ ENGINE_SPEC: store_metrics.Spec = {
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}
+ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)]}
 ENGINE_KEY = "omniray_engine"
 
 
@@ -44,9 +45,9 @@ class RayMetrics(store_metrics._Calls):
         self._metrics = {
             method: (kind, telemetry.metric(name), labels) for method, (kind, name, _, labels) in SPEC.items()
         }
-        # Failures and prefetches may not happen for a long while: their series exist at 0 so
-        # dashboards and alerts see a healthy store.
-        for method, label_sets in store_metrics.ZERO_AT_START.items():
+        # Failures, prefetches and preemptions may not happen for a long while: their series exist
+        # at 0 so dashboards and alerts see a healthy store.
+        for method, label_sets in {**store_metrics.ZERO_AT_START, **ENGINE_ZERO_AT_START}.items():
             _, m, names = self._metrics[method]
             for labels in label_sets:
                 zero(m, **dict(zip(names, labels, strict=True)))
