@@ -4,8 +4,9 @@ preemption checked) on a simulated decode loop of N live voice sessions, with th
 loop brings, on a simulated clock:
 
 - one decode step every `--step-ms`: every running request not held generates a token;
-- a response ends after a random length (mean `--mean-tokens`) and the session's next turn arrives
-  (membership changes most rounds at 256 sessions);
+- a response ends after a random length (mean `--mean-tokens`); the session's next turn arrives
+  when the client has played what it has and the user has spoken (`--user-turn-s`, uniform up to
+  twice the mean), or right after a barge-in's user turn: requests arrive and leave most rounds;
 - the client plays in real time; the talker's audio reaches it in chunks (`--chunk-tokens` tokens of
   `--ms-per-token` each), so a generating session's view changes when a chunk lands;
 - a fraction of sessions barge in now and then (the view changes, the response ends);
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
+import itertools
 import json
 import random
 import statistics
@@ -55,9 +58,11 @@ class _Session:
                          reply_gap_ms=None, at=now)  # fmt: skip
 
 
-class _Request(SimpleNamespace):
-    __hash__ = object.__hash__  # compared by identity, as vLLM's requests are
-    __eq__ = object.__eq__
+class _Request:
+    """What the hook reads of a vLLM request; hashed and compared by identity, as vLLM's are."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
 
 class _Loop:
@@ -72,6 +77,8 @@ class _Loop:
             # mid-conversation: some audio already buffered, some tokens generated
             s.buffered, s.first_audio = self.rng.uniform(0, 8000), True
             self.sched.running.append(self._request(s, self.rng.randint(0, 150)))
+        self.turns: list = []  # (time, seq, session): next turns due
+        self.seq = itertools.count()
         self.raw: dict[str, str] = {}
         self.views: dict[str, BoardView] = {}
         self.next_poll = self.now
@@ -110,7 +117,14 @@ class _Loop:
         if done:
             gone = set(map(id, done))
             self.sched.running = [r for r in running if id(r) not in gone]
-            self.sched.running.extend(self._request(r.session) for r in done)  # the next turns, admitted
+            for r in done:  # the next turn: after the client played what it has, and the user spoke
+                s = r.session
+                user_s = self.rng.uniform(0, 2 * a.user_turn_s)
+                heapq.heappush(self.turns, (self.now + s.buffered / 1000 + user_s, next(self.seq), s))
+        while self.turns and self.turns[0][0] <= self.now:
+            s = heapq.heappop(self.turns)[2]
+            s.view(self.now, a.ms_per_token)
+            self.sched.running.append(self._request(s))  # admitted
         if self.now >= self.next_poll:
             self.next_poll += a.poll_ms / 1000
             self.raw = {
@@ -123,15 +137,17 @@ def measure(n: int, args, policy: str, refresh_s: float) -> tuple[list[float], f
     loop = _Loop(n, args)
     order = UrgencyOrder(urgency.create(policy), lambda: loop.views, Recorder(engine_metrics.ENGINE_SPEC),
                          refresh_s=refresh_s, clock=lambda: loop.now)  # fmt: skip
-    times, classified = [], 0
-    for _ in range(args.warmup + args.rounds):
+    times, classified, running = [], 0, 0
+    for i in range(args.warmup + args.rounds):
         t = time.perf_counter()
         held = order.before(loop.sched)
         times.append(time.perf_counter() - t)
-        classified += order.running.classified
+        if i >= args.warmup:
+            classified += order.running.classified
+            running += len(loop.sched.running) + len(held)
         loop.sched.running.extend(held)
         loop.step(held)
-    return times[args.warmup :], classified / (args.warmup + args.rounds)
+    return times[args.warmup :], classified / args.rounds, running / args.rounds
 
 
 def main() -> None:
@@ -145,23 +161,22 @@ def main() -> None:
     ap.add_argument("--chunk-tokens", type=int, default=8, help="tokens per audio chunk reaching the client")
     ap.add_argument("--ms-per-token", type=float, default=150.0)
     ap.add_argument("--barge-in-rate", type=float, default=0.001, help="per generated token")
+    ap.add_argument("--user-turn-s", type=float, default=3.0, help="mean user turn after playback ends")
     args = ap.parse_args()
     print(f"step {args.step_ms} ms, board poll {args.poll_ms} ms, mean response {args.mean_tokens} tokens, "
-          f"audio chunk {args.chunk_tokens} tokens x {args.ms_per_token} ms")  # fmt: skip
-    print(
-        f"{'sessions':>8} {'policy':>9} {'plan':>12} {'avg ms':>8} {'p50 ms':>8} {'p90 ms':>8} {'classified/round':>17}"
-    )
+          f"audio chunk {args.chunk_tokens} tokens x {args.ms_per_token} ms, user turn {args.user_turn_s} s")  # fmt: skip
+    header = ("sessions", "policy", "plan", "avg ms", "p50 ms", "p90 ms", "classified/round", "running")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(header, (8, 9, 12, 8, 8, 8, 17, 8), strict=True)))
     for n in args.sessions:
         for policy in ("fcfs", "liveserve"):
             avg = {}
             for plan, refresh_s in (("full/round", 0.0), ("incremental", 5.0)):
-                times, classified = measure(n, args, policy, refresh_s)
+                times, classified, running = measure(n, args, policy, refresh_s)
                 ms = sorted(t * 1000 for t in times)
                 avg[plan] = statistics.mean(ms)
                 p90 = ms[int(0.9 * (len(ms) - 1))]
-                print(
-                    f"{n:>8} {policy:>9} {plan:>12} {avg[plan]:8.3f} {statistics.median(ms):8.3f} {p90:8.3f} {classified:17.1f}"
-                )
+                print(f"{n:>8} {policy:>9} {plan:>12} {avg[plan]:8.3f} {statistics.median(ms):8.3f} {p90:8.3f} "
+                      f"{classified:17.1f} {running:8.0f}")  # fmt: skip
             print(f"{'':>8} {'':>9} {'speed-up':>12} {avg['full/round'] / avg['incremental']:7.1f}x")
 
 

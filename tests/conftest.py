@@ -3,20 +3,24 @@ session on free ports with the `tiny` profile, exactly as `make run` does."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import io
 import os
 import time
+import uuid
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 import soundfile
 from PIL import Image
 
 from services.quota import LOCAL_API_KEY
+from services.quota.tenants import TenantSpec, put_tenant
 from tests.unit.kernels.interpreter import import_triton_for_interpreter
 
 import_triton_for_interpreter()  # before anything else imports triton (vLLM does)
@@ -162,6 +166,22 @@ class _BearerAuth(
 
     def intercept_stream_stream(self, continuation, details, request_iterator):
         return continuation(self._with_key(details), request_iterator)
+
+
+def new_tenant(omniray, **kw) -> str:
+    """Register a fresh tenant in the cluster's Redis; returns its API key."""
+    key = f"sk-test-{uuid.uuid4().hex}"
+
+    async def put():
+        client = aioredis.Redis.from_url(omniray.redis_url)
+        try:
+            spec = TenantSpec(id=f"t-{uuid.uuid4().hex[:8]}", **{"burst_s": 60, **kw})
+            await put_tenant(client, spec, [key])
+        finally:
+            await client.aclose()
+
+    asyncio.run(put())
+    return key
 
 
 def until(conn, kind: str, seen: list):

@@ -142,6 +142,18 @@ def _declared() -> list[Metric]:
         ),
         Metric("omniray_realtime_rejected_total", c, "Realtime sessions refused at the admission limit."),
         Metric(
+            "omniray_realtime_session_saves_total",
+            c,
+            "Realtime session states saved for a reconnect, by outcome (ok, failed, taken: resumed elsewhere).",
+            ("outcome",),
+        ),
+        Metric(
+            "omniray_realtime_session_resumes_total",
+            c,
+            "Realtime sessions resumed by a reconnecting client, by outcome (ok, not_found).",
+            ("outcome",),
+        ),
+        Metric(
             "omniray_realtime_barge_ins_total",
             c,
             "Speech that started over a response being generated or played.",

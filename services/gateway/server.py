@@ -88,7 +88,10 @@ class _Metrics:
 GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found": grpc.StatusCode.NOT_FOUND,
                 "limit": grpc.StatusCode.RESOURCE_EXHAUSTED, "unavailable": grpc.StatusCode.UNAVAILABLE}  # fmt: skip
 MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
-WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "unknown model"),
+# Resume a saved realtime session (docs/realtime.md "Reconnect"): WebSocket query / gRPC metadata
+RESUME_PARAM = "session_id"
+RESUME_HEADER = "x-omniray-session-id"
+WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "not found"),
             "limit": (1013, "try again later"), "unavailable": (1013, "try again later")}  # fmt: skip
 
 
@@ -456,7 +459,10 @@ class Gateway:
 
         try:
             session = await self.realtime_hub.open(
-                bearer_token(ws.headers.get("authorization")), ws.query_params.get("model"), send
+                bearer_token(ws.headers.get("authorization")),
+                ws.query_params.get("model"),
+                send,
+                ws.query_params.get(RESUME_PARAM),
             )
         except Refused as refused:
             await send(refused.event)
@@ -578,7 +584,10 @@ class Gateway:
         outbox: asyncio.Queue = asyncio.Queue()
         try:
             session = await self.realtime_hub.open(
-                bearer_token(metadata.get("authorization")), metadata.get(MODEL_HEADER), outbox.put
+                bearer_token(metadata.get("authorization")),
+                metadata.get(MODEL_HEADER),
+                outbox.put,
+                metadata.get(RESUME_HEADER),
             )
         except Refused as refused:
             if grpc_context is not None:

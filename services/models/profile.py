@@ -155,6 +155,15 @@ class SpeculativePrefillSpec(_Strict):
     chunk_ms: int = Field(default=1000, ge=100, le=30_000)
 
 
+class ContinuitySpec(_Strict):
+    """Sessions that outlive their connection (services/realtime/continuity.py): the state is saved
+    to Redis at every turn boundary and a client reconnecting with the session's id within
+    `grace_s` of the last save resumes it."""
+
+    enabled: bool = True
+    grace_s: float = Field(default=300.0, ge=1, le=86_400)
+
+
 class RealtimeSpec(_Strict):
     """Realtime voice sessions (docs/realtime.md)."""
 
@@ -165,6 +174,7 @@ class RealtimeSpec(_Strict):
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     speculative_prefill: SpeculativePrefillSpec = Field(default_factory=SpeculativePrefillSpec)
+    continuity: ContinuitySpec = Field(default_factory=ContinuitySpec)
     # The conversation a response sends (services/realtime/history.py): at most this many turns,
     # and within `limits.max_media_items`, `limits.max_messages` and the context length; once over
     # one, the oldest turns go until the rest is within `history_retention_ratio` of each limit.

@@ -22,6 +22,7 @@ import operator
 import threading
 import time
 from dataclasses import asdict, dataclass, fields
+from typing import NamedTuple
 
 from services.common.redis_config import sync_client
 from services.playback.monitor import PlaybackMonitor, PlaybackView
@@ -77,35 +78,43 @@ def encode(monitor: PlaybackMonitor, now: float) -> dict[str, str]:
     return {sid: json.dumps({**asdict(v), "at": now}) for sid, v in monitor.snapshot().items()}
 
 
+class Changes(NamedTuple):
+    changed: set[str]  # sessions whose view is another object (new, changed in course, gone)
+    refilled: set[str]  # those of them whose every change was only more audio (BoardView.refilled)
+
+
 class BoardViews(dict):
-    """A poll's views (session id → view) and the sessions whose view object is not the previous
-    poll's (new, changed in course, gone): `changes_since` spares a reader comparing every session."""
+    """A poll's views (session id → view) and a log of what changed per poll: `changes_since`
+    spares a reader comparing every session."""
 
     def __init__(self, views: dict, epoch: int = 0, log: collections.deque | None = None):
         super().__init__(views)
         self.epoch = epoch
-        self.log = log if log is not None else collections.deque(maxlen=CHANGE_LOG)  # (epoch, changed)
+        self.log = log if log is not None else collections.deque(maxlen=CHANGE_LOG)  # (epoch, Changes)
 
-    def changes_since(self, epoch: int) -> set[str] | None:
-        """Sessions whose view changed after `epoch`; None when the log no longer reaches back."""
+    def changes_since(self, epoch: int) -> Changes | None:
+        """What changed after `epoch`; None when the log no longer reaches back."""
         log = self.log
         if not log or log[0][0] > epoch + 1:
             return None
-        changed: set[str] = set()
-        for e, sessions in log:
-            if epoch < e <= self.epoch:
-                changed |= sessions
-        return changed
+        entries = [c for e, c in log if epoch < e <= self.epoch]
+        if len(entries) == 1:
+            return entries[0]
+        changed: set[str] = set().union(*(c.changed for c in entries))
+        other: set[str] = set().union(*(c.changed - c.refilled for c in entries))
+        return Changes(changed, changed - other)
 
 
 def decode(raw: dict, previous: dict[str, BoardView] | None = None, now: float | None = None,
            stale_s: float = STALE_S) -> BoardViews:  # fmt: skip
     """The board's fresh views (published within `stale_s` of `now`); a session whose course is
-    unchanged keeps its `previous` view object — so readers find what changed by identity
-    (services/policies/urgency/plan.py), and a kept view's `at` says nothing of its freshness."""
+    unchanged keeps its `previous` view object — so readers find what changed by identity or in
+    the log (services/policies/urgency/plan.py), and a kept view's `at` says nothing of its
+    freshness."""
     views = {}
     previous = previous or {}
     now = time.time() if now is None else now
+    changed, refilled = set(previous.keys()), set()
     for sid, value in raw.items():
         sid = sid.decode() if isinstance(sid, bytes) else sid
         try:
@@ -115,15 +124,19 @@ def decode(raw: dict, previous: dict[str, BoardView] | None = None, now: float |
         if now - view.at > stale_s:
             continue  # its gateway stopped publishing
         kept = previous.get(sid)
-        views[sid] = kept if kept is not None and kept.same_course(view) else view
-    changed = {sid for sid, v in views.items() if previous.get(sid) is not v} | (
-        previous.keys() - views.keys()
-    )
+        if kept is not None and kept.same_course(view):
+            view = kept
+            changed.discard(sid)
+        else:
+            changed.add(sid)
+            if kept is not None and kept.refilled(view):
+                refilled.add(sid)
+        views[sid] = view
     if isinstance(previous, BoardViews):
         out = BoardViews(views, previous.epoch + 1, previous.log)
     else:
         out = BoardViews(views, 1)
-    out.log.append((out.epoch, frozenset(changed)))
+    out.log.append((out.epoch, Changes(changed, refilled)))
     return out
 
 

@@ -6,16 +6,21 @@ sessions of this gateway replica."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
+from services.common.session_key import SessionKey
 from services.playback.board import BoardWriter
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import server_events as se
+from services.realtime.continuity import SessionStore
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
+
+SESSION_ID = re.compile(r"sess_[A-Za-z0-9_-]{1,64}")
 
 
 class Refused(Exception):
@@ -44,6 +49,15 @@ class RealtimeHub:
         self.admission = AimdAdmission(profile.realtime.admission)
         self.stats = RealtimeStats()
         self._board: asyncio.Task | None = None
+        self._store: SessionStore | None = None
+
+    @property
+    def store(self) -> SessionStore | None:
+        """Where sessions are saved for a reconnect (None: continuity off)."""
+        spec = self.profile.realtime.continuity
+        if spec.enabled and self._store is None:
+            self._store = SessionStore(async_client(), spec.grace_s)
+        return self._store
 
     def _publish_board(self) -> None:
         """Start publishing the monitor to the session board (engines' scheduler) on first use."""
@@ -54,8 +68,13 @@ class RealtimeHub:
             self._board = asyncio.create_task(writer.run())
 
     async def open(
-        self, api_key: str | None, model: str | None, send: Callable[[se.ServerEvent], Awaitable[None]]
+        self,
+        api_key: str | None,
+        model: str | None,
+        send: Callable[[se.ServerEvent], Awaitable[None]],
+        resume: str | None = None,
     ) -> RealtimeSession:
+        """A new session, or with `resume` (a session id) the tenant's saved session of that id."""
         try:
             tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
@@ -67,7 +86,10 @@ class RealtimeHub:
             ) from None
         if model and not self.profile.serves(model):
             raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
-        session_id = se.new_id("sess")
+        session_id, saved = se.new_id("sess"), None
+        if resume is not None:
+            saved = await self._saved(tenant, resume)
+            session_id = resume
         try:
             await self.quota.open_session(tenant, session_id)
         except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
@@ -88,16 +110,73 @@ class RealtimeHub:
         self.stats.admitted.inc()
         self.stats.admission_limit.set(self.admission.limit)
         self._publish_board()
-        session = RealtimeSession(
-            self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats
-        )
         try:
-            await session.start()
+            continuity = await self._claim(tenant, session_id, fresh=saved is None)
+        except BaseException:
+            self.admission.release()
+            await self.quota.close_session(tenant, session_id)
+            raise
+        session = RealtimeSession(
+            self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats,
+            continuity,
+        )  # fmt: skip
+        if saved is not None:
+            session.restore(*saved)
+        try:
+            await session.start(resumed=saved is not None)
         except BaseException:  # e.g. the client left before session.created: its slots go back
             await self.close(session)
             raise
         self.stats.sessions.set(len(self.monitor))
         return session
+
+    async def _saved(self, tenant, session_id: str):
+        """The tenant's saved session `session_id` (state, clips); refused when there is none."""
+        store = self.store
+        if store is None:
+            raise Refused(
+                se.error("sessions cannot be resumed on this server", "session_not_found"), "not_found"
+            )
+        if not SESSION_ID.fullmatch(session_id):
+            raise Refused(se.error("session_id is not a session id", "invalid_session_id"), "not_found")
+        try:
+            saved = await store.load(SessionKey(tenant.id, session_id))
+        except Exception:  # the store unreachable: cannot resume now
+            raise Refused(
+                se.error(
+                    "the session store is unreachable; try again",
+                    "session_store_unavailable",
+                    kind="server_error",
+                ),
+                "unavailable",
+            ) from None
+        if saved is None:
+            self.stats.resumes.inc(tags={"outcome": "not_found"})
+            raise Refused(
+                se.error(f"no session {session_id!r} to resume (never saved, or its grace period is over)",
+                         "session_not_found"),
+                "not_found",
+            )  # fmt: skip
+        self.stats.resumes.inc(tags={"outcome": "ok"})
+        return saved
+
+    async def _claim(self, tenant, session_id: str, fresh: bool) -> tuple[SessionStore, str] | None:
+        """This connection's hold on the session's saved state (None: continuity off, or the store
+        unreachable for a new session — it runs without being resumable)."""
+        store = self.store
+        if store is None:
+            return None
+        try:
+            return store, await store.claim(SessionKey(tenant.id, session_id), fresh)
+        except Exception:
+            if not fresh:
+                raise Refused(
+                    se.error("the session store is unreachable; try again", "session_store_unavailable",
+                             kind="server_error"),
+                    "unavailable",
+                ) from None  # fmt: skip
+            self.stats.saves.inc(tags={"outcome": "failed"})
+            return None
 
     async def close(self, session: RealtimeSession) -> None:
         try:

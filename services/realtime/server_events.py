@@ -336,6 +336,15 @@ class ConversationItemRetrieved(_Event):
     item: AnyItem
 
 
+class SessionResumed(_Event):
+    """omniray's extension: a reconnecting client resumed the session (`session_id` asked at
+    connect): the conversation as it was kept, oldest first (docs/realtime.md)."""
+
+    type: Literal["omniray.session.resumed"] = "omniray.session.resumed"
+    session_id: str
+    items: list[AnyItem]
+
+
 class ConversationItemTruncated(_Event):
     type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
     item_id: str
@@ -393,6 +402,7 @@ ServerEvent = Annotated[
     | ResponseOutputTextDone
     | ConversationItemRetrieved
     | ConversationItemTruncated
+    | SessionResumed
     | FunctionCallArgumentsDelta
     | RateLimitsUpdated
     | FunctionCallArgumentsDone

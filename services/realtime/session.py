@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
 from services.pipeline.prompt import segment_tokens
@@ -33,11 +35,19 @@ from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE, InputAudio, OutputAudio
+from services.realtime.continuity import SavedItem, SavedState, SessionStore, Taken
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
 
 log = logging.getLogger(__name__)
+# Client events after which the session is saved for a reconnect (a turn boundary of the client's)
+SAVED_AFTER = (
+    ev.SessionUpdate,
+    ev.ConversationItemCreate,
+    ev.ConversationItemDelete,
+    ev.ConversationItemTruncate,
+)
 
 
 @dataclass
@@ -170,6 +180,7 @@ class RealtimeSession:
         monitor: PlaybackMonitor,
         admission: AimdAdmission,
         stats: RealtimeStats,
+        continuity: tuple[SessionStore, str] | None = None,
     ):
         self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
         self.admission, self.stats = admission, stats
@@ -203,6 +214,12 @@ class RealtimeSession:
         # the turn, reused by the committed turn, so each chunk is resampled and encoded once.
         self.turn_clips: dict[int, tuple[bytes, AudioClip]] = {}
         self.transcribing: set[asyncio.Task] = set()  # input transcriptions beside the responses
+        # Saved for a reconnect (services/realtime/continuity.py): the store and this connection's
+        # owner token; the clips already saved; the save in flight and whether another is due.
+        self.continuity = continuity
+        self._saved_clips: set[str] = set()
+        self._saving: asyncio.Task | None = None
+        self._save_again = False
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -263,9 +280,78 @@ class RealtimeSession:
         settings = {k: v for k, v in self.config.model_dump().items() if k not in ("id", "object", "model")}
         return se.Session(id=self.id, model=self.profile.served_model_name, **settings)
 
-    async def start(self) -> None:
+    async def start(self, resumed: bool = False) -> None:
         self.monitor.open(self.key)
         await self.send(se.SessionCreated(session=self.describe()))
+        if resumed:
+            await self.send(se.SessionResumed(session_id=self.id, items=[i.describe() for i in self.items]))
+        self._save_soon()  # a session resumable from its start (its settings)
+
+    # ---- continuity (services/realtime/continuity.py) -------------------------------------------
+
+    def restore(self, state: SavedState, clips: dict[str, np.ndarray]) -> None:
+        """The saved session, before `start`: settings, conversation, prompt measurements."""
+        self.config = ev.SessionConfig.model_validate(state.config)
+        self.input_audio = InputAudio(self.config.audio.input.format.type)
+        self.conversation_id = state.conversation_id
+        self.head_tokens, self.turn_overhead, self.audio_rate = (
+            state.head_tokens,
+            state.turn_overhead,
+            state.audio_rate,
+        )
+        self.items = []
+        for saved in state.items:
+            fields = saved.model_dump(exclude={"clips"})
+            samples = [clips[name] for name in saved.clips]
+            item_clips = [AudioClip(rate=PCM_RATE, frames=len(x), samples=x, keep=True) for x in samples]
+            self.items.append(Item(**fields, clips=item_clips))
+        self._saved_clips = {name for saved in state.items for name in saved.clips}
+        self._start_vad()
+
+    def _snapshot(self) -> tuple[SavedState, dict[str, np.ndarray], list[str]]:
+        items, new_clips, names = [], {}, set()
+        for item in self.items:
+            item_names = [f"clip:{item.id}:{k}" for k in range(len(item.clips))]
+            for name, clip in zip(item_names, item.clips, strict=True):
+                names.add(name)
+                if name not in self._saved_clips:
+                    new_clips[name] = clip.samples()
+            fields = {f: getattr(item, f) for f in SavedItem.model_fields if f != "clips"}
+            items.append(SavedItem(**fields, clips=item_names))
+        state = SavedState(config=self.config.model_dump(), conversation_id=self.conversation_id, items=items,
+                           head_tokens=self.head_tokens, turn_overhead=self.turn_overhead,
+                           audio_rate=self.audio_rate)  # fmt: skip
+        return state, new_clips, sorted(self._saved_clips - names)
+
+    def _save_soon(self) -> None:
+        """Save the session at a turn boundary (one save at a time; a boundary during a save makes
+        one more after it)."""
+        if self.continuity is None:
+            return
+        if self._saving is not None and not self._saving.done():
+            self._save_again = True
+            return
+        self._saving = asyncio.create_task(self._save())
+
+    async def _save(self) -> None:
+        while self.continuity is not None:
+            self._save_again = False
+            store, owner = self.continuity
+            state, new_clips, gone = self._snapshot()
+            try:
+                await store.save(SessionKey(self.tenant.id, self.id), owner, state, new_clips, gone)
+            except Taken:  # resumed by another connection: this one no longer saves
+                self.stats.saves.inc(tags={"outcome": "taken"})
+                self.continuity = None
+                return
+            except Exception as e:  # Redis away: this turn cannot be resumed; the session goes on
+                self.stats.saves.inc(tags={"outcome": "failed"})
+                log.warning("realtime session %s: save failed: %s", self.key, e)
+            else:
+                self.stats.saves.inc(tags={"outcome": "ok"})
+                self._saved_clips = (self._saved_clips | new_clips.keys()) - set(gone)
+            if not self._save_again:
+                return
 
     async def handle(self, raw: str | bytes | dict) -> None:
         """One client event. Whatever goes wrong is an `error` event and the session goes on."""
@@ -273,6 +359,8 @@ class RealtimeSession:
         try:
             event = ev.parse_client_event(raw)
             await self._dispatch(event)
+            if isinstance(event, SAVED_AFTER):
+                self._save_soon()
         except ev.RealtimeEventError as e:
             await self.send(se.error(str(e), e.code, e.event_id))
         except OmniError as e:
@@ -618,6 +706,7 @@ class RealtimeSession:
         self.next_item_id = se.new_id("item")
         self._speech_started_at(None)
         self.items.append(item)
+        self._save_soon()
         await self.send(se.InputAudioBufferCommitted(item_id=item.id, previous_item_id=previous))
         await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
         await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
@@ -986,6 +1075,7 @@ class RealtimeSession:
                 if r.in_conversation:
                     await self.send(se.ConversationItemDone(item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
+            self._save_soon()
 
     async def _begin_message(self, r: Response) -> None:
         """The response's message item added (to the conversation too, in band), its part begun."""

@@ -27,6 +27,13 @@ class RealtimeStats:
         self.history_dropped = metric("omniray_realtime_history_turns_dropped_total")
         zero(self.history_dropped)
 
+        self.saves = metric("omniray_realtime_session_saves_total")
+        for outcome in ("ok", "failed", "taken"):
+            zero(self.saves, outcome=outcome)
+        self.resumes = metric("omniray_realtime_session_resumes_total")
+        for outcome in ("ok", "not_found"):
+            zero(self.resumes, outcome=outcome)
+
     def prefilled_ahead(self, outcome: str, tokens: int) -> None:
         self.ahead.inc(tags={"outcome": outcome})
         if tokens > 0:

@@ -4,34 +4,15 @@ budget and then completes."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
 
 import grpc
 import httpx
 import pytest
-import redis.asyncio as aioredis
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
-from services.quota.tenants import Limits, TenantSpec, put_tenant
-from tests.conftest import grpc_channel
-
-
-def _tenant(omniray, **kw) -> str:
-    """Register a fresh tenant in the cluster's Redis; returns its API key."""
-    key = f"sk-test-{uuid.uuid4().hex}"
-
-    async def put():
-        client = aioredis.Redis.from_url(omniray.redis_url)
-        try:
-            spec = TenantSpec(id=f"t-{uuid.uuid4().hex[:8]}", **{"burst_s": 60, **kw})
-            await put_tenant(client, spec, [key])
-        finally:
-            await client.aclose()
-
-    asyncio.run(put())
-    return key
+from services.quota.tenants import Limits
+from tests.conftest import grpc_channel, new_tenant
 
 
 def _post(omniray, key, **extra):
@@ -52,7 +33,7 @@ def test_missing_or_unknown_key_is_401(omniray):
 def test_over_budget_interactive_gets_429_with_headers(omniray):
     # 40 text tokens a minute: the first request (prompt + 4 max tokens) fits, a 200-token one never does,
     # and a burst runs the bucket dry.
-    key = _tenant(omniray, per_minute=Limits(text_tokens=40))
+    key = new_tenant(omniray, per_minute=Limits(text_tokens=40))
     ok = _post(omniray, key)
     assert ok.status_code == 200, ok.text
     assert ok.headers["x-ratelimit-limit-text-tokens"] == "40"
@@ -77,7 +58,7 @@ def test_grpc_unauthenticated_and_resource_exhausted(omniray):
     with pytest.raises(grpc.RpcError) as e:
         list(omni_pb2_grpc.OmniStub(grpc_channel(omniray.grpc_target, key=None)).Chat(req, timeout=60))
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    key = _tenant(omniray, per_minute=Limits(text_tokens=20))
+    key = new_tenant(omniray, per_minute=Limits(text_tokens=20))
     stub = omni_pb2_grpc.OmniStub(grpc_channel(omniray.grpc_target, key=key))
     codes = []
     for _ in range(6):
@@ -99,7 +80,7 @@ def test_grpc_unauthenticated_and_resource_exhausted(omniray):
 def test_batch_request_waits_for_budget_then_completes(omniray):
     # 1200 tokens/min = 20 per second. Interactive requests of ~41 tokens drain the bucket to below 41;
     # a ~61-token batch request then has to wait at least a second for budget, and gets it.
-    key = _tenant(omniray, per_minute=Limits(text_tokens=1200), max_class="interactive")
+    key = new_tenant(omniray, per_minute=Limits(text_tokens=1200), max_class="interactive")
     while _post(omniray, key, max_tokens=40).status_code == 200:
         pass
     t0 = time.monotonic()
@@ -117,7 +98,7 @@ def test_a_realtime_response_tells_the_tenants_rate_limits(omniray):
 
     from websockets.sync.client import connect
 
-    key = _tenant(omniray, per_minute=Limits(text_tokens=100_000))
+    key = new_tenant(omniray, per_minute=Limits(text_tokens=100_000))
     url = omniray.http_url.replace("http", "ws") + "/v1/realtime?model=omniray-tiny"
     with connect(url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=30) as ws:
         ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["text"],

@@ -5,7 +5,7 @@ stages' gate, as plugins (plugins.Registry's shape): one file each with typed `P
 from __future__ import annotations
 
 from plugins import Registry
-from services.policies.urgency.base import HELD, Candidate, Classified, Ranking, UrgencyPolicy
+from services.policies.urgency.base import HELD, Candidate, Classified, Pace, Ranking, UrgencyPolicy
 
 POLICIES: Registry[UrgencyPolicy] = Registry(
     "urgency policy",
@@ -13,4 +13,4 @@ POLICIES: Registry[UrgencyPolicy] = Registry(
 )
 create = POLICIES.create
 
-__all__ = ["HELD", "POLICIES", "Candidate", "Classified", "Ranking", "UrgencyPolicy", "create"]
+__all__ = ["HELD", "POLICIES", "Candidate", "Classified", "Pace", "Ranking", "UrgencyPolicy", "create"]

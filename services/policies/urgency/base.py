@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from services.playback.board import BoardView
 
-HELD = "held"  # the class of a request not to run this round
+HELD = "held"  # the class of a paced request not to run this round
 NEVER = math.inf
 
 
@@ -21,11 +21,39 @@ class Candidate(NamedTuple):  # a tuple: built for every classified request
     view: BoardView | None  # its session's view; None: not a realtime session, or no telemetry
 
 
+class Pace(NamedTuple):
+    """Generation paced to playback. `ahead` = generated tokens × `ms_per_token` − what the client has
+    played (`origin_ms` + now × 1000: it plays in real time). More than `hold_ms` ahead, the request
+    is held (sits rounds out); a plan releases it when it is `resume_ms` below `hold_ms`, so it runs
+    in batches of tokens rather than one per round."""
+
+    ms_per_token: float
+    origin_ms: float
+    hold_ms: float
+    resume_ms: float
+
+    def ahead(self, generated: int, now: float) -> float:
+        return generated * self.ms_per_token - self.origin_ms - now * 1000
+
+    def holds(self, generated: int, now: float) -> bool:
+        return self.ahead(generated, now) > self.hold_ms
+
+    def release_after_s(self, ahead: float) -> float:
+        """How long a held request `ahead` takes to be `resume_ms` below `hold_ms` (it generates
+        nothing; playback catches up in real time)."""
+        return (ahead - self.hold_ms + self.resume_ms) / 1000
+
+    def tokens_to_hold(self, ahead: float) -> int:
+        """Tokens after which a running request `ahead` may be over `hold_ms` (playback only
+        lowers it)."""
+        return math.floor((self.hold_ms - ahead) / self.ms_per_token) + 1
+
+
 class Classified(NamedTuple):
-    cls: str  # urgency class (metrics; HELD: sits this round out)
+    cls: str  # urgency class (metrics)
     key: tuple  # sort key, most urgent lowest; the same for the same request and view at any later time
     until: float  # wall time (time.time()) from which the class or key may differ: classify again
-    tokens: float  # generated tokens after which it may differ (NEVER: time or a new view only)
+    pace: Pace | None = None  # paced to playback: held (class HELD) while over its hold
 
 
 @dataclass(frozen=True)
@@ -41,17 +69,20 @@ class UrgencyPolicy:
 
     name: str
     preemptible: frozenset[str]  # classes whose requests a waiting request of another class may preempt
+    # Classes a new view of the session cannot change (a plan does not classify them again for it):
+    # any new view, or one that only says more audio reached the client (BoardView.refilled).
+    view_free: frozenset[str] = frozenset()
+    refill_free: frozenset[str] = frozenset()
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         raise NotImplementedError
 
-    def keeps(self, c: Classified, old: BoardView | None, new: BoardView | None) -> bool:
-        """Whether `c`, classified on view `old`, still holds (class, key, and no later deadlines)
-        on `new`: then a plan does not classify the request again. False unless a policy knows."""
-        return False
-
     def rank(self, candidates: list[Candidate], now: float, occupancy: float) -> Ranking:
         keyed = [self.classify(c, now, occupancy) for c in candidates]
-        order = sorted((i for i, k in enumerate(keyed) if k.cls != HELD), key=lambda i: keyed[i].key)
-        held = [i for i, k in enumerate(keyed) if k.cls == HELD]
-        return Ranking(order, held, [k.cls for k in keyed])
+        classes = [
+            HELD if k.pace is not None and k.pace.holds(c.generated, now) else k.cls
+            for c, k in zip(candidates, keyed, strict=True)
+        ]
+        order = sorted((i for i, cls in enumerate(classes) if cls != HELD), key=lambda i: keyed[i].key)
+        held = [i for i, cls in enumerate(classes) if cls == HELD]
+        return Ranking(order, held, classes)

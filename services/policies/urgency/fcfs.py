@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from services.playback.board import BoardView
 from services.policies.urgency.base import NEVER, Candidate, Classified, UrgencyPolicy
 
 
@@ -17,15 +16,13 @@ class Fcfs(UrgencyPolicy):
     name = "fcfs"
 
     preemptible = frozenset()
+    view_free = refill_free = frozenset({"fcfs"})  # views do not matter
 
     def __init__(self, params: FcfsParams):
         self.params = params
 
-    def keeps(self, c: Classified, old: BoardView | None, new: BoardView | None) -> bool:
-        return True  # views do not matter
-
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
-        return Classified("fcfs", (c.arrival,), NEVER, NEVER)
+        return Classified("fcfs", (c.arrival,), NEVER)
 
 
 PARAMS = FcfsParams

@@ -6,12 +6,12 @@
 - U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
   thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
   scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
-  A U2 request whose generation is more than `hold_ms` ahead of playback — generated tokens × the
-  session's audio per token (measured on its earlier responses, else `ms_per_token`) minus what the
-  client has played — is held back, until playback is `resume_ms` below `hold_ms` (or its view
-  changes) when it is classified again: a held request runs in batches of tokens. Never U0 or U1: a request whose audio has not started
-  or runs low may need more tokens before any audio comes (a text piece waiting for its end), and
-  holding it would stall its own playback for good.
+  A U2 request is paced (`Pace`): while its generation is more than `hold_ms` ahead of playback —
+  generated tokens × the session's audio per token (measured on its earlier responses, else
+  `ms_per_token`) minus what the client has played — it is held back; a plan releases it when it is
+  `resume_ms` below `hold_ms`, so it runs in batches of tokens. Never U0 or U1: a request whose
+  audio has not started or runs low may need more tokens before any audio comes (a text piece
+  waiting for its end), and holding it would stall its own playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
 does it: services/extensions/vllm/scheduler.py).
 No view (not a realtime session, or stale telemetry: the board reader drops it) is U1. A U2
@@ -21,12 +21,9 @@ every `refresh_s`.
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.playback.board import BoardView
-from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, UrgencyPolicy
+from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, Pace, UrgencyPolicy
 
 
 class LiveServeParams(BaseModel):
@@ -54,38 +51,31 @@ class LiveServe(UrgencyPolicy):
     name = "liveserve"
 
     preemptible = frozenset({"U2", HELD})
+    # More audio reaching a well-buffered session's client moves none of what a U2 request
+    # was classified on but its switch to U0, which only comes later than its `until`.
+    refill_free = frozenset({"U2"})
 
     def __init__(self, params: LiveServeParams):
         self.p = params
 
-    def keeps(self, c: Classified, old: BoardView | None, new: BoardView | None) -> bool:
-        # More audio reaching a well-buffered session's client moves none of what a U2 or held
-        # request was classified on but its switch to U0, which only comes later.
-        return c.cls in ("U2", HELD) and old is not None and new is not None and old.refilled(new)
-
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         v, p = c.view, self.p
         if v is None or not v.first_audio:  # not a realtime session, stale telemetry, or no audio yet
-            return Classified("U1", (1, c.arrival), NEVER, NEVER)  # until its view changes
-        # BoardView.buffered_at / played_at, inlined: this runs for every classification.
+            return Classified("U1", (1, c.arrival), NEVER)  # until its view changes
+        # BoardView.buffered_at, inlined: this runs for every classification.
         drained = max(0.0, now - v.at) * 1000
-        buffered = max(0.0, v.buffered_ms - drained) if v.playing else 0.0
-        if buffered <= p.safe_ms:
+        if (max(0.0, v.buffered_ms - drained) if v.playing else 0.0) <= p.safe_ms:
             # Keyed by when the buffer runs (or ran) dry, not by what is left now: the same order
             # (every buffer drains in real time) without drifting; a paused player counts as dry.
             dry_ms = v.at * 1000 + (v.buffered_ms if v.playing else 0.0)
-            return Classified("U0", (0, dry_ms, c.arrival), NEVER, NEVER)  # buffers only drain
+            return Classified("U0", (0, dry_ms, c.arrival), NEVER)  # buffers only drain
         # Only a well-buffered request waits: audio is flowing and the client has plenty, so the
         # tokens it still needs (a text piece waiting for its end) cannot stall its own playback.
+        # Until it falls to U0 the client plays in real time: played = played_ms + (now − at).
         to_u0 = v.at + (v.buffered_ms - p.safe_ms) / 1000
-        ms_per_token = v.ms_per_token or p.ms_per_token
-        ahead = c.generated * ms_per_token - (v.played_ms + drained)  # playing: played_at(now)
-        if ahead > p.hold_ms:  # held, it generates nothing: playback catches up in real time
-            release = now + (ahead - p.hold_ms + p.resume_ms) / 1000
-            return Classified(HELD, (3, c.arrival), min(to_u0, release), NEVER)
+        pace = Pace(v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, p.hold_ms, p.resume_ms)
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
-        tokens = math.floor((p.hold_ms - ahead) / ms_per_token) + 1  # then it may be held
-        return Classified("U2", (2, -score, c.arrival), to_u0, tokens)
+        return Classified("U2", (2, -score, c.arrival), to_u0, pace)
 
 
 PARAMS = LiveServeParams

@@ -3,15 +3,17 @@ not a classification and sort of every request (LiveServe's scheduler runs every
 
 A request is classified again only when:
 - it is new to the plan (membership delta: the list handed in differs from what the plan returned);
-- its session's board view is another object (the board reader keeps the object while a session's
-  course is unchanged and logs which sessions changed: services/playback/board.py) and the policy
-  does not say it `keeps` the classification;
-- its classification ran out: `Classified.until` (wall time) or `Classified.tokens` (generated
-  tokens, counted as rounds of at most `tokens_per_round` each);
-- every `refresh_s`, all of them (what keys do not track: a U2 score's KV and pool occupancy).
-The keys of the rest keep their order without being looked at (keys do not drift with time), so a
-round with nothing to classify is a list comparison and a copy. The sorted order is mended in place
-(bisect) for a few changes and rebuilt for many.
+- its session's board view changed (the board reader keeps the object while a session's course is
+  unchanged and logs which sessions changed: services/playback/board.py), unless the policy says the
+  request's class is free of view changes (`view_free`) or of this one, more audio at the client
+  (`refill_free`);
+- its classification ran out (`Classified.until`, wall time), or is `refresh_s` old (what keys do
+  not track: a U2 score's KV and pool occupancy) — refreshes spread over rounds, not all at once.
+A paced request (`Classified.pace`) is held and released without classifying it again: a timer
+releases it when playback has caught up, a round count (tokens at most `tokens_per_round` a round)
+checks it again when it may be over its hold. Keys do not drift with time, so the rest keep their
+order without being looked at; a round with nothing to do is a list comparison and a copy. The
+sorted order is mended in place (bisect) for a few changes and rebuilt for many.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from services.playback.board import BoardView, BoardViews
-from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, UrgencyPolicy
+from services.policies.urgency.base import HELD, Candidate, Classified, UrgencyPolicy
 
 REBUILD_FRACTION = 0.125  # more classifications than this share of the plan: sort it anew
 
@@ -34,7 +36,7 @@ class _Entry:
 
     def __init__(self, session: Hashable, arrival: float):
         self.session, self.arrival = session, arrival
-        self.item: tuple = ()
+        self.item: tuple = ()  # (key, seq, request): seq tells which classification timers belong to
         self.classified: Classified | None = None
         self.view: BoardView | None = None
 
@@ -43,8 +45,8 @@ class UrgencyPlan:
     """The order of one queue of requests (the engine's running or waiting requests).
 
     `identify(request) -> (session id or None, arrival)` is read once per request, `progress(request)
-    -> (kv tokens, generated tokens)` at each classification; requests are hashable (compared by
-    identity) and the plan holds them only while they are handed in.
+    -> (kv tokens, generated tokens)` at each classification and pacing check; requests are hashable
+    (compared by identity) and the plan holds them only while they are handed in.
     """
 
     def __init__(
@@ -59,26 +61,30 @@ class UrgencyPlan:
         self.refresh_s, self.tokens_per_round = refresh_s, max(1, tokens_per_round)
         self._entries: dict[Any, _Entry] = {}
         self._by_session: dict[Hashable, set] = {}
-        self._sorted: list[tuple] = []  # (key, seq, request), most urgent first; held ones not in it
+        # sessions with requests whose class a new view (any / a refill) may change: request counts
+        self._watched: dict[Hashable, int] = {}
+        self._refill_watched: dict[Hashable, int] = {}
+        self._watches: dict[str, tuple] = {}  # class -> the watch counts it is in
+        self._sorted: list[tuple] = []  # entries' items, most urgent first; held ones not in it
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
         self._seq = itertools.count()
-        self._timers: list[tuple[float, int, Any]] = []  # (until, seq, request)
-        self._counters: list[tuple[int, int, Any]] = []  # (round, seq, request)
+        self._timers: list[tuple[float, int, Any]] = []  # (until, seq, request): classify again
+        self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
+        self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
         self._views: dict | None = None
-        self._refresh_at = -NEVER
         self._order: list = []
         self._returned: list = []  # what the last round handed back, in order (held last)
         self.classified = 0  # classifications in the last round (benchmarks, tests)
 
     @property
     def classes(self) -> Counter[str]:
-        """How many requests are in each class now."""
+        """How many requests are in each class now (HELD for paced requests sitting rounds out)."""
         return self._classes
 
     def class_of(self, request: Any) -> str:
-        return self._entries[request].classified.cls
+        return HELD if request in self._held else self._entries[request].classified.cls
 
     def key_of(self, request: Any) -> tuple:
         return self._entries[request].item[0]
@@ -93,17 +99,15 @@ class UrgencyPlan:
         moved = requests != self._returned
         if moved:
             dirty |= self._membership(requests)
-        if now >= self._refresh_at:
-            self._refresh_at = now + self.refresh_s
-            dirty.update(self._entries)
-        elif views is not self._views:
+        if views is not self._views:
             self._changed_views(views, dirty)
         self._views = views
         self._expired(self._timers, now, dirty)
-        self._expired(self._counters, self._round, dirty)
         self.classified = len(dirty)
         if dirty:
             self._classify(dirty, views, now, occupancy)
+        moved |= self._paced(self._releases, now, now)
+        moved |= self._paced(self._checks, self._round, now)
         if dirty or moved:
             self._order = [item[2] for item in self._sorted]
         held = list(self._held)
@@ -112,25 +116,27 @@ class UrgencyPlan:
 
     def _changed_views(self, views: dict, dirty: set) -> None:
         last = self._views
-        sessions = None
+        changes = None
         if isinstance(views, BoardViews) and isinstance(last, BoardViews) and views.log is last.log:
-            sessions = views.changes_since(last.epoch)
-        if sessions is None:
-            sessions = self._by_session.keys()
-        keeps, entries = self.policy.keeps, self._entries
-        for session in sessions:
-            requests = self._by_session.get(session)
-            if not requests:
+            changes = views.changes_since(last.epoch)
+        if changes is not None:  # the reader's log: set operations on the sessions that changed
+            sessions = ((changes.changed - changes.refilled) & self._watched.keys()) | (
+                changes.refilled & self._refill_watched.keys()
+            )
+            for session in sessions:
+                dirty.update(self._by_session[session])
+            return
+        view_free, refill_free = self.policy.view_free, self.policy.refill_free
+        for request, entry in self._entries.items():
+            view = views.get(entry.session)
+            if view is entry.view or entry.classified is None:  # unchanged, or new (classified anyway)
                 continue
-            view = views.get(session)
-            for request in requests:
-                entry = entries[request]
-                if view is entry.view or entry.classified is None:  # unchanged, or new (classified anyway)
-                    continue
-                if keeps(entry.classified, entry.view, view):
-                    entry.view = view
-                else:
-                    dirty.add(request)
+            cls = entry.classified.cls
+            refill = entry.view is not None and view is not None and entry.view.refilled(view)
+            if cls in view_free or (refill and cls in refill_free):
+                entry.view = view
+            else:
+                dirty.add(request)
 
     def _membership(self, requests: list) -> set:
         current = set(requests)
@@ -143,12 +149,29 @@ class UrgencyPlan:
             self._by_session.setdefault(session, set()).add(request)
         return new
 
+    def _watch(self, entry: _Entry, by: int) -> None:
+        """Count the entry's session among those whose view changes matter to its class."""
+        watches = self._watches.get(entry.classified.cls)
+        if watches is None:
+            p = self.policy
+            watches = self._watches[entry.classified.cls] = tuple(
+                w for w, free in ((self._watched, p.view_free), (self._refill_watched, p.refill_free))
+                if entry.classified.cls not in free
+            )  # fmt: skip
+        for watched in watches:
+            n = watched.get(entry.session, 0) + by
+            if n:
+                watched[entry.session] = n
+            else:
+                del watched[entry.session]
+
     def _unplace(self, request: Any, entry: _Entry) -> None:
-        cls = entry.classified.cls
-        self._classes[cls] -= 1
-        if cls == HELD:
+        self._watch(entry, -1)
+        if request in self._held:
+            self._classes[HELD] -= 1
             del self._held[request]
         else:
+            self._classes[entry.classified.cls] -= 1
             del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
 
     def _drop(self, request: Any) -> None:
@@ -161,7 +184,8 @@ class UrgencyPlan:
             self._unplace(request, entry)
         if not self._entries:  # timers of requests gone: start clean
             self._timers.clear()
-            self._counters.clear()
+            self._releases.clear()
+            self._checks.clear()
 
     def _expired(self, heap: list, now: float, dirty: set) -> None:
         while heap and heap[0][0] <= now:
@@ -172,39 +196,79 @@ class UrgencyPlan:
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
-        classify, progress, entries, held = self.policy.classify, self.progress, self._entries, self._held
+        classify, progress, entries = self.policy.classify, self.progress, self._entries
+        held_now, classes, sorted_, timers = self._held, self._classes, self._sorted, self._timers
+        refresh_at = now + self.refresh_s
         for request in dirty:
             entry = entries[request]
-            if entry.classified is not None and (rebuild or entry.classified.cls == HELD):
-                self._classes[entry.classified.cls] -= 1
-                if entry.classified.cls == HELD:
-                    del held[request]
-            elif entry.classified is not None:
-                self._unplace(request, entry)
+            if entry.classified is not None:  # out of its place (inline: this runs every round)
+                self._watch(entry, -1)
+                if request in held_now:
+                    classes[HELD] -= 1
+                    del held_now[request]
+                else:
+                    classes[entry.classified.cls] -= 1
+                    if not rebuild:
+                        del sorted_[bisect.bisect_left(sorted_, entry.item)]
             view = views.get(entry.session) if entry.session is not None else None
             kv_tokens, generated = progress(request)
             c = classify(Candidate(entry.arrival, kv_tokens, generated, view), now, occupancy)
             seq = next(self._seq)
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
-            self._classes[c.cls] += 1
-            if c.cls == HELD:
-                held[request] = None
-            elif not rebuild:
-                bisect.insort(self._sorted, entry.item)
-            if c.until < NEVER:
-                heapq.heappush(self._timers, (c.until, seq, request))
-            if c.tokens < NEVER:
-                rounds = max(1, int(c.tokens) // self.tokens_per_round)
-                heapq.heappush(self._counters, (self._round + rounds, seq, request))
+            self._watch(entry, +1)
+            held = c.pace is not None and self._pace(request, entry, generated, now)
+            if held:
+                classes[HELD] += 1
+                held_now[request] = None
+            else:
+                classes[c.cls] += 1
+                if not rebuild:
+                    bisect.insort(sorted_, entry.item)
+            heapq.heappush(timers, (min(c.until, refresh_at), seq, request))
         if rebuild:
-            self._sorted = sorted(e.item for e in entries.values() if e.classified.cls != HELD)
-        if len(self._timers) + len(self._counters) > 4 * len(entries) + 64:
+            self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
+        if len(timers) + len(self._releases) + len(self._checks) > 4 * len(entries) + 64:
             self._compact()
+
+    def _pace(self, request: Any, entry: _Entry, generated: int, now: float) -> bool:
+        """Whether the paced request is over its hold now; sets its next check: its release if it
+        is, else the round it may be."""
+        pace, seq = entry.classified.pace, entry.item[1]
+        ahead = pace.ahead(generated, now)
+        if ahead > pace.hold_ms:
+            heapq.heappush(self._releases, (now + pace.release_after_s(ahead), seq, request))
+            return True
+        rounds = max(1, pace.tokens_to_hold(ahead) // self.tokens_per_round)
+        heapq.heappush(self._checks, (self._round + rounds, seq, request))
+        return False
+
+    def _paced(self, heap: list, due: float, now: float) -> bool:
+        """Hold or release the paced requests whose check is due; whether the order changed."""
+        changed = False
+        entries, held_now, classes = self._entries, self._held, self._classes
+        while heap and heap[0][0] <= due:
+            _, seq, request = heapq.heappop(heap)
+            entry = entries.get(request)
+            if entry is None or entry.item[1] != seq:  # gone, or classified again since
+                continue
+            held = self._pace(request, entry, self.progress(request)[1], now)
+            if held != (request in held_now):  # its class and key stay: only held or not
+                if held:
+                    del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
+                    held_now[request] = None
+                else:
+                    del held_now[request]
+                    bisect.insort(self._sorted, entry.item)
+                cls = entry.classified.cls
+                classes[cls] += -1 if held else 1
+                classes[HELD] += 1 if held else -1
+                changed = True
+        return changed
 
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""
         live = {e.item[1] for e in self._entries.values()}
-        self._timers = [t for t in self._timers if t[1] in live]
-        self._counters = [t for t in self._counters if t[1] in live]
-        heapq.heapify(self._timers)
-        heapq.heapify(self._counters)
+        for name in ("_timers", "_releases", "_checks"):
+            heap = [t for t in getattr(self, name) if t[1] in live]
+            heapq.heapify(heap)
+            setattr(self, name, heap)

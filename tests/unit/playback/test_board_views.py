@@ -33,14 +33,17 @@ def test_the_same_course_later_is_not_news():
 
 def test_decode_keeps_unchanged_views_and_logs_what_changed():
     first = decode(raw(a=view(), b=view()), None, NOW)
-    assert first.changes_since(0) == {"a", "b"}
+    assert first.changes_since(0) == ({"a", "b"}, set())
     second = decode(raw(a=view(played=100, buffered=3900, at=NOW + 0.1), c=view()), first, NOW + 0.1)
     assert second["a"] is first["a"]  # same course: same object
-    assert second.changes_since(first.epoch) == {"b", "c"}  # b left, c arrived
+    assert second.changes_since(first.epoch) == ({"b", "c"}, set())  # b left, c arrived
     third = decode(raw(a=view(played=200, buffered=9000, at=NOW + 0.2), c=view()), second, NOW + 0.2)
     assert third["a"] is not first["a"] and third["c"] is second["c"]
-    assert third.changes_since(first.epoch) == {"a", "b", "c"}  # a reader that missed a poll
-    assert third.changes_since(-100) is None  # further back than the log: compare everything
+    assert third.changes_since(second.epoch) == ({"a"}, {"a"})  # a chunk reached a's client
+    assert third.changes_since(first.epoch) == ({"a", "b", "c"}, {"a"})  # a reader that missed a poll
+    fourth = decode(raw(a=view(played=300, buffered=0, at=NOW + 0.3, barge_ins=1), c=view()), third, NOW + 0.3)
+    assert fourth.changes_since(second.epoch) == ({"a"}, set())  # a refill then a barge-in: a change
+    assert fourth.changes_since(-100) is None  # further back than the log: compare everything
 
 
 def test_stale_views_are_dropped():

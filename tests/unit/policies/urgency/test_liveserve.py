@@ -54,15 +54,15 @@ def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
     assert policy.rank([cand(1, measured, generated=80)], NOW, 0.0).classes == ["U2"]
 
 
-def test_a_held_request_is_released_a_batch_below_hold():
+def test_a_well_buffered_request_is_paced_to_playback():
     policy = urgency.create(
         "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100}
     )
-    held = policy.classify(cand(1, view(9000), generated=60), NOW, 0.0)  # 6 s ahead
-    assert held.cls == "held" and held.until == pytest.approx(NOW + 3.0)  # 1 s to hold, 2 s more
-    u2 = policy.classify(cand(1, view(9000, at=NOW - 3.0), generated=60), NOW, 0.0)  # 3 s ahead
-    assert u2.cls == "U2" and u2.tokens == 21  # 2 s of tokens at 100 ms, then one over
-    assert u2.until == pytest.approx(NOW - 3.0 + 8.0)  # its buffer falls to safe_ms
+    c = policy.classify(cand(1, view(9000), generated=60), NOW, 0.0)  # 6 s generated, nothing played
+    assert c.cls == "U2" and c.until == pytest.approx(NOW + 8.0)  # its buffer falls to safe_ms
+    pace = c.pace
+    assert pace.holds(60, NOW) and pace.release_after_s(pace.ahead(60, NOW)) == pytest.approx(3.0)  # 1 s + 2
+    assert not pace.holds(60, NOW + 3.0) and pace.tokens_to_hold(pace.ahead(60, NOW + 3.0)) == 21  # 2 s of tokens
 
 
 def test_buffer_drains_in_real_time_between_views():

@@ -1,0 +1,97 @@
+"""A realtime session outlives its connection (services/realtime/continuity.py): a client that
+reconnects with its session id gets the conversation back — settings, the items (a user turn's
+audio too) — and the next response sends the model the same prompt, so its prefix is found in the
+cache, not recomputed. Another tenant cannot resume it; an unknown id is a clear refusal."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+
+import pytest
+
+from loadtest.realtime_client import RealtimeClient
+from services.realtime.codecs import PCM_RATE
+from tests.conftest import new_tenant
+
+
+def _url(omniray, model_name, session_id: str | None = None) -> str:
+    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
+    return url + (f"&session_id={session_id}" if session_id else "")
+
+
+def _tone(seconds: float) -> bytes:
+    n = int(PCM_RATE * seconds)
+    return struct.pack(f"<{n}h", *(int(8000 * math.sin(2 * math.pi * 440 * i / PCM_RATE)) for i in range(n)))
+
+
+def _respond(r: RealtimeClient) -> dict:
+    at = r.mark()
+    r.send({"type": "response.create"})
+    done = r.event(r.wait("response.done", at))["response"]
+    assert done["status"] == "completed", done
+    return done
+
+
+def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
+    audio = base64.b64encode(_tone(1.0)).decode()
+    first = RealtimeClient(_url(omniray, model_name))
+    try:
+        session = first.event(first.wait("session.created"))["session"]
+        first.send({"type": "session.update", "session": {
+            "type": "realtime", "output_modalities": ["text"], "max_output_tokens": 6,
+            "instructions": "You are a terse assistant."}})  # fmt: skip
+        first.wait("session.updated")
+        first.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "What is this sound?"}, {"type": "input_audio", "audio": audio}]}})  # fmt: skip
+        first.wait("conversation.item.done")
+        answer = _respond(first)
+        items_before = [first.event(first.wait("conversation.item.done"))["item"]["id"]]
+    finally:
+        first.close()  # the connection drops
+    second = RealtimeClient(_url(omniray, model_name, session["id"]))
+    try:
+        created = second.event(second.wait("session.created"))["session"]
+        assert created["id"] == session["id"]
+        assert created["output_modalities"] == ["text"] and created["max_output_tokens"] == 6  # settings kept
+        assert created["instructions"] == "You are a terse assistant."
+        resumed = second.event(second.wait("omniray.session.resumed"))
+        roles = [(i["role"], [c["type"] for c in i["content"]]) for i in resumed["items"]]
+        assert roles == [("user", ["input_text", "input_audio"]), ("assistant", ["output_text"])]
+        assert resumed["items"][0]["id"] == items_before[0]
+        again = _respond(second)
+        # the resumed prompt starts with the first one (its audio included): found, not recomputed
+        cached = again["usage"]["input_token_details"]["cached_tokens"]
+        assert cached >= answer["usage"]["input_tokens"] // 2, (cached, answer["usage"])
+    finally:
+        second.close()
+    assert not first.malformed and not second.malformed
+
+
+def _refused(url: str, api_key: str | None = None) -> str:
+    """The error code a connection to `url` is refused with (then closed: 1008)."""
+    r = RealtimeClient(url, **({"api_key": api_key} if api_key else {}))
+    try:
+        code = r.event(r.wait("error"))["error"]["code"]
+        r._reader.join(timeout=10)
+        assert r.closed and r.close_code == 1008
+        return code
+    finally:
+        r.close()
+
+
+def test_resuming_is_refused_clearly_for_unknown_ids_and_other_tenants(omniray, model_name):
+    assert _refused(_url(omniray, model_name, "sess_doesnotexist")) == "session_not_found"
+    mine = RealtimeClient(_url(omniray, model_name))
+    try:
+        sid = mine.event(mine.wait("session.created"))["session"]["id"]
+        # another tenant's key never finds it (sessions are saved under their tenant)
+        assert _refused(_url(omniray, model_name, sid), new_tenant(omniray)) == "session_not_found"
+    finally:
+        mine.close()
+
+
+@pytest.mark.parametrize("bad", ["..%2Fx", "sess_" + "a" * 200, "nope"])
+def test_a_malformed_session_id_is_refused(omniray, model_name, bad):
+    assert _refused(_url(omniray, model_name, bad)) == "invalid_session_id"
