@@ -62,8 +62,11 @@ def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
         assert resumed["items"][0]["id"] == items_before[0]
         again = _respond(second)
         # the resumed prompt starts with the first one (its audio included): found, not recomputed
+        # (measured: 64 of 64 tokens cached on tiny)
         cached = again["usage"]["input_token_details"]["cached_tokens"]
-        assert cached >= answer["usage"]["input_tokens"] // 2, (cached, answer["usage"])
+        first_prompt = answer["usage"]
+        assert first_prompt["input_token_details"]["audio_tokens"] > 0
+        assert cached >= first_prompt["input_tokens"] - 32, (cached, first_prompt)  # all but a partial block
     finally:
         second.close()
     assert not first.malformed and not second.malformed
