@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import queue
 
 import grpc
@@ -148,6 +149,42 @@ def test_realtime_session_over_grpc(stub, model_name):
     finally:
         out.queue.put(None)
         events.cancel()
+
+
+def test_a_realtime_session_resumes_over_grpc(stub, model_name):
+    """A gRPC client that reconnects with `x-omniray-session-id` gets its conversation back."""
+    out = _Outbox()
+    events = stub.Realtime(iter(out), timeout=180, metadata=[("x-omniray-model", model_name)])
+    seen: list = []
+    try:
+        session_id = json.loads(until(events, "session.created", seen).json)["session"]["id"]
+        out.put(session_update=omni_pb2.RealtimeSessionUpdate(
+            max_output_tokens=4, turn_detection=omni_pb2.TurnDetection(disabled=True)))  # fmt: skip
+        until(events, "session.updated", seen)
+        tone = (np.sin(2 * np.pi * 180 * np.arange(12000) / 24000) * 8000).astype("<i2").tobytes()
+        out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=tone))
+        out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
+        out.put(response_create=omni_pb2.ResponseCreate())
+        assert until(events, "response.done", seen).response_status == "completed"
+    finally:
+        out.queue.put(None)
+        events.cancel()
+    out, seen = _Outbox(), []
+    metadata = [("x-omniray-model", model_name), ("x-omniray-session-id", session_id)]
+    events = stub.Realtime(iter(out), timeout=180, metadata=metadata)
+    try:
+        assert json.loads(until(events, "session.created", seen).json)["session"]["id"] == session_id
+        items = json.loads(until(events, "omniray.session.resumed", seen).json)["items"]
+        assert [i["role"] for i in items] == ["user", "assistant"]
+        out.put(response_create=omni_pb2.ResponseCreate())
+        assert until(events, "response.done", seen).response_status == "completed"
+    finally:
+        out.queue.put(None)
+        events.cancel()
+    gone = stub.Realtime(iter([]), timeout=30, metadata=[("x-omniray-session-id", "sess_nothere")])
+    with pytest.raises(grpc.RpcError) as refused:
+        next(iter(gone))
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND and "sess_nothere" in refused.value.details()
 
 
 def test_realtime_refusals_over_grpc(omniray, stub, model_name):
