@@ -79,6 +79,7 @@ EXAMPLES = [
     se.FunctionCallArgumentsDone(
         response_id="resp_1", item_id="item_3", call_id="call_1", name="f", arguments="{}"
     ),
+    se.SessionResumed(session_id="sess_1", items=[USER, SAID]),
 ]
 
 
