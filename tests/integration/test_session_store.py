@@ -18,7 +18,9 @@ KEY = SessionKey("t1", "sess_abc")
 
 
 def _state(*items: SavedItem) -> SavedState:
-    return SavedState(config={"instructions": "hi"}, conversation_id="conv_1", items=list(items), head_tokens=7)
+    return SavedState(
+        config={"instructions": "hi"}, conversation_id="conv_1", items=list(items), head_tokens=7
+    )
 
 
 def _pcm_samples(n: int, seed: int) -> np.ndarray:

@@ -41,7 +41,9 @@ def test_decode_keeps_unchanged_views_and_logs_what_changed():
     assert third["a"] is not first["a"] and third["c"] is second["c"]
     assert third.changes_since(second.epoch) == ({"a"}, {"a"})  # a chunk reached a's client
     assert third.changes_since(first.epoch) == ({"a", "b", "c"}, {"a"})  # a reader that missed a poll
-    fourth = decode(raw(a=view(played=300, buffered=0, at=NOW + 0.3, barge_ins=1), c=view()), third, NOW + 0.3)
+    fourth = decode(
+        raw(a=view(played=300, buffered=0, at=NOW + 0.3, barge_ins=1), c=view()), third, NOW + 0.3
+    )
     assert fourth.changes_since(second.epoch) == ({"a"}, set())  # a refill then a barge-in: a change
     assert fourth.changes_since(-100) is None  # further back than the log: compare everything
 

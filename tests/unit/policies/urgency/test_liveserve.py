@@ -62,7 +62,9 @@ def test_a_well_buffered_request_is_paced_to_playback():
     assert c.cls == "U2" and c.until == pytest.approx(NOW + 8.0)  # its buffer falls to safe_ms
     pace = c.pace
     assert pace.holds(60, NOW) and pace.release_after_s(pace.ahead(60, NOW)) == pytest.approx(3.0)  # 1 s + 2
-    assert not pace.holds(60, NOW + 3.0) and pace.tokens_to_hold(pace.ahead(60, NOW + 3.0)) == 21  # 2 s of tokens
+    assert (
+        not pace.holds(60, NOW + 3.0) and pace.tokens_to_hold(pace.ahead(60, NOW + 3.0)) == 21
+    )  # 2 s of tokens
 
 
 def test_buffer_drains_in_real_time_between_views():
