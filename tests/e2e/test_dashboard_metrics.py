@@ -12,9 +12,9 @@ import urllib.request
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
 from services.quota.tenants import Limits
-from tests.conftest import data_url, grpc_channel, png_bytes, until
+from tests.conftest import data_url, grpc_channel, new_tenant, png_bytes, until
 from tests.dashboards import all_series_names
-from tests.e2e.test_quota_e2e import _post, _tenant
+from tests.e2e.test_quota_e2e import _post
 from tests.e2e.test_realtime import MANUAL_TURNS, _speech
 from tests.e2e.test_tracing import LONG_TEXT
 
@@ -50,7 +50,7 @@ def _grpc_traffic(omniray, model_name) -> None:
 def _quota_traffic(omniray) -> None:
     """Interactive requests until the tenant's budget refuses one (429), then a batch request that
     waits in the queue for budget."""
-    key = _tenant(omniray, per_minute=Limits(text_tokens=1200), max_class="interactive")
+    key = new_tenant(omniray, per_minute=Limits(text_tokens=1200), max_class="interactive")
     codes = [_post(omniray, key, max_tokens=40).status_code for _ in range(40)]
     assert 429 in codes
     batch = _post(omniray, key, max_tokens=60, headers={"x-omniray-slo-class": "batch"})
