@@ -474,7 +474,7 @@ class Gateway:
             while True:
                 message = await self._next_client_event(session, ws.receive)
                 if message is None:
-                    await ws.close(code=1000, reason="idle")
+                    await ws.close(code=1000, reason="resumed elsewhere" if session.taken else "idle")
                     break
                 if message["type"] == "websocket.disconnect":
                     break
@@ -486,13 +486,19 @@ class Gateway:
 
     async def _next_client_event(self, session, receive):
         """The client's next event; None once the session has been idle too long (told so with an
-        `error` event). Waiting while a response plays out is not idling."""
+        `error` event) or was resumed by another connection. Waiting while a response plays out is
+        not idling."""
         idle_s = self.profile.realtime.idle_timeout_s
         # One receive for the whole wait: cancelling a stream's read half-way can break the stream.
         pending = asyncio.ensure_future(receive())
+        ended = asyncio.ensure_future(session.ended.wait())  # resumed by another connection
         try:
             while True:
-                done, _ = await asyncio.wait({pending}, timeout=idle_s)
+                done, _ = await asyncio.wait(
+                    {pending, ended}, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED
+                )
+                if ended in done:
+                    return None
                 if done:
                     return pending.result()
                 if not session.busy:
@@ -504,6 +510,7 @@ class Gateway:
                     return None
         finally:
             pending.cancel()
+            ended.cancel()
 
     @api.get("/v1/models")
     async def models(self):

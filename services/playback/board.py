@@ -94,7 +94,7 @@ class BoardViews(dict):
 
     def changes_since(self, epoch: int) -> Changes | None:
         """What changed after `epoch`; None when the log no longer reaches back."""
-        log = self.log
+        log = tuple(self.log)  # one C-level copy: the poll thread appends to the deque meanwhile
         if not log or log[0][0] > epoch + 1:
             return None
         entries = [c for e, c in log if epoch < e <= self.epoch]

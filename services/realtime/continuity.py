@@ -26,8 +26,11 @@ from services.common.session_key import SessionKey
 PREFIX = "omniray:realtime:"
 
 # KEYS[1] the hash; ARGV: owner, ttl_s, fields to delete count, those fields, then field/value pairs.
+# 1: saved; 0: another connection owns it; 2: the record is gone (it lapsed).
 _SAVE = """
-if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if not owner then return 2 end
+if owner ~= ARGV[1] then return 0 end
 local n = tonumber(ARGV[3])
 for i = 1, n do redis.call('HDEL', KEYS[1], ARGV[3 + i]) end
 for i = 4 + n, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
@@ -71,39 +74,55 @@ def _pcm16(samples: np.ndarray) -> bytes:
     return np.clip(np.rint(samples * 32768.0), -32768, 32767).astype("<i2").tobytes()
 
 
+# KEYS[1] the hash; ARGV: the new owner, ttl_s. The saved record, taken over in the same step (so
+# nothing the old owner saves after it was read can be lost), or nil.
+_RESUME = """
+if redis.call('HEXISTS', KEYS[1], 'state') == 0 then return false end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return redis.call('HGETALL', KEYS[1])
+"""
+
+
 class Taken(Exception):
     """The session was resumed by another connection: this one no longer owns it."""
+
+
+class Lapsed(Exception):
+    """The record expired while the connection lived (no save for `grace_s`): claim it again and
+    save everything."""
 
 
 class SessionStore:
     def __init__(self, redis, grace_s: float):
         self.redis, self.grace_s = redis, grace_s
         self._save = redis.register_script(_SAVE)
+        self._resume = redis.register_script(_RESUME)
 
     @staticmethod
     def key(session: SessionKey) -> str:
         return PREFIX + str(session)
 
-    async def claim(self, session: SessionKey, fresh: bool) -> str:
-        """Own the session's record (a new session's, or take over a saved one); the owner token."""
-        owner = secrets.token_hex(16)
+    async def claim(self, session: SessionKey, owner: str | None = None) -> str:
+        """A new record for the session, owned by `owner` (a new token by default); the owner."""
+        owner = owner or secrets.token_hex(16)
         key = self.key(session)
         async with self.redis.pipeline(transaction=True) as pipe:
-            if fresh:
-                pipe.delete(key)
+            pipe.delete(key)
             pipe.hset(key, "owner", owner)
             pipe.expire(key, int(self.grace_s))
             await pipe.execute()
         return owner
 
-    async def load(self, session: SessionKey) -> tuple[SavedState, dict[str, np.ndarray]] | None:
-        """The saved state and its clips (float32 samples by field), or None (never saved, or
-        expired)."""
-        raw = await self.redis.hgetall(self.key(session))
-        state = raw.get(b"state")
-        if state is None:
+    async def resume(self, session: SessionKey) -> tuple[str, SavedState, dict[str, np.ndarray]] | None:
+        """Take the saved session over: (the new owner token, its state, its clips as float32
+        samples by field), or None (never saved, or expired)."""
+        owner = secrets.token_hex(16)
+        flat = await self._resume(keys=[self.key(session)], args=[owner, int(self.grace_s)])
+        if not flat:
             return None
-        saved = SavedState.model_validate_json(state)
+        raw = dict(zip(flat[::2], flat[1::2], strict=True))
+        saved = SavedState.model_validate_json(raw[b"state"])
         clips = {}
         for item in saved.items:
             for name in item.clips:
@@ -111,21 +130,18 @@ class SessionStore:
                 if pcm is None:
                     return None  # a partial record (should not happen: saves are atomic)
                 clips[name] = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
-        return saved, clips
+        return owner, saved, clips
 
     async def save(self, session: SessionKey, owner: str, state: SavedState, new_clips: dict[str, np.ndarray],
                    gone_clips: list[str]) -> None:  # fmt: skip
         """Write the state, the clips not written before, and drop the clips of items gone; raises
-        `Taken` when another connection owns the session now."""
+        `Taken` when another connection owns the session now, `Lapsed` when the record expired."""
         pairs: list[Any] = ["state", state.model_dump_json()]
         for name, samples in new_clips.items():
             pairs += [name, _pcm16(samples)]
         args = [owner, int(self.grace_s), len(gone_clips), *gone_clips, *pairs]
-        if not await self._save(keys=[self.key(session)], args=args):
+        done = await self._save(keys=[self.key(session)], args=args)
+        if done == 0:
             raise Taken(str(session))
-
-    async def forget(self, session: SessionKey, owner: str) -> None:
-        """Drop the record now (the session ended for good), if this connection still owns it."""
-        key = self.key(session)
-        if await self.redis.hget(key, "owner") == owner.encode():
-            await self.redis.delete(key)
+        if done == 2:
+            raise Lapsed(str(session))

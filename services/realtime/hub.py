@@ -9,12 +9,15 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 
+from pydantic import ValidationError
+
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
 from services.common.session_key import SessionKey
 from services.playback.board import BoardWriter
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
+from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.continuity import SessionStore
 from services.realtime.session import RealtimeSession
@@ -50,6 +53,7 @@ class RealtimeHub:
         self.stats = RealtimeStats()
         self._board: asyncio.Task | None = None
         self._store: SessionStore | None = None
+        self._live: dict[str, RealtimeSession] = {}  # this replica's sessions by tenant/session key
 
     @property
     def store(self) -> SessionStore | None:
@@ -86,10 +90,7 @@ class RealtimeHub:
             ) from None
         if model and not self.profile.serves(model):
             raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
-        session_id, saved = se.new_id("sess"), None
-        if resume is not None:
-            saved = await self._saved(tenant, resume)
-            session_id = resume
+        session_id = se.new_id("sess") if resume is None else self._resumable(resume)
         try:
             await self.quota.open_session(tenant, session_id)
         except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
@@ -110,79 +111,88 @@ class RealtimeHub:
         self.stats.admitted.inc()
         self.stats.admission_limit.set(self.admission.limit)
         self._publish_board()
+        key = str(SessionKey(tenant.id, session_id))
+        session = None
         try:
-            continuity = await self._claim(tenant, session_id, fresh=saved is None)
-        except BaseException:
-            self.admission.release()
-            await self.quota.close_session(tenant, session_id)
-            raise
-        session = RealtimeSession(
-            self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats,
-            continuity,
-        )  # fmt: skip
-        if saved is not None:
-            session.restore(*saved)
-        try:
+            continuity, saved = await self._hold(tenant, session_id, resume is not None)
+            if saved is not None and (old := self._live.get(key)) is not None:
+                await old.taken_over()  # a live connection of this replica: it ends now
+            session = RealtimeSession(
+                self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats,
+                continuity,
+            )  # fmt: skip
+            if saved is not None:
+                session.restore(*saved)
+            self._live[key] = session
             await session.start(resumed=saved is not None)
-        except BaseException:  # e.g. the client left before session.created: its slots go back
-            await self.close(session)
+        except BaseException:  # refused, or the client left before session.created: slots go back
+            if session is not None:
+                await self.close(session)
+            else:
+                self.admission.release()
+                await self.quota.close_session(tenant, session_id)
             raise
         self.stats.sessions.set(len(self.monitor))
         return session
 
-    async def _saved(self, tenant, session_id: str):
-        """The tenant's saved session `session_id` (state, clips); refused when there is none."""
-        store = self.store
-        if store is None:
+    def _resumable(self, session_id: str) -> str:
+        if self.store is None:
             raise Refused(
                 se.error("sessions cannot be resumed on this server", "session_not_found"), "not_found"
             )
         if not SESSION_ID.fullmatch(session_id):
             raise Refused(se.error("session_id is not a session id", "invalid_session_id"), "not_found")
+        return session_id
+
+    async def _hold(self, tenant, session_id: str, resume: bool):
+        """This connection's hold on the session's saved record — (store, owner) or None when
+        continuity is off or the store is unreachable for a new session (it runs unresumable) — and,
+        resuming, the saved (state, clips), taken over in one step."""
+        store, key = self.store, SessionKey(tenant.id, session_id)
+        if store is None:
+            return None, None
+        unreachable = Refused(
+            se.error(
+                "the session store is unreachable; try again",
+                "session_store_unavailable",
+                kind="server_error",
+            ),
+            "unavailable",
+        )
+        if not resume:
+            try:
+                return (store, await store.claim(key)), None
+            except Exception:
+                self.stats.saves.inc(tags={"outcome": "failed"})
+                return None, None
         try:
-            saved = await store.load(SessionKey(tenant.id, session_id))
-        except Exception:  # the store unreachable: cannot resume now
-            raise Refused(
-                se.error(
-                    "the session store is unreachable; try again",
-                    "session_store_unavailable",
-                    kind="server_error",
-                ),
-                "unavailable",
-            ) from None
-        if saved is None:
+            found = await store.resume(key)
+            if found is not None:
+                ev.SessionConfig.model_validate(found[1].config)
+        except ValidationError:  # saved by a version that reads it differently: cannot resume it
+            found = None
+        except Exception:
+            raise unreachable from None
+        if found is None:
             self.stats.resumes.inc(tags={"outcome": "not_found"})
             raise Refused(
                 se.error(f"no session {session_id!r} to resume (never saved, or its grace period is over)",
                          "session_not_found"),
                 "not_found",
             )  # fmt: skip
+        owner, state, clips = found
         self.stats.resumes.inc(tags={"outcome": "ok"})
-        return saved
-
-    async def _claim(self, tenant, session_id: str, fresh: bool) -> tuple[SessionStore, str] | None:
-        """This connection's hold on the session's saved state (None: continuity off, or the store
-        unreachable for a new session — it runs without being resumable)."""
-        store = self.store
-        if store is None:
-            return None
-        try:
-            return store, await store.claim(SessionKey(tenant.id, session_id), fresh)
-        except Exception:
-            if not fresh:
-                raise Refused(
-                    se.error("the session store is unreachable; try again", "session_store_unavailable",
-                             kind="server_error"),
-                    "unavailable",
-                ) from None  # fmt: skip
-            self.stats.saves.inc(tags={"outcome": "failed"})
-            return None
+        return (store, owner), (state, clips)
 
     async def close(self, session: RealtimeSession) -> None:
+        key = str(SessionKey(session.tenant.id, session.id))
+        if self._live.get(key) is session:
+            del self._live[key]
         try:
             await session.close()
         finally:
             self.admission.release()
-            await self.quota.close_session(session.tenant, session.id)
+            if not session.taken:  # a resumed session's slot is the new connection's
+                await self.quota.close_session(session.tenant, session.id)
         self.stats.sessions.set(len(self.monitor))
         self.stats.admission_limit.set(self.admission.limit)

@@ -35,13 +35,14 @@ from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE, InputAudio, OutputAudio
-from services.realtime.continuity import SavedItem, SavedState, SessionStore, Taken
+from services.realtime.continuity import Lapsed, SavedItem, SavedState, SessionStore, Taken
 from services.realtime.history import HistoryLimits, TurnCost, turns_to_drop
 from services.realtime.stats import RealtimeStats
 from services.realtime.vad import SileroStream, TurnSegmenter
 
 log = logging.getLogger(__name__)
 # Client events after which the session is saved for a reconnect (a turn boundary of the client's)
+SAVE_WAIT_S = 5.0  # at close, how long the last save may still take
 SAVED_AFTER = (
     ev.SessionUpdate,
     ev.ConversationItemCreate,
@@ -220,6 +221,11 @@ class RealtimeSession:
         self._saved_clips: set[str] = set()
         self._saving: asyncio.Task | None = None
         self._save_again = False
+        self.closing = False
+        # Another connection resumed this session: this one ends (its transport waits on `ended`)
+        # and gives back neither the tenant's session slot nor the monitor's entry (now the new one's).
+        self.taken = False
+        self.ended = asyncio.Event()
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -326,7 +332,7 @@ class RealtimeSession:
     def _save_soon(self) -> None:
         """Save the session at a turn boundary (one save at a time; a boundary during a save makes
         one more after it)."""
-        if self.continuity is None:
+        if self.continuity is None or self.closing:
             return
         if self._saving is not None and not self._saving.done():
             self._save_again = True
@@ -337,21 +343,34 @@ class RealtimeSession:
         while self.continuity is not None:
             self._save_again = False
             store, owner = self.continuity
-            state, new_clips, gone = self._snapshot()
+            key = SessionKey(self.tenant.id, self.id)
             try:
-                await store.save(SessionKey(self.tenant.id, self.id), owner, state, new_clips, gone)
-            except Taken:  # resumed by another connection: this one no longer saves
+                state, new_clips, gone = self._snapshot()
+                await store.save(key, owner, state, new_clips, gone)
+            except Taken:  # resumed by another connection: this one ends
                 self.stats.saves.inc(tags={"outcome": "taken"})
-                self.continuity = None
+                await self.taken_over()
                 return
+            except Lapsed:  # no save for grace_s while connected: a new record, every clip again
+                with contextlib.suppress(Exception):
+                    await store.claim(key, owner)
+                    self._saved_clips = set()
+                    self._save_again = True
             except Exception as e:  # Redis away: this turn cannot be resumed; the session goes on
                 self.stats.saves.inc(tags={"outcome": "failed"})
                 log.warning("realtime session %s: save failed: %s", self.key, e)
             else:
                 self.stats.saves.inc(tags={"outcome": "ok"})
                 self._saved_clips = (self._saved_clips | new_clips.keys()) - set(gone)
-            if not self._save_again:
+            if not self._save_again or self.closing:
                 return
+
+    async def taken_over(self) -> None:
+        """Another connection resumed this session: say so and end this one."""
+        self.taken, self.continuity = True, None
+        with contextlib.suppress(Exception):
+            await self.send(se.error("this session was resumed by another connection", "session_taken_over"))
+        self.ended.set()
 
     async def handle(self, raw: str | bytes | dict) -> None:
         """One client event. Whatever goes wrong is an `error` event and the session goes on."""
@@ -1211,9 +1230,14 @@ class RealtimeSession:
         await self.send(se.ConversationItemTruncated(item_id=item.id, audio_end_ms=event.audio_end_ms))
 
     async def close(self) -> None:
+        self.closing = True
         await self.cancel()
+        if self._saving is not None:  # the last boundary's save finishes (bounded by Redis' timeouts)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)
         if self.ahead is not None:
             self.ahead.cancel()
         for task in self.transcribing:
             task.cancel()
-        self.monitor.close(self.key)
+        if not self.taken:  # a resumed session's entry is the new connection's
+            self.monitor.close(self.key)

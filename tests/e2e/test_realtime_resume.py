@@ -72,6 +72,28 @@ def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
     assert not first.malformed and not second.malformed
 
 
+def test_resuming_a_live_session_ends_the_old_connection(omniray, model_name):
+    old = RealtimeClient(_url(omniray, model_name))
+    try:
+        sid = old.event(old.wait("session.created"))["session"]["id"]
+        old.send({"type": "session.update", "session": {"type": "realtime", "instructions": "kept"}})
+        old.wait("session.updated")
+        new = RealtimeClient(_url(omniray, model_name, sid))
+        try:
+            assert new.event(new.wait("session.created"))["session"]["instructions"] == "kept"
+            new.wait("omniray.session.resumed")
+            assert old.event(old.wait("error"))["error"]["code"] == "session_taken_over"
+            old._reader.join(timeout=10)
+            assert old.closed and old.close_code == 1000
+            at = new.mark()
+            new.send({"type": "session.update", "session": {"type": "realtime", "instructions": "new"}})
+            new.wait("session.updated", at)  # the new connection goes on
+        finally:
+            new.close()
+    finally:
+        old.close()
+
+
 def _refused(url: str, api_key: str | None = None) -> str:
     """The error code a connection to `url` is refused with (then closed: 1008)."""
     r = RealtimeClient(url, **({"api_key": api_key} if api_key else {}))

@@ -110,24 +110,28 @@ class UrgencyOrder:
         recomputes only what was evicted meanwhile), the request goes back to waiting, and its id
         reaches the workers with this round's output (`preempted_req_ids`), which drop its state."""
         preemptible = self.policy.preemptible
+        # Seats vLLM fills this round: held ones count as taken, requests holding KV while they
+        # wait (`kv_holding_waiting`) are admitted first.
         free = scheduler.max_num_active_reqs - len(scheduler.running) - len(held)
-        free -= scheduler.num_waiting_for_streaming_input
+        free -= scheduler.num_waiting_for_streaming_input + len(scheduler.kv_holding_waiting)
         pool = list(held) + [
             r for r in reversed(scheduler.running) if self.running.class_of(r) in preemptible
         ]
         victims = []
         for arrival in waiting:
+            if scheduler._is_blocked_waiting_status(arrival.status) or arrival in scheduler.deferred_waiting:
+                continue  # vLLM will not admit it this round: no seat for it
             if self.waiting.class_of(arrival) in preemptible:
                 break  # the rest of the queue is no more urgent than what it would preempt
             if free > 0:
                 free -= 1
                 continue
+            # an in-flight step may still write a candidate's blocks: vLLM waits for those too
+            while pool and not scheduler._request_blocks_can_be_freed(pool[0]):
+                pool.pop(0)
             if not pool or self.running.key_of(pool[0]) <= self.waiting.key_of(arrival):
                 break
-            victim = pool.pop(0)
-            if not scheduler._request_blocks_can_be_freed(victim):
-                break  # an in-flight step still writes its blocks (vLLM waits too)
-            victims.append(victim)
+            victims.append(pool.pop(0))
             self.recorder.record("preempted", (self.waiting.class_of(arrival),), 1)
         for victim in victims:
             (held if victim in held else scheduler.running).remove(victim)
