@@ -491,7 +491,7 @@ class Gateway:
         idle_s = self.profile.realtime.idle_timeout_s
         # One receive for the whole wait: cancelling a stream's read half-way can break the stream.
         pending = asyncio.ensure_future(receive())
-        ended = asyncio.ensure_future(session.ended.wait())  # resumed by another connection
+        ended = session.ended  # resumed by another connection (a future of the session's: not cancelled here)
         try:
             while True:
                 done, _ = await asyncio.wait(
@@ -510,7 +510,6 @@ class Gateway:
                     return None
         finally:
             pending.cancel()
-            ended.cancel()
 
     @api.get("/v1/models")
     async def models(self):

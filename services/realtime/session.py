@@ -225,7 +225,7 @@ class RealtimeSession:
         # Another connection resumed this session: this one ends (its transport waits on `ended`)
         # and gives back neither the tenant's session slot nor the monitor's entry (now the new one's).
         self.taken = False
-        self.ended = asyncio.Event()
+        self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # one per session
         self._start_vad()
 
     def _start_vad(self) -> None:
@@ -370,7 +370,8 @@ class RealtimeSession:
         self.taken, self.continuity = True, None
         with contextlib.suppress(Exception):
             await self.send(se.error("this session was resumed by another connection", "session_taken_over"))
-        self.ended.set()
+        if not self.ended.done():
+            self.ended.set_result(None)
 
     async def handle(self, raw: str | bytes | dict) -> None:
         """One client event. Whatever goes wrong is an `error` event and the session goes on."""
