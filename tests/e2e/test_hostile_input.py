@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import soundfile
+import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
@@ -976,6 +977,33 @@ def test_realtime_generated(rt, event):
 @given(raw=st.binary(min_size=1, max_size=200))
 def test_realtime_generated_bytes(rt, raw):
     rt.expect_error(raw)
+
+
+# `session_id` (resume a saved session): never a 500, a hang or a silent close; a refusal is an
+# `error` event then close 1008, and the id reaches Redis only after the pattern check.
+HOSTILE_SESSION_IDS = ["", "sess_", "sess_" + "a" * 65, "sess_" + "a" * 100_000, "sess_%00abc",
+                       "sess_%0A%0Dx", "sess_%E2%80%AE%F0%9F%98%80", "sess_*", "sess_a%20b", "..%2F..%2Fetc",
+                       "sess_%ED%A0%80"]  # fmt: skip
+
+
+@pytest.mark.parametrize("session_id", HOSTILE_SESSION_IDS, ids=range(len(HOSTILE_SESSION_IDS)))
+def test_realtime_hostile_session_id(omniray, model_name, session_id):
+    url = (
+        f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}&session_id={session_id}"
+    )
+    try:
+        client = RealtimeClient(url, timeout=30)
+    except websockets.exceptions.InvalidStatus as e:  # a URL the HTTP layer refuses before the upgrade
+        assert 400 <= e.response.status_code < 500
+        return
+    try:
+        error = client.event(client.wait("error"))["error"]
+        assert error["code"] in ("invalid_session_id", "session_not_found"), error
+        assert "Traceback" not in error["message"]
+        client._reader.join(timeout=10)
+        assert client.closed and client.close_code == 1008
+    finally:
+        client.close()
 
 
 def test_realtime_session_still_works(rt):

@@ -165,14 +165,16 @@ class UrgencyPlan:
             else:
                 del watched[entry.session]
 
-    def _unplace(self, request: Any, entry: _Entry) -> None:
+    def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
+        """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
         self._watch(entry, -1)
         if request in self._held:
             self._classes[HELD] -= 1
             del self._held[request]
         else:
             self._classes[entry.classified.cls] -= 1
-            del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
+            if sorted_too:
+                del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
 
     def _drop(self, request: Any) -> None:
         entry = self._entries.pop(request)
@@ -201,15 +203,8 @@ class UrgencyPlan:
         refresh_at = now + self.refresh_s
         for request in dirty:
             entry = entries[request]
-            if entry.classified is not None:  # out of its place (inline: this runs every round)
-                self._watch(entry, -1)
-                if request in held_now:
-                    classes[HELD] -= 1
-                    del held_now[request]
-                else:
-                    classes[entry.classified.cls] -= 1
-                    if not rebuild:
-                        del sorted_[bisect.bisect_left(sorted_, entry.item)]
+            if entry.classified is not None:
+                self._unplace(request, entry, sorted_too=not rebuild)
             view = views.get(entry.session) if entry.session is not None else None
             kv_tokens, generated = progress(request)
             c = classify(Candidate(entry.arrival, kv_tokens, generated, view), now, occupancy)
