@@ -124,6 +124,13 @@ class RealtimeClient:
                 raise TimeoutError(f"no {what or match} before {why}; saw {seen}")
             return i
 
+    def wait_closed(self, timeout: float | None = None) -> int | None:
+        """The server's close code once the connection closed; TimeoutError if it stays open."""
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.closed, self.timeout if timeout is None else timeout):
+                raise TimeoutError("the connection stayed open")
+            return self.close_code
+
     def event(self, i: int) -> dict:
         return self.events[i][1]
 

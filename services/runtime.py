@@ -192,6 +192,9 @@ def start(
     return cluster
 
 
+SERVE_CONFIG = "serve_config.yaml"  # in the run directory: what was deployed last
+
+
 @contextlib.contextmanager
 def temporary(
     profile: str, *, prefix: str = "omniray-", timeout_s: float = 600.0, **kwargs
@@ -233,7 +236,18 @@ def deploy(
             **(env_vars or {}),
         },
     )
-    cfg_file = cluster.run_dir / "serve_config.yaml"
+    apply(cluster, config, timeout_s)
+
+
+def applied(cluster: LocalCluster) -> dict[str, Any]:
+    """The Serve config last deployed on the cluster."""
+    return yaml.safe_load((cluster.run_dir / SERVE_CONFIG).read_text())
+
+
+def apply(cluster: LocalCluster, config: dict[str, Any], timeout_s: float = 300.0) -> None:
+    """Deploy a Serve config on the running cluster and wait until it serves (a changed deployment
+    rolls: Serve starts its new replicas and drains the old ones)."""
+    cfg_file = cluster.run_dir / SERVE_CONFIG
     cfg_file.write_text(yaml.safe_dump(config, sort_keys=False))
     subprocess.run(
         [_bin("serve"), "deploy", str(cfg_file), "-a", cluster.dashboard_url],

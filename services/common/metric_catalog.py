@@ -154,6 +154,11 @@ def _declared() -> list[Metric]:
             ("outcome",),
         ),
         Metric(
+            "omniray_realtime_session_migrations_total",
+            c,
+            "Realtime sessions moved off a draining gateway replica at a turn boundary (omniray.session.migrate).",
+        ),
+        Metric(
             "omniray_realtime_barge_ins_total",
             c,
             "Speech that started over a response being generated or played.",

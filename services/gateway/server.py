@@ -474,7 +474,10 @@ class Gateway:
             while True:
                 message = await self._next_client_event(session, ws.receive)
                 if message is None:
-                    await ws.close(code=1000, reason="resumed elsewhere" if session.taken else "idle")
+                    if session.moved:  # 1012: service restart; reconnect with the session id
+                        await ws.close(code=1012, reason="server draining: reconnect with session_id")
+                    else:
+                        await ws.close(code=1000, reason="resumed elsewhere" if session.taken else "idle")
                     break
                 if message["type"] == "websocket.disconnect":
                     break
@@ -486,7 +489,7 @@ class Gateway:
 
     async def _next_client_event(self, session, receive):
         """The client's next event; None once the session has been idle too long (told so with an
-        `error` event) or was resumed by another connection. Waiting while a response plays out is
+        `error` event), was resumed by another connection or moved off this draining replica. Waiting while a response plays out is
         not idling."""
         idle_s = self.profile.realtime.idle_timeout_s
         # One receive for the whole wait: cancelling a stream's read half-way can break the stream.

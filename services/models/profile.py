@@ -162,6 +162,9 @@ class ContinuitySpec(_Strict):
 
     enabled: bool = True
     grace_s: float = Field(default=300.0, ge=1, le=86_400)
+    # How often a gateway replica looks whether Serve began draining it; its sessions then move at
+    # their next turn boundary (services/extensions/ray/replica_drain.py).
+    drain_check_s: float = Field(default=0.5, gt=0, le=60)
 
 
 class RealtimeSpec(_Strict):

@@ -6,6 +6,7 @@ sessions of this gateway replica."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Awaitable, Callable
 
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 from services.common.errors import OmniError
 from services.common.redis_config import async_client
 from services.common.session_key import SessionKey
+from services.extensions.ray.replica_drain import on_drain
 from services.playback.board import BoardWriter
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
@@ -22,6 +24,8 @@ from services.realtime import server_events as se
 from services.realtime.continuity import SessionStore
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
+
+log = logging.getLogger(__name__)
 
 SESSION_ID = re.compile(r"sess_[A-Za-z0-9_-]{1,64}")
 
@@ -52,6 +56,8 @@ class RealtimeHub:
         self.admission = AimdAdmission(profile.realtime.admission)
         self.stats = RealtimeStats()
         self._board: asyncio.Task | None = None
+        self._drain_watch: asyncio.Task | None = None
+        self.draining = False
         self._store: SessionStore | None = None
         self._live: dict[str, RealtimeSession] = {}  # this replica's sessions by tenant/session key
 
@@ -70,6 +76,20 @@ class RealtimeHub:
                 self.monitor, async_client(), self.profile.realtime.scheduler.board_interval_s
             )
             self._board = asyncio.create_task(writer.run())
+
+    def _watch_drain(self) -> None:
+        """Move this replica's sessions away once Serve begins draining it (first session on)."""
+        spec = self.profile.realtime.continuity
+        if spec.enabled and self._drain_watch is None:
+            self._drain_watch = asyncio.create_task(on_drain(self.drain, spec.drain_check_s))
+
+    async def drain(self) -> None:
+        """This replica is going away (scale-down, an update): each session is saved at its next
+        turn boundary and its client told to reconnect with its id (`omniray.session.migrate`);
+        Serve routes the reconnect to a replica that stays."""
+        self.draining = True
+        log.info("gateway replica draining: moving %d realtime sessions", len(self._live))
+        await asyncio.gather(*(session.migrate() for session in list(self._live.values())))
 
     async def open(
         self,
@@ -125,6 +145,9 @@ class RealtimeHub:
                 session.restore(*saved)
             self._live[key] = session
             await session.start(resumed=saved is not None)
+            self._watch_drain()
+            if self.draining:  # opened on a replica already draining: it moves on at once
+                await session.migrate()
         except BaseException:  # refused, or the client left before session.created: slots go back
             if session is not None:
                 await self.close(session)
@@ -192,7 +215,7 @@ class RealtimeHub:
             await session.close()
         finally:
             self.admission.release()
-            if not session.taken:  # a resumed session's slot is the new connection's
+            if not (session.taken or session.moved):  # the slot is the (coming) new connection's
                 await self.quota.close_session(session.tenant, session.id)
         self.stats.sessions.set(len(self.monitor))
         self.stats.admission_limit.set(self.admission.limit)

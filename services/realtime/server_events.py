@@ -345,6 +345,16 @@ class SessionResumed(_Event):
     items: list[AnyItem]
 
 
+class SessionMigrate(_Event):
+    """omniray's extension: this gateway replica is draining (scale-down, an update). The session
+    was saved at its turn boundary and this connection ends; reconnecting with `session_id` resumes
+    it on another replica (docs/realtime.md)."""
+
+    type: Literal["omniray.session.migrate"] = "omniray.session.migrate"
+    session_id: str
+    reason: Literal["server_draining"] = "server_draining"
+
+
 class ConversationItemTruncated(_Event):
     type: Literal["conversation.item.truncated"] = "conversation.item.truncated"
     item_id: str
@@ -403,6 +413,7 @@ ServerEvent = Annotated[
     | ConversationItemRetrieved
     | ConversationItemTruncated
     | SessionResumed
+    | SessionMigrate
     | FunctionCallArgumentsDelta
     | RateLimitsUpdated
     | FunctionCallArgumentsDone

@@ -222,6 +222,10 @@ class RealtimeSession:
         self._saving: asyncio.Task | None = None
         self._save_again = False
         self.closing = False
+        # This replica drains: the session moves at its next turn boundary (`migrating`), then is
+        # `moved` — its client told to reconnect elsewhere, its tenant slot kept for that reconnect.
+        self.migrating = False
+        self.moved = False
         # Another connection resumed this session: this one ends (its transport waits on `ended`)
         # and gives back neither the tenant's session slot nor the monitor's entry (now the new one's).
         self.taken = False
@@ -364,6 +368,30 @@ class RealtimeSession:
                 self._saved_clips = (self._saved_clips | new_clips.keys()) - set(gone)
             if not self._save_again or self.closing:
                 return
+
+    async def migrate(self) -> None:
+        """This gateway replica drains: the session moves at its next turn boundary — now when no
+        response is in flight, else when the response is done. Without continuity (off, or its
+        store unreachable at open) it cannot move and goes on until the replica stops."""
+        if self.continuity is None or self.closing:
+            return
+        self.migrating = True
+        if not self.busy:
+            await self._hand_over()
+
+    async def _hand_over(self) -> None:
+        """Save the conversation as it is, tell the client to reconnect with its id, end here."""
+        if self.closing or self.ended.done() or self.continuity is None:
+            return
+        self._save_soon()
+        with contextlib.suppress(Exception):  # bounded by Redis' timeouts; a failed save is counted
+            await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)
+        with contextlib.suppress(Exception):
+            await self.send(se.SessionMigrate(session_id=self.id))
+        self.moved = True
+        self.stats.migrations.inc()
+        if not self.ended.done():
+            self.ended.set_result(None)
 
     async def taken_over(self) -> None:
         """Another connection resumed this session: say so and end this one."""
@@ -1096,6 +1124,8 @@ class RealtimeSession:
                     await self.send(se.ConversationItemDone(item=done))
             await self.send(se.ResponseDone(response=self._describe(r)))
             self._save_soon()
+            if self.migrating:
+                await self._hand_over()
 
     async def _begin_message(self, r: Response) -> None:
         """The response's message item added (to the conversation too, in band), its part begun."""

@@ -33,6 +33,8 @@ class RealtimeStats:
         self.resumes = metric("omniray_realtime_session_resumes_total")
         for outcome in ("ok", "not_found"):
             zero(self.resumes, outcome=outcome)
+        self.migrations = metric("omniray_realtime_session_migrations_total")
+        zero(self.migrations)
 
     def prefilled_ahead(self, outcome: str, tokens: int) -> None:
         self.ahead.inc(tags={"outcome": outcome})

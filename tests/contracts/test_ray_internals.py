@@ -4,6 +4,7 @@ series Ray's metrics pipeline accepts."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 
@@ -71,3 +72,36 @@ def test_zero_records_a_counter_series(local_ray):
     zero(counter, k="v")  # accepted by Ray's recorder (no error), unlike inc(0)
     with pytest.raises(ValueError):
         counter.inc(0, tags={"k": "v"})
+
+
+def test_a_replica_sees_its_drain_while_a_request_is_ongoing(local_ray):
+    """The drain is visible inside the replica while it waits for its ongoing requests (a realtime
+    session, services/realtime/hub.py), before `__del__`; outside a replica there is nothing to see."""
+    from ray import serve
+
+    from services.extensions.ray.replica_drain import replica_draining
+
+    assert replica_draining() is None  # the driver is no replica
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, graceful_shutdown_timeout_s=30)
+    class Held:
+        def state(self) -> bool | None:
+            return replica_draining()
+
+        async def hold(self) -> bool:
+            for _ in range(600):
+                if replica_draining():
+                    return True
+                await asyncio.sleep(0.05)
+            return False
+
+    serve.start(proxy_location="Disabled")
+    try:
+        handle = serve.run(Held.bind(), name="drain_contract", route_prefix=None)
+        assert handle.state.remote().result(timeout_s=30) is False
+        held = handle.hold.remote()
+        time.sleep(0.5)  # the request is ongoing when the drain begins
+        serve.delete("drain_contract", _blocking=False)
+        assert held.result(timeout_s=30) is True
+    finally:
+        serve.shutdown()

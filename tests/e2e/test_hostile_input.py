@@ -1000,8 +1000,7 @@ def test_realtime_hostile_session_id(omniray, model_name, session_id):
         error = client.event(client.wait("error"))["error"]
         assert error["code"] in ("invalid_session_id", "session_not_found"), error
         assert "Traceback" not in error["message"]
-        client._reader.join(timeout=10)
-        assert client.closed and client.close_code == 1008
+        assert client.wait_closed(10) == 1008
     finally:
         client.close()
 

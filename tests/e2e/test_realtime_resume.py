@@ -8,10 +8,13 @@ from __future__ import annotations
 import base64
 import math
 import struct
+import threading
 
 import pytest
 
 from loadtest.realtime_client import RealtimeClient
+from services import runtime
+from services.app import DEPLOYMENT_NAMES
 from services.realtime.codecs import PCM_RATE
 from tests.conftest import new_tenant
 
@@ -72,6 +75,49 @@ def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
     assert not first.malformed and not second.malformed
 
 
+def test_a_session_survives_its_gateway_replica_drain(omniray, model_name):
+    """A rolling update of the gateway (its replica drained): the session moves at its turn
+    boundary — `omniray.session.migrate`, close 1012 — and its client, reconnecting with the id,
+    goes on with the new replica: the conversation intact, the next turn answered."""
+    first = RealtimeClient(_url(omniray, model_name))
+    try:
+        sid = first.event(first.wait("session.created"))["session"]["id"]
+        first.send({"type": "session.update", "session": {
+            "type": "realtime", "output_modalities": ["text"], "max_output_tokens": 6}})  # fmt: skip
+        first.wait("session.updated")
+        first.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Name a colour."}]}})  # fmt: skip
+        first.wait("conversation.item.done")
+        _respond(first)
+        items = [first.event(i)["item"]["id"] for i, (_, e) in enumerate(first.events)
+                 if e["type"] == "conversation.item.done"]  # fmt: skip
+        config = runtime.applied(omniray)
+        (app,) = config["applications"]
+        gateway = next(d for d in app["deployments"] if d["name"] == DEPLOYMENT_NAMES["gateway"])
+        gateway["ray_actor_options"]["num_cpus"] = round(gateway["ray_actor_options"]["num_cpus"] + 0.01, 3)
+        rolling = threading.Thread(target=runtime.apply, args=(omniray, config), daemon=True)
+        rolling.start()  # a new gateway version: Serve starts its replica and drains the old one
+        moved = first.event(first.wait("omniray.session.migrate", timeout=240))
+        assert moved["session_id"] == sid and moved["reason"] == "server_draining"
+        assert first.wait_closed(10) == 1012
+        rolling.join(300)
+        assert not rolling.is_alive()
+    finally:
+        first.close()
+    second = RealtimeClient(_url(omniray, model_name, sid))
+    try:
+        resumed = second.event(second.wait("omniray.session.resumed"))
+        assert [i["id"] for i in resumed["items"]] == items  # the question and its answer
+        assert [i["role"] for i in resumed["items"]] == ["user", "assistant"]
+        second.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Another one."}]}})  # fmt: skip
+        second.wait("conversation.item.done")
+        assert _respond(second)["output"][0]["content"][0]["type"] == "output_text"
+    finally:
+        second.close()
+    assert not first.malformed and not second.malformed
+
+
 def test_resuming_a_live_session_ends_the_old_connection(omniray, model_name):
     old = RealtimeClient(_url(omniray, model_name))
     try:
@@ -83,8 +129,7 @@ def test_resuming_a_live_session_ends_the_old_connection(omniray, model_name):
             assert new.event(new.wait("session.created"))["session"]["instructions"] == "kept"
             new.wait("omniray.session.resumed")
             assert old.event(old.wait("error"))["error"]["code"] == "session_taken_over"
-            old._reader.join(timeout=10)
-            assert old.closed and old.close_code == 1000
+            assert old.wait_closed(10) == 1000
             at = new.mark()
             new.send({"type": "session.update", "session": {"type": "realtime", "instructions": "new"}})
             new.wait("session.updated", at)  # the new connection goes on
@@ -99,8 +144,7 @@ def _refused(url: str, api_key: str | None = None) -> str:
     r = RealtimeClient(url, **({"api_key": api_key} if api_key else {}))
     try:
         code = r.event(r.wait("error"))["error"]["code"]
-        r._reader.join(timeout=10)
-        assert r.closed and r.close_code == 1008
+        assert r.wait_closed(10) == 1008
         return code
     finally:
         r.close()

@@ -80,6 +80,7 @@ EXAMPLES = [
         response_id="resp_1", item_id="item_3", call_id="call_1", name="f", arguments="{}"
     ),
     se.SessionResumed(session_id="sess_1", items=[USER, SAID]),
+    se.SessionMigrate(session_id="sess_1"),
 ]
 
 
