@@ -489,8 +489,8 @@ class Gateway:
 
     async def _next_client_event(self, session, receive):
         """The client's next event; None once the session has been idle too long (told so with an
-        `error` event), was resumed by another connection or moved off this draining replica. Waiting while a response plays out is
-        not idling."""
+        `error` event), was resumed by another connection or moved off this draining replica.
+        Waiting while a response plays out is not idling."""
         idle_s = self.profile.realtime.idle_timeout_s
         # One receive for the whole wait: cancelling a stream's read half-way can break the stream.
         pending = asyncio.ensure_future(receive())

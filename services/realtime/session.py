@@ -369,6 +369,12 @@ class RealtimeSession:
             if not self._save_again or self.closing:
                 return
 
+    async def _saved(self) -> None:
+        """Wait for the save in flight, if any, up to SAVE_WAIT_S (a failed one is counted)."""
+        if self._saving is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)
+
     async def migrate(self) -> None:
         """This gateway replica drains: the session moves at its next turn boundary — now when no
         response is in flight, else when the response is done. Without continuity (off, or its
@@ -384,8 +390,7 @@ class RealtimeSession:
         if self.closing or self.ended.done() or self.continuity is None:
             return
         self._save_soon()
-        with contextlib.suppress(Exception):  # bounded by Redis' timeouts; a failed save is counted
-            await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)
+        await self._saved()
         with contextlib.suppress(Exception):
             await self.send(se.SessionMigrate(session_id=self.id))
         self.moved = True
@@ -1263,9 +1268,7 @@ class RealtimeSession:
     async def close(self) -> None:
         self.closing = True
         await self.cancel()
-        if self._saving is not None:  # the last boundary's save finishes (bounded by Redis' timeouts)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)
+        await self._saved()  # the last boundary's save finishes
         if self.ahead is not None:
             self.ahead.cancel()
         for task in self.transcribing:
