@@ -11,12 +11,12 @@ VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' helm/omniray/
 IMAGE=${IMAGE:-omniray:${VERSION}}
 BASE_IMAGE=${BASE_IMAGE:-local}
 LOCAL_BASE=omniray-base:bookworm
-# The Docker 20.10 client builds with its built-in BuildKit; newer clients want the buildx plugin.
-DOCKER=${DOCKER:-$(command -v /usr/bin/docker || command -v docker)}
-
 need() { command -v "$1" >/dev/null || { echo "[image] installing $2"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null; }; }
 need dockerd docker.io
 [ "$BASE_IMAGE" = local ] && need mmdebstrap mmdebstrap
+# Debian's Docker 20.10 client (/usr/bin/docker) builds with its built-in BuildKit; a newer client
+# elsewhere on PATH wants the buildx plugin. Looked up after docker.io is installed, not before.
+DOCKER=${DOCKER:-$(command -v /usr/bin/docker || command -v docker)}
 
 if ! "$DOCKER" info >/dev/null 2>&1; then
   echo "[image] starting dockerd (log: /tmp/omniray-dockerd.log)"
