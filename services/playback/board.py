@@ -15,7 +15,6 @@ none, so the engines' scheduler falls back to FCFS; both pick up again when Redi
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import operator
@@ -87,19 +86,22 @@ class BoardViews(dict):
     """A poll's views (session id → view) and a log of what changed per poll: `changes_since`
     spares a reader comparing every session."""
 
-    def __init__(self, views: dict, epoch: int = 0, log: collections.deque | None = None):
+    def __init__(self, views: dict, epoch: int = 0, log: dict | None = None):
         super().__init__(views)
         self.epoch = epoch
-        self.log = log if log is not None else collections.deque(maxlen=CHANGE_LOG)  # (epoch, Changes)
+        # epoch -> Changes, the last CHANGE_LOG polls; looked up by epoch (the poll thread adds and
+        # trims meanwhile: no iteration here), so a reader one poll behind pays one lookup
+        self.log: dict[int, Changes] = log if log is not None else {}
 
     def changes_since(self, epoch: int) -> Changes | None:
         """What changed after `epoch`; None when the log no longer reaches back."""
-        log = tuple(self.log)  # one C-level copy: the poll thread appends to the deque meanwhile
-        if not log or log[0][0] > epoch + 1:
+        if epoch == self.epoch - 1:  # the usual reader: one poll behind
+            return self.log.get(self.epoch)
+        if epoch < self.epoch - CHANGE_LOG:
             return None
-        entries = [c for e, c in log if epoch < e <= self.epoch]
-        if len(entries) == 1:
-            return entries[0]
+        entries = [self.log.get(e) for e in range(epoch + 1, self.epoch + 1)]
+        if None in entries:
+            return None
         changed: set[str] = set().union(*(c.changed for c in entries))
         other: set[str] = set().union(*(c.changed - c.refilled for c in entries))
         return Changes(changed, changed - other)
@@ -136,7 +138,8 @@ def decode(raw: dict, previous: dict[str, BoardView] | None = None, now: float |
         out = BoardViews(views, previous.epoch + 1, previous.log)
     else:
         out = BoardViews(views, 1)
-    out.log.append((out.epoch, Changes(changed, refilled)))
+    out.log[out.epoch] = Changes(changed, refilled)
+    out.log.pop(out.epoch - CHANGE_LOG, None)
     return out
 
 

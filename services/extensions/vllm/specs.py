@@ -33,7 +33,8 @@ class UrgencyPayload(_Strict):
     params: dict[str, float]
     board_url: str  # the playback board's Redis
     poll_s: float = Field(gt=0)
-    refresh_s: float = Field(default=5.0, gt=0)  # every request classified anew at least this often
+    # requests whose class reads their KV or the pool's occupancy (U2) classified anew this often
+    refresh_s: float = Field(default=5.0, gt=0)
 
 
 class EnginePayload(_Strict):

@@ -73,6 +73,9 @@ class UrgencyPolicy:
     # any new view, or one that only says more audio reached the client (BoardView.refilled).
     view_free: frozenset[str] = frozenset()
     refill_free: frozenset[str] = frozenset()
+    # Classes whose keys read what no view change tells of (a request's KV, the pool's occupancy): a
+    # plan classifies their requests again every `refresh_s`; the others only on a view or `until`.
+    refreshed: frozenset[str] = frozenset()
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         raise NotImplementedError

@@ -54,6 +54,7 @@ class LiveServe(UrgencyPolicy):
     # More audio reaching a well-buffered session's client moves none of what a U2 request
     # was classified on but its switch to U0, which only comes later than its `until`.
     refill_free = frozenset({"U2"})
+    refreshed = frozenset({"U2"})  # its score: the request's KV and the pool's occupancy
 
     def __init__(self, params: LiveServeParams):
         self.p = params
@@ -62,17 +63,18 @@ class LiveServe(UrgencyPolicy):
         v, p = c.view, self.p
         if v is None or not v.first_audio:  # not a realtime session, stale telemetry, or no audio yet
             return Classified("U1", (1, c.arrival), NEVER)  # until its view changes
-        # BoardView.buffered_at, inlined: this runs for every classification.
-        drained = max(0.0, now - v.at) * 1000
-        if (max(0.0, v.buffered_ms - drained) if v.playing else 0.0) <= p.safe_ms:
+        # BoardView.buffered_at, inlined (this runs for every classification): the buffer is at or
+        # below safe_ms from `to_u0` on (a paused player counts as dry; a view stamped ahead of this
+        # clock has drained nothing yet).
+        to_u0 = v.at + (v.buffered_ms - p.safe_ms) / 1000 if v.playing else -NEVER
+        if now >= to_u0 or v.buffered_ms <= p.safe_ms:
             # Keyed by when the buffer runs (or ran) dry, not by what is left now: the same order
-            # (every buffer drains in real time) without drifting; a paused player counts as dry.
+            # (every buffer drains in real time) without drifting.
             dry_ms = v.at * 1000 + (v.buffered_ms if v.playing else 0.0)
             return Classified("U0", (0, dry_ms, c.arrival), NEVER)  # buffers only drain
         # Only a well-buffered request waits: audio is flowing and the client has plenty, so the
         # tokens it still needs (a text piece waiting for its end) cannot stall its own playback.
         # Until it falls to U0 the client plays in real time: played = played_ms + (now − at).
-        to_u0 = v.at + (v.buffered_ms - p.safe_ms) / 1000
         pace = Pace(v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, p.hold_ms, p.resume_ms)
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
         return Classified("U2", (2, -score, c.arrival), to_u0, pace)

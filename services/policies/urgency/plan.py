@@ -7,8 +7,10 @@ A request is classified again only when:
   unchanged and logs which sessions changed: services/playback/board.py), unless the policy says the
   request's class is free of view changes (`view_free`) or of this one, more audio at the client
   (`refill_free`);
-- its classification ran out (`Classified.until`, wall time), or is `refresh_s` old (what keys do
-  not track: a U2 score's KV and pool occupancy) — refreshes spread over rounds, not all at once.
+- its classification ran out (`Classified.until`, wall time), or is `refresh_s` old and its class
+  reads what keys do not track (`UrgencyPolicy.refreshed`: a U2 score's KV and pool occupancy) —
+  refreshes spread over rounds, not all at once. `refresh_s` 0 classifies every request every round
+  (what the plan saves: the baseline of loadtest/scheduler_bench.py).
 A paced request (`Classified.pace`) is held and released without classifying it again: a timer
 releases it when playback has caught up, a round count (tokens at most `tokens_per_round` a round)
 checks it again when it may be over its hold. Keys do not drift with time, so the rest keep their
@@ -26,7 +28,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from services.playback.board import BoardView, BoardViews
-from services.policies.urgency.base import HELD, Candidate, Classified, UrgencyPolicy
+from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, UrgencyPolicy
 
 REBUILD_FRACTION = 0.125  # more classifications than this share of the plan: sort it anew
 
@@ -60,11 +62,8 @@ class UrgencyPlan:
         self.policy, self.identify, self.progress = policy, identify, progress
         self.refresh_s, self.tokens_per_round = refresh_s, max(1, tokens_per_round)
         self._entries: dict[Any, _Entry] = {}
+        self._members: set = set()  # the entries' requests (set operations on membership deltas)
         self._by_session: dict[Hashable, set] = {}
-        # sessions with requests whose class a new view (any / a refill) may change: request counts
-        self._watched: dict[Hashable, int] = {}
-        self._refill_watched: dict[Hashable, int] = {}
-        self._watches: dict[str, tuple] = {}  # class -> the watch counts it is in
         self._sorted: list[tuple] = []  # entries' items, most urgent first; held ones not in it
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
@@ -103,6 +102,8 @@ class UrgencyPlan:
             self._changed_views(views, dirty)
         self._views = views
         self._expired(self._timers, now, dirty)
+        if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
+            dirty |= self._members
         self.classified = len(dirty)
         if dirty:
             self._classify(dirty, views, now, occupancy)
@@ -119,15 +120,17 @@ class UrgencyPlan:
         changes = None
         if isinstance(views, BoardViews) and isinstance(last, BoardViews) and views.log is last.log:
             changes = views.changes_since(last.epoch)
-        if changes is not None:  # the reader's log: set operations on the sessions that changed
-            sessions = ((changes.changed - changes.refilled) & self._watched.keys()) | (
-                changes.refilled & self._refill_watched.keys()
-            )
-            for session in sessions:
-                dirty.update(self._by_session[session])
-            return
         view_free, refill_free = self.policy.view_free, self.policy.refill_free
-        for request, entry in self._entries.items():
+        if changes is not None:  # the reader's log: only the requests of sessions that changed
+            free_of_refill = view_free | refill_free
+            for session in changes.changed & self._by_session.keys():
+                free = free_of_refill if session in changes.refilled else view_free
+                for request in self._by_session[session]:
+                    classified = self._entries[request].classified
+                    if classified is not None and classified.cls not in free:  # new: classified anyway
+                        dirty.add(request)
+            return
+        for request, entry in self._entries.items():  # no log: compare every request's view
             view = views.get(entry.session)
             if view is entry.view or entry.classified is None:  # unchanged, or new (classified anyway)
                 continue
@@ -140,34 +143,18 @@ class UrgencyPlan:
 
     def _membership(self, requests: list) -> set:
         current = set(requests)
-        for gone in self._entries.keys() - current:
+        for gone in self._members - current:
             self._drop(gone)
-        new = current - self._entries.keys()
+        new = current - self._members
+        self._members = current
         for request in new:
             session, arrival = self.identify(request)
             self._entries[request] = _Entry(session, arrival)
             self._by_session.setdefault(session, set()).add(request)
         return new
 
-    def _watch(self, entry: _Entry, by: int) -> None:
-        """Count the entry's session among those whose view changes matter to its class."""
-        watches = self._watches.get(entry.classified.cls)
-        if watches is None:
-            p = self.policy
-            watches = self._watches[entry.classified.cls] = tuple(
-                w for w, free in ((self._watched, p.view_free), (self._refill_watched, p.refill_free))
-                if entry.classified.cls not in free
-            )  # fmt: skip
-        for watched in watches:
-            n = watched.get(entry.session, 0) + by
-            if n:
-                watched[entry.session] = n
-            else:
-                del watched[entry.session]
-
     def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
         """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
-        self._watch(entry, -1)
         if request in self._held:
             self._classes[HELD] -= 1
             del self._held[request]
@@ -198,28 +185,35 @@ class UrgencyPlan:
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
-        classify, progress, entries = self.policy.classify, self.progress, self._entries
+        # locals: this loop runs for every classification
+        classify, progress, entries, next_seq = (
+            self.policy.classify,
+            self.progress,
+            self._entries,
+            self._seq.__next__,
+        )
+        unplace, pace, insort, push = self._unplace, self._pace, bisect.insort, heapq.heappush
         held_now, classes, sorted_, timers = self._held, self._classes, self._sorted, self._timers
-        refresh_at = now + self.refresh_s
+        refreshed, refresh_at = self.policy.refreshed, now + self.refresh_s
         for request in dirty:
             entry = entries[request]
             if entry.classified is not None:
-                self._unplace(request, entry, sorted_too=not rebuild)
+                unplace(request, entry, not rebuild)
             view = views.get(entry.session) if entry.session is not None else None
             kv_tokens, generated = progress(request)
             c = classify(Candidate(entry.arrival, kv_tokens, generated, view), now, occupancy)
-            seq = next(self._seq)
+            seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
-            self._watch(entry, +1)
-            held = c.pace is not None and self._pace(request, entry, generated, now)
-            if held:
+            if c.pace is not None and pace(request, entry, generated, now):
                 classes[HELD] += 1
                 held_now[request] = None
             else:
                 classes[c.cls] += 1
                 if not rebuild:
-                    bisect.insort(sorted_, entry.item)
-            heapq.heappush(timers, (min(c.until, refresh_at), seq, request))
+                    insort(sorted_, entry.item)
+            until = min(c.until, refresh_at) if c.cls in refreshed else c.until
+            if until != NEVER:
+                push(timers, (until, seq, request))
         if rebuild:
             self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
         if len(timers) + len(self._releases) + len(self._checks) > 4 * len(entries) + 64:

@@ -110,3 +110,18 @@ def test_a_round_without_changes_classifies_nothing():
     gone = again[1:] + [Req(None, 9.0)]  # one left, one arrived
     third, _ = plan.arrange(gone, views, 1000.2, 0.5)
     assert plan.classified == 1 and third == gone
+
+
+def test_only_classes_whose_keys_read_kv_or_occupancy_are_refreshed():
+    policy = urgency.create("liveserve", {})
+    buffered = decode({"s": json.dumps(asdict(_view("s", 0.0, 60_000.0, True, 0, 1000.0)))}, None, 1000.0)
+    requests = [Req(None, 1.0), Req("s", 2.0)]  # U1 (no view), U2 (a minute of audio buffered)
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated), refresh_s=1.0)
+    order, _ = plan.arrange(requests, buffered, 1000.0, 0.5)
+    assert [plan.class_of(r) for r in requests] == ["U1", "U2"]
+    again, _ = plan.arrange(order, buffered, 1001.5, 0.5)  # past refresh_s, the U2 buffer far from safe_ms
+    assert plan.classified == 1  # the U2 score (KV, occupancy) again; U1's key reads neither
+    full = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated), refresh_s=0)
+    order, _ = full.arrange(requests, buffered, 1000.0, 0.5)
+    full.arrange(order, buffered, 1000.1, 0.5)
+    assert full.classified == 2  # refresh_s 0: every request every round (the benchmarks' baseline)
