@@ -62,6 +62,17 @@ def _declared() -> list[Metric]:
             ("choice",),
         ),
         Metric(
+            "omniray_engine_session_kv_turns_total",
+            c,
+            "Realtime turns on a decode replica's long-lived session requests (engine.session_kv): appended to the session's request, started or restarted (windowed), or a concurrent response on its own request.",
+            ("outcome",),
+        ),
+        Metric(
+            "omniray_engine_session_kv_requests",
+            g,
+            "Long-lived session requests open on a decode replica (engine.session_kv).",
+        ),
+        Metric(
             "omniray_gateway_decode_resumes_total",
             c,
             "Responses whose decode replica died mid-stream: resumed on another replica, or failed.",

@@ -11,6 +11,7 @@ whole prompt into vLLM prompt embeddings built with the thinker's own embedding 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from omni.v1 import common_pb2, stages_pb2
 from services.common.paths import data_dir
 from services.common.redis_config import redis_url
 from services.dataplane import tensors
+from services.engine.session_kv import SessionKv
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
@@ -241,6 +243,11 @@ class ThinkerEngine:
         self.media_rows = profile.engine.extra.get("worker_extension_cls") == MEDIA_ROWS_WORKER
         self._media_rows_on = False
         self._embed_table: torch.Tensor | None = None
+        self.session_kv: SessionKv | None = None
+        if role == "decode" and profile.engine.session_kv is not None:
+            bound = profile.engine.sink_window
+            self.session_kv = SessionKv(self.engine, profile.engine.session_kv, bound.sink_tokens,
+                                        bound.window_tokens, profile.engine.max_model_len)  # fmt: skip
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -349,18 +356,37 @@ class ThinkerEngine:
         )
         completion = 0
         media_rows = tuple(key for _, _, key in rows)
-        async for out in self.engine.generate(engine_prompt, params, request_id=request_id):
-            c = out.outputs[0]
-            completion += len(c.token_ids)
-            yield DecodeDelta(
-                media_rows=media_rows if completion == len(c.token_ids) else (),
-                token_ids=list(c.token_ids),
-                text=c.text,
-                finish_reason=c.finish_reason if out.finished else None,
-                prompt_tokens=n_tokens,
-                completion_tokens=completion,
-                cached_tokens=out.num_cached_tokens or 0,
-            )
+        if self._session_turn(engine_prompt, params, ctx):
+            key = f"{ctx.tenant}/{ctx.session_id}"
+            outputs = self.session_kv.turn(key, engine_prompt["prompt_token_ids"], params, request_id)
+        else:
+            outputs = self.engine.generate(engine_prompt, params, request_id=request_id)
+        # closed with this generator, not when collected: a consumer that leaves ends the request now
+        async with contextlib.aclosing(outputs):
+            async for out in outputs:
+                c = out.outputs[0]
+                completion += len(c.token_ids)
+                yield DecodeDelta(
+                    media_rows=media_rows if completion == len(c.token_ids) else (),
+                    token_ids=list(c.token_ids),
+                    text=c.text,
+                    finish_reason=c.finish_reason if out.finished else None,
+                    prompt_tokens=n_tokens,
+                    completion_tokens=completion,
+                    cached_tokens=out.num_cached_tokens or 0,
+                )
+
+    def _session_turn(self, engine_prompt: dict, params, ctx: common_pb2.RequestContext) -> bool:
+        """Whether this decode is a turn of the session's long-lived request: a session's, token ids
+        only (vLLM's streaming input takes no prompt embeddings or media), no stop strings or
+        grammar (not supported there)."""
+        return (
+            self.session_kv is not None
+            and bool(ctx.session_id)
+            and engine_prompt.keys() <= {"prompt_token_ids", "cache_salt"}
+            and not params.stop
+            and params.structured_outputs is None
+        )
 
     async def _media_rows(self, engine_prompt: dict, segments: list | None, salt: str) -> list:
         """(start, rows, key) of the prompt's placed media items when the model writes its rows for

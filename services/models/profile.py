@@ -68,6 +68,14 @@ class VocoderSpec(ModelSpec):
     lookahead_frames: int = Field(default=0, ge=0)
 
 
+class SessionKvSpec(_Strict):
+    """A realtime session's turns as one long-lived streaming-input request on the decode engine
+    (services/engine/session_kv.py)."""
+
+    max_sessions: int = Field(default=32, ge=1)  # open requests per decode replica (LRU closed)
+    idle_s: float = Field(default=120.0, gt=0)  # a request with no turn this long is closed
+
+
 class EngineSpec(_Strict):
     """vLLM engine arguments for the thinker (prefill and decode deployments)."""
 
@@ -97,11 +105,15 @@ class EngineSpec(_Strict):
     # Off (None) by default. The decode engine only; its blocks behind the window are freed, so it
     # cannot save whole prompts to the KV store: needs kv_transfer "none".
     sink_window: SinkWindowParams | None = None
+    # Off (None) by default: needs sink_window (what bounds the long-lived request's KV).
+    session_kv: SessionKvSpec | None = None
 
     @model_validator(mode="after")
     def _sink_window_alone(self):
         if self.sink_window is not None and self.kv_transfer != "none":
             raise ValueError("engine.sink_window needs engine.kv_transfer: none")
+        if self.session_kv is not None and self.sink_window is None:
+            raise ValueError("engine.session_kv needs engine.sink_window")
         return self
 
 

@@ -1,0 +1,173 @@
+"""One long-lived vLLM request per realtime session on a bounded-KV decode engine (Metronome's
+session KV): each turn appends only what is new to the session's streaming-input request
+(`AsyncLLM.generate()` over an async generator of `StreamingInput`), so the turn computes its new
+tokens only and the request's KV stays within the engine's sinks + window
+(services/extensions/vllm/sink_window.py) however long the conversation grows.
+
+A turn brings the whole prompt, as for any decode (the pipeline renders the conversation). The
+session's request continues when that prompt starts with what the request has seen: the previous
+turn's prompt and its reply, but the reply's last sampled token, which vLLM never feeds back (the
+history renders it again, and it comes with the appended part). Otherwise — history edited or
+truncated (a barge-in cuts the reply to what was heard), a reply the template renders to other
+tokens, a request that would pass `max_model_len`, a session not seen (or closed) on this replica —
+the request is closed and a new one starts from the sinks and the last window of the prompt
+(StreamingLLM's cache: the engine attends to nothing else anyway), so a restart costs at most
+sinks + window tokens. A turn whose consumer goes away (barge-in, client gone) ends the request:
+vLLM has no way to stop one turn of a streaming request and keep it.
+
+Requests idle for `idle_s` are closed, and at most `max_sessions` are kept (least recently used
+closed first): each holds a seat and its bounded blocks while it waits for the next turn.
+
+vLLM 0.32 constraints: streaming input takes token ids only (no prompt embeddings: a turn whose
+prompt carries encoder output is a one-off request, as without session KV), no stop strings, no
+n > 1. The caller (services/engine/thinker.py) sends only eligible turns here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.common.telemetry import metric
+from services.extensions.ray.metrics import zero
+from services.models.profile import SessionKvSpec
+
+OUTCOMES = ("appended", "started", "restarted", "concurrent")
+
+
+@dataclass
+class _Live:
+    request_id: str
+    inputs: asyncio.Queue  # StreamingInput for the request's input stream
+    outputs: Any  # the request's output stream (AsyncLLM.generate's async generator)
+    seen: list[int]  # the prompt a next turn continues: last prompt + reply but its last token
+    length: int  # tokens in the engine's request (its positions)
+    used: float
+    busy: bool = field(default=False)
+
+
+class SessionKv:
+    """The decode engine's long-lived session requests (one per session id, this replica)."""
+
+    def __init__(self, engine: Any, spec: SessionKvSpec, sinks: int, window: int, max_model_len: int,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        self.engine, self.spec, self.clock = engine, spec, clock
+        self.sinks, self.window, self.max_model_len = sinks, window, max_model_len
+        self._live: OrderedDict[str, _Live] = OrderedDict()  # least recently used first
+        self.outcomes: Counter[str] = Counter()  # turns by outcome (OUTCOMES), this process
+        self._turns = metric("omniray_engine_session_kv_turns_total")
+        self._open = metric("omniray_engine_session_kv_requests")
+        for outcome in OUTCOMES:
+            zero(self._turns, outcome=outcome)
+
+    def requests(self) -> int:
+        """Long-lived session requests open."""
+        return len(self._live)
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self._turns.inc(tags={"outcome": outcome})
+
+    async def turn(self, session_id: str, ids: list[int], params: Any, request_id: str) -> AsyncIterator[Any]:
+        """The turn's outputs (DELTA RequestOutputs; the last one says `finished`)."""
+        await self._close_idle()
+        live = self._live.get(session_id)
+        if live is not None and live.busy:  # a second response of one session at once: its own request
+            self._count("concurrent")
+            async for out in self.engine.generate(
+                {"prompt_token_ids": list(ids)}, params, request_id=request_id
+            ):
+                yield out
+            return
+        appended = self._appended(live, ids, params)
+        if appended is not None:
+            self._count("appended")
+        else:
+            self._count("started" if live is None else "restarted")
+            if live is not None:
+                await self._close(session_id)
+            live, appended = await self._start(session_id, ids, request_id)
+        from vllm.engine.protocol import StreamingInput
+
+        live.busy, live.used = True, self.clock()
+        self._live.move_to_end(session_id)
+        # vLLM extends the first chunk's list in place: hand it copies
+        await live.inputs.put(
+            StreamingInput(prompt={"prompt_token_ids": list(appended)}, sampling_params=params)
+        )
+        reply: list[int] = []
+        ended = False
+        try:
+            async for out in live.outputs:
+                c = out.outputs[0]
+                reply.extend(c.token_ids)
+                if c.finish_reason is not None:
+                    out.finished = True  # this turn's last output
+                    ended = True
+                yield out
+                if ended:
+                    break
+            else:  # the request ended under us (engine aborted it)
+                ended = False
+        finally:
+            live.busy = False
+            if ended:
+                live.seen = [*ids, *reply[:-1]]
+                live.length += len(appended) + max(len(reply) - 1, 0)
+                live.used = self.clock()
+            else:  # the consumer went away mid-turn (or the request ended): no turn of it to keep
+                await self._close(session_id)
+
+    def _appended(self, live: _Live | None, ids: list[int], params: Any) -> list[int] | None:
+        """The tokens to append to the session's request, or None: start a new one."""
+        if live is None:
+            return None
+        n = len(live.seen)
+        if len(ids) <= n or ids[:n] != live.seen:
+            return None
+        appended = ids[n:]
+        if live.length + len(appended) + params.max_tokens > self.max_model_len:
+            return None  # positions would run past the model's length: start again, windowed
+        return appended
+
+    async def _start(self, session_id: str, ids: list[int], request_id: str) -> tuple[_Live, list[int]]:
+        while len(self._live) >= self.spec.max_sessions:
+            await self._close(next(iter(self._live)))
+        # the sinks and the last window of the prompt: what the engine would attend to anyway
+        start = ids if len(ids) <= self.sinks + self.window else ids[: self.sinks] + ids[-self.window :]
+        inputs: asyncio.Queue = asyncio.Queue()
+
+        async def stream():
+            while (item := await inputs.get()) is not None:
+                yield item
+
+        request_id = f"{request_id}-session"
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        # the request's own params (each turn brings its own with its input)
+        base = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA)
+        outputs = self.engine.generate(stream(), base, request_id=request_id)
+        live = _Live(request_id, inputs, outputs, seen=[], length=0, used=self.clock())
+        self._live[session_id] = live
+        self._open.set(len(self._live))
+        return live, start
+
+    async def _close(self, session_id: str) -> None:
+        live = self._live.pop(session_id, None)
+        self._open.set(len(self._live))
+        if live is not None:
+            await live.outputs.aclose()  # vLLM aborts the request and cancels its input stream
+
+    async def _close_idle(self) -> None:
+        cutoff = self.clock() - self.spec.idle_s
+        for session_id in [s for s, live in self._live.items() if not live.busy and live.used < cutoff]:
+            await self._close(session_id)
+
+    async def close_all(self) -> None:
+        for session_id in list(self._live):
+            await self._close(session_id)

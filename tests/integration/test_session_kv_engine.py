@@ -1,0 +1,106 @@
+"""A realtime session's turns as one long-lived streaming-input request on the bounded-KV decode
+engine (services/engine/session_kv.py), through ThinkerEngine.decode on the tiny thinker: each turn
+appends only its new tokens to the same vLLM request (no recompute of the history), the request's
+resident blocks stay within the sinks + window bound while the conversation grows far past it, an
+edited history restarts the request from sinks + window, and a turn whose consumer leaves ends it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from omni.v1 import common_pb2, stages_pb2
+
+from services.extensions.vllm import engine_metrics, sink_window, stat_logger
+
+SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
+BOUND = sink_window.max_resident_blocks(BLOCK, SINKS, WINDOW)
+USER_TOKENS, REPLY_TOKENS, TURNS = 24, 12, 12
+
+
+@pytest.fixture(scope="module")
+def engine(redis_url):
+    import os
+
+    from services.engine.thinker import ThinkerEngine
+    from services.extensions.vllm.specs import SinkWindowParams
+    from services.models.profile import SessionKvSpec, load_profile
+
+    os.environ["OMNIRAY_REDIS_URL"] = redis_url
+    tiny = load_profile("tiny")
+    spec = tiny.engine.model_copy(
+        update={
+            "kv_transfer": "none",
+            "block_size": BLOCK,
+            "max_model_len": 2048,
+            "sink_window": SinkWindowParams(sink_tokens=SINKS, window_tokens=WINDOW),
+            "session_kv": SessionKvSpec(max_sessions=4, idle_s=600),
+            "extra": {"num_gpu_blocks_override": POOL, "max_num_batched_tokens": 512},
+        }
+    )
+    e = ThinkerEngine(tiny.model_copy(update={"engine": spec}), "decode")
+    yield e
+    e.shutdown()
+
+
+def _prompt(ids: list[int]) -> stages_pb2.Prompt:
+    return stages_pb2.Prompt(segments=[stages_pb2.PromptSegment(tokens=stages_pb2.TokenSpan(ids=ids))])
+
+
+async def _turn(engine, session: str, ids: list[int], n: int, stop_after: int | None = None):
+    """(reply token ids, the turn's finish reason, the most blocks the pool held meanwhile)."""
+    ctx = common_pb2.RequestContext(request_id=f"{session}-t{n}", session_id=session, tenant="t")
+    sampling = common_pb2.SamplingParams(max_tokens=REPLY_TOKENS, temperature=0)
+    reply, finish, most = [], None, 0.0
+    deltas = engine.decode(ctx.request_id, _prompt(ids), sampling, "", ctx)
+    async for d in deltas:
+        reply += d.token_ids
+        finish = d.finish_reason or finish
+        most = max(most, engine_metrics.TOTALS.values.get(stat_logger.occupancy_key(), 0.0))
+        if stop_after is not None and len(reply) >= stop_after:
+            await deltas.aclose()  # the consumer goes away mid-turn (a barge-in)
+            break
+    return reply, finish, round(most * (POOL - 1))  # vLLM's pool keeps one null block
+
+
+def _computed(engine) -> float:
+    return engine.prompt_token_sources().get("local_compute", 0.0)
+
+
+async def test_a_growing_session_appends_to_one_request_within_the_bound(engine):
+    rng = random.Random(1)
+    kv = engine.session_kv
+    ids: list[int] = [rng.randrange(5, 2000) for _ in range(40)]
+    computed, appended = [], []
+    for n in range(TURNS):
+        before = _computed(engine)
+        reply, finish, most = await _turn(engine, "grow", ids, n)
+        assert finish in ("stop", "length") and reply
+        assert most <= BOUND, (n, most)
+        assert engine.unfinished_requests() == 1  # the session's request waits for its next turn
+        computed.append(_computed(engine) - before)
+        new = [rng.randrange(5, 2000) for _ in range(USER_TOKENS)]
+        appended.append(len(new) + 1)  # the reply's last token comes back with the next turn
+        ids = ids + reply + new  # the history renders the reply as generated
+    assert len(ids) > 4 * (SINKS + WINDOW)  # grown far past what the engine keeps
+    assert kv.outcomes["started"] == 1 and kv.outcomes["appended"] == TURNS - 1 and kv.requests() == 1
+    # every later turn computed only its new tokens (and the tokens decoded), never the history
+    assert computed[0] >= 40 and all(c <= a + REPLY_TOKENS for c, a in zip(computed[1:], appended, strict=False))
+
+
+async def test_an_edited_history_restarts_windowed_and_a_left_turn_ends_the_request(engine):
+    rng = random.Random(2)
+    kv = engine.session_kv
+    await kv.close_all()  # the pool's occupancy is this session's alone
+    assert engine.unfinished_requests() == 0
+    ids = [rng.randrange(5, 2000) for _ in range(300)]  # longer than sinks + window
+    before = _computed(engine)
+    reply, _, most = await _turn(engine, "edit", ids, 0)
+    assert most <= BOUND and _computed(engine) - before <= SINKS + WINDOW + REPLY_TOKENS
+    truncated = ids + reply[: len(reply) // 2] + [rng.randrange(5, 2000) for _ in range(USER_TOKENS)]
+    restarted = kv.outcomes["restarted"]
+    reply, finish, most = await _turn(engine, "edit", truncated, 1)  # the reply cut (a barge-in)
+    assert kv.outcomes["restarted"] == restarted + 1 and finish and most <= BOUND
+    open_before = kv.requests()
+    await _turn(engine, "edit", truncated + reply + [7, 8, 9], 2, stop_after=1)
+    assert kv.requests() == open_before - 1  # the session's request is gone with its turn
