@@ -64,7 +64,7 @@ def _declared() -> list[Metric]:
         Metric(
             "omniray_engine_session_kv_turns_total",
             c,
-            "Realtime turns on a decode replica's long-lived session requests (engine.session_kv): appended to the session's request, started or restarted (windowed), or a concurrent response on its own request.",
+            "Realtime turns on a decode replica's long-lived session requests (engine.session_kv): appended to the session's request, started or restarted (windowed), or run as its own request (one_off: a second response of the session at once, or every kept request in a turn).",
             ("outcome",),
         ),
         Metric(

@@ -36,7 +36,7 @@ from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.models.profile import SessionKvSpec
 
-OUTCOMES = ("appended", "started", "restarted", "concurrent")
+OUTCOMES = ("appended", "started", "restarted", "one_off")
 
 
 @dataclass
@@ -76,21 +76,21 @@ class SessionKv:
         """The turn's outputs (DELTA RequestOutputs; the last one says `finished`)."""
         await self._close_idle()
         live = self._live.get(session_id)
-        if live is not None and live.busy:  # a second response of one session at once: its own request
-            self._count("concurrent")
+        appended = None if live is None or live.busy else self._appended(live, ids, params)
+        if appended is not None:
+            self._count("appended")
+        elif (live is not None and live.busy) or not await self._make_room(session_id):
+            # a second response of one session at once, or every kept request in a turn: its own
+            # request, as without session KV
+            self._count("one_off")
             async for out in self.engine.generate(
                 {"prompt_token_ids": list(ids)}, params, request_id=request_id
             ):
                 yield out
             return
-        appended = self._appended(live, ids, params)
-        if appended is not None:
-            self._count("appended")
         else:
             self._count("started" if live is None else "restarted")
-            if live is not None:
-                await self._close(session_id)
-            live, appended = await self._start(session_id, ids, request_id)
+            live, appended = self._start(session_id, ids, request_id)
         from vllm.engine.protocol import StreamingInput
 
         live.busy, live.used = True, self.clock()
@@ -134,16 +134,23 @@ class SessionKv:
             return None  # positions would run past the model's length: start again, windowed
         return appended
 
-    async def _start(self, session_id: str, ids: list[int], request_id: str) -> tuple[_Live, list[int]]:
-        while len(self._live) >= self.spec.max_sessions:
-            await self._close(next(iter(self._live)))
+    async def _make_room(self, session_id: str) -> bool:
+        """Close the session's request, then the least recently used idle ones over the limit;
+        whether a new request fits."""
+        await self._close(session_id)
+        idle = (s for s, live in list(self._live.items()) if not live.busy)
+        while len(self._live) >= self.spec.max_sessions and (oldest := next(idle, None)) is not None:
+            await self._close(oldest)
+        return len(self._live) < self.spec.max_sessions
+
+    def _start(self, session_id: str, ids: list[int], request_id: str) -> tuple[_Live, list[int]]:
         # the sinks and the last window of the prompt: what the engine would attend to anyway
         start = ids if len(ids) <= self.sinks + self.window else ids[: self.sinks] + ids[-self.window :]
         inputs: asyncio.Queue = asyncio.Queue()
 
-        async def stream():
-            while (item := await inputs.get()) is not None:
-                yield item
+        async def stream():  # ends when vLLM cancels it (the request aborted)
+            while True:
+                yield await inputs.get()
 
         request_id = f"{request_id}-session"
         from vllm import SamplingParams
