@@ -6,10 +6,12 @@ tokens only and the request's KV stays within the engine's sinks + window
 
 A turn brings the whole prompt, as for any decode (the pipeline renders the conversation). The
 session's request continues when that prompt starts with what the request has seen: the previous
-turn's prompt and its reply, but the reply's last sampled token, which vLLM never feeds back (the
-history renders it again, and it comes with the appended part). Otherwise — history edited or
-truncated (a barge-in cuts the reply to what was heard), a reply the template renders to other
-tokens, a request that would pass `max_model_len`, a session not seen (or closed) on this replica —
+turn's prompt, then its reply — as the model wrote it, or other ids that spell the same text (the
+history renders the reply's text, which does not always tokenize back to the model's ids; the
+engine keeps the model's own) — but the reply's last sampled token, which vLLM never feeds back
+(the history renders it again, and it comes with the appended part). Otherwise — history edited or
+truncated (a barge-in cuts the reply to what was heard), a reply rendered to other text, a request
+that would pass `max_model_len`, a session not seen (or closed) on this replica —
 the request is closed and a new one starts from the sinks and the last window of the prompt
 (StreamingLLM's cache: the engine attends to nothing else anyway), so a restart costs at most
 sinks + window tokens. A turn whose consumer goes away (barge-in, client gone) ends the request:
@@ -37,6 +39,9 @@ from services.extensions.ray.metrics import zero
 from services.models.profile import SessionKvSpec
 
 OUTCOMES = ("appended", "started", "restarted", "one_off")
+# A reply's text tokenized again differs from the model's ids by merges and splits: its length is
+# searched this many tokens either side.
+RETOKENIZED_SLACK = 8
 
 
 @dataclass
@@ -44,7 +49,8 @@ class _Live:
     request_id: str
     inputs: asyncio.Queue  # StreamingInput for the request's input stream
     outputs: Any  # the request's output stream (AsyncLLM.generate's async generator)
-    seen: list[int]  # the prompt a next turn continues: last prompt + reply but its last token
+    prompt: list[int]  # the last turn's prompt (as the pipeline rendered it)
+    kept: list[int]  # its reply as the engine holds it: all but the last sampled token
     length: int  # tokens in the engine's request (its positions)
     used: float
     busy: bool = field(default=False)
@@ -116,23 +122,40 @@ class SessionKv:
         finally:
             live.busy = False
             if ended:
-                live.seen = [*ids, *reply[:-1]]
+                live.prompt, live.kept = list(ids), reply[:-1]
                 live.length += len(appended) + max(len(reply) - 1, 0)
                 live.used = self.clock()
             else:  # the consumer went away mid-turn (or the request ended): no turn of it to keep
                 await self._close(session_id)
 
-    def _appended(self, live: _Live | None, ids: list[int], params: Any) -> list[int] | None:
+    def _appended(self, live: _Live, ids: list[int], params: Any) -> list[int] | None:
         """The tokens to append to the session's request, or None: start a new one."""
-        if live is None:
+        n = len(live.prompt)
+        if ids[:n] != live.prompt:
             return None
-        n = len(live.seen)
-        if len(ids) <= n or ids[:n] != live.seen:
+        rest = ids[n:]
+        k = self._spelled(live.kept, rest)
+        if k is None or k == len(rest):
             return None
-        appended = ids[n:]
+        appended = rest[k:]
         if live.length + len(appended) + params.max_tokens > self.max_model_len:
             return None  # positions would run past the model's length: start again, windowed
         return appended
+
+    def _spelled(self, kept: list[int], rest: list[int]) -> int | None:
+        """How many tokens of `rest` are the reply the engine holds: the same ids, or other ids
+        that spell the same text (the history renders the reply's text, which does not always
+        tokenize back to the ids the model wrote); None: the reply is not there as written."""
+        if rest[: len(kept)] == kept:
+            return len(kept)
+        decode = self.engine.tokenizer.decode
+        text = decode(kept)
+        for k in range(
+            max(0, len(kept) - RETOKENIZED_SLACK), min(len(rest), len(kept) + RETOKENIZED_SLACK) + 1
+        ):
+            if decode(rest[:k]) == text:
+                return k
+        return None
 
     async def _make_room(self, session_id: str) -> bool:
         """Close the session's request, then the least recently used idle ones over the limit;
@@ -159,7 +182,7 @@ class SessionKv:
         # the request's own params (each turn brings its own with its input)
         base = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA)
         outputs = self.engine.generate(stream(), base, request_id=request_id)
-        live = _Live(request_id, inputs, outputs, seen=[], length=0, used=self.clock())
+        live = _Live(request_id, inputs, outputs, prompt=[], kept=[], length=0, used=self.clock())
         self._live[session_id] = live
         self._open.set(len(self._live))
         return live, start

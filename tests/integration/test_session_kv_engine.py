@@ -2,7 +2,8 @@
 engine (services/engine/session_kv.py), through ThinkerEngine.decode on the tiny thinker: each turn
 appends only its new tokens to the same vLLM request (no recompute of the history), the request's
 resident blocks stay within the sinks + window bound while the conversation grows far past it, an
-edited history restarts the request from sinks + window, and a turn whose consumer leaves ends it."""
+edited history restarts the request from sinks + window, a reply the history tokenizes to other ids
+(same text) still continues it, and a turn whose consumer leaves ends it."""
 
 from __future__ import annotations
 
@@ -85,7 +86,9 @@ async def test_a_growing_session_appends_to_one_request_within_the_bound(engine)
     assert len(ids) > 4 * (SINKS + WINDOW)  # grown far past what the engine keeps
     assert kv.outcomes["started"] == 1 and kv.outcomes["appended"] == TURNS - 1 and kv.requests() == 1
     # every later turn computed only its new tokens (and the tokens decoded), never the history
-    assert computed[0] >= 40 and all(c <= a + REPLY_TOKENS for c, a in zip(computed[1:], appended, strict=False))
+    assert computed[0] >= 40 and all(
+        c <= a + REPLY_TOKENS for c, a in zip(computed[1:], appended, strict=False)
+    )
 
 
 async def test_an_edited_history_restarts_windowed_and_a_left_turn_ends_the_request(engine):
@@ -104,3 +107,20 @@ async def test_an_edited_history_restarts_windowed_and_a_left_turn_ends_the_requ
     open_before = kv.requests()
     await _turn(engine, "edit", truncated + reply + [7, 8, 9], 2, stop_after=1)
     assert kv.requests() == open_before - 1  # the session's request is gone with its turn
+
+
+async def test_a_reply_tokenized_again_to_other_ids_continues_the_request(engine):
+    tok = engine.engine.tokenizer
+    rng = random.Random(3)
+    kv = engine.session_kv
+    await kv.close_all()
+    appended, differed = kv.outcomes["appended"], 0
+    ids = [rng.randrange(5, 2000) for _ in range(40)]
+    for n in range(8):
+        reply, _, _ = await _turn(engine, "retok", ids, n)
+        # the history renders the reply's text (random ids rarely tokenize back to themselves)
+        again = tok.encode(tok.decode(reply[:-1]), add_special_tokens=False)
+        differed += again != reply[:-1]
+        ids = ids + again + reply[-1:] + [rng.randrange(5, 2000) for _ in range(USER_TOKENS)]
+    assert differed >= 3  # the other-ids path taken, not only the same-ids one
+    assert kv.outcomes["appended"] == appended + 7 and kv.requests() == 1
