@@ -44,6 +44,19 @@ OUTCOMES = ("appended", "started", "restarted", "one_off")
 RETOKENIZED_SLACK = 8
 
 
+def export_metrics() -> tuple[Any, Any]:
+    """The session KV metrics (turns by outcome, open requests), zeroed: a decode replica without
+    session KV shows zeros."""
+    turns, open_ = (
+        metric("omniray_engine_session_kv_turns_total"),
+        metric("omniray_engine_session_kv_requests"),
+    )
+    for outcome in OUTCOMES:
+        zero(turns, outcome=outcome)
+    open_.set(0)
+    return turns, open_
+
+
 @dataclass
 class _Live:
     request_id: str
@@ -65,10 +78,7 @@ class SessionKv:
         self.sinks, self.window, self.max_model_len = sinks, window, max_model_len
         self._live: OrderedDict[str, _Live] = OrderedDict()  # least recently used first
         self.outcomes: Counter[str] = Counter()  # turns by outcome (OUTCOMES), this process
-        self._turns = metric("omniray_engine_session_kv_turns_total")
-        self._open = metric("omniray_engine_session_kv_requests")
-        for outcome in OUTCOMES:
-            zero(self._turns, outcome=outcome)
+        self._turns, self._open = export_metrics()
 
     def requests(self) -> int:
         """Long-lived session requests open."""

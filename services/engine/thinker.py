@@ -28,6 +28,7 @@ from services.common.paths import data_dir
 from services.common.redis_config import redis_url
 from services.dataplane import tensors
 from services.engine.session_kv import SessionKv
+from services.engine.session_kv import export_metrics as export_session_kv_metrics
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
@@ -248,6 +249,8 @@ class ThinkerEngine:
             bound = profile.engine.sink_window
             self.session_kv = SessionKv(self.engine, profile.engine.session_kv, bound.sink_tokens,
                                         bound.window_tokens, profile.engine.max_model_len)  # fmt: skip
+        elif role == "decode":
+            export_session_kv_metrics()  # zeros: the dashboard's series exist
 
     # -- prompts --------------------------------------------------------------------------
 
