@@ -15,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -122,6 +122,11 @@ bench-turn-cost: models
 
 # Long-lived streaming sessions (tiny thinker): unbounded KV vs sinks + window (saturation time
 # predicted vs measured, occupancy plot), the N* sweep (a fresh engine per N), AIMD admission vs N*.
+# An hour of one realtime conversation on the bounded engine: session KV vs per-turn requests.
+bench-session-kv: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.session_kv_bench
+
 bench-long-sessions: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m loadtest.long_sessions

@@ -266,6 +266,11 @@ def _declared() -> list[Metric]:
             ("urgency",),
         ),
         Metric(
+            "omniray_scheduler_prompt_tokens_computed_total",
+            c,
+            "Prompt tokens the engine computed, streaming-input chunks included (vLLM's prompt_tokens_by_source counts a request's first prefill only): with session KV, a turn's new tokens.",
+        ),
+        Metric(
             "omniray_scheduler_preemptions_total",
             c,
             "Running requests preempted to seat a more urgent waiting one, by the urgency of the one seated.",

@@ -31,6 +31,7 @@ ENGINE_SPEC: store_metrics.Spec = {
         ("decision", "omniray_scheduler_decision_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
+        ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}

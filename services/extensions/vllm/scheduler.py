@@ -197,7 +197,18 @@ class OmnirayScheduler(AsyncScheduler):
             self.running.extend(held)
         for hook in self.hooks:
             hook.after(self, output, held)
+        self._count_prompt_tokens(output)
         return output
+
+    def _count_prompt_tokens(self, output: Any) -> None:
+        """Prompt tokens computed this step (vLLM has counted them into `num_computed_tokens`):
+        a streaming-input request's later chunks too, which vLLM's own counter leaves out."""
+        n = 0
+        for req_id, scheduled in output.num_scheduled_tokens.items():
+            if (r := self.requests.get(req_id)) is not None:
+                n += max(0, min(scheduled, r.num_prompt_tokens - (r.num_computed_tokens - scheduled)))
+        if n:
+            self.recorder.record("prompt_computed", (), n)
 
     def make_stats(self, *args, **kwargs):
         stats = super().make_stats(*args, **kwargs)
