@@ -13,6 +13,7 @@ import pytest
 from omni.v1 import common_pb2, stages_pb2
 
 from services.extensions.vllm import engine_metrics, sink_window, stat_logger
+from tests.integration.bounded_engine import bounded_engine
 
 SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
 BOUND = sink_window.max_resident_blocks(BLOCK, SINKS, WINDOW)
@@ -22,25 +23,12 @@ COMPUTED = "omniray_scheduler_prompt_tokens_computed_total{}"
 
 @pytest.fixture(scope="module")
 def engine(redis_url):
-    import os
+    from services.models.profile import SessionKvSpec
 
-    from services.engine.thinker import ThinkerEngine
-    from services.extensions.vllm.specs import SinkWindowParams
-    from services.models.profile import SessionKvSpec, load_profile
-
-    os.environ["OMNIRAY_REDIS_URL"] = redis_url
-    tiny = load_profile("tiny")
-    spec = tiny.engine.model_copy(
-        update={
-            "kv_transfer": "none",
-            "block_size": BLOCK,
-            "max_model_len": 2048,
-            "sink_window": SinkWindowParams(sink_tokens=SINKS, window_tokens=WINDOW),
-            "session_kv": SessionKvSpec(max_sessions=4, idle_s=600),
-            "extra": {"num_gpu_blocks_override": POOL, "max_num_batched_tokens": 512},
-        }
+    kv = SessionKvSpec(max_sessions=4, idle_s=600)
+    e = bounded_engine(
+        redis_url, sinks=SINKS, window=WINDOW, block=BLOCK, pool=POOL, max_model_len=2048, session_kv=kv
     )
-    e = ThinkerEngine(tiny.model_copy(update={"engine": spec}), "decode")
     yield e
     e.shutdown()
 

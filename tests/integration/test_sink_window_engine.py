@@ -12,6 +12,7 @@ import torch
 
 from kernels.sink_attention import allowed_keys
 from services.extensions.vllm import engine_metrics, sink_window, stat_logger
+from tests.integration.bounded_engine import bounded_engine
 
 SINKS, WINDOW, BLOCK, POOL = 32, 64, 32, 64
 PROMPT = [(i * 37) % 2000 + 5 for i in range(100)]
@@ -22,24 +23,7 @@ LOGPROB_ATOL = 1e-3  # fp32; vLLM with full attention matches transformers to < 
 
 @pytest.fixture(scope="module")
 def engine(redis_url):
-    import os
-
-    from services.engine.thinker import ThinkerEngine
-    from services.extensions.vllm.specs import SinkWindowParams
-    from services.models.profile import load_profile
-
-    os.environ["OMNIRAY_REDIS_URL"] = redis_url
-    tiny = load_profile("tiny")
-    spec = tiny.engine.model_copy(
-        update={
-            "kv_transfer": "none",
-            "block_size": BLOCK,
-            "max_model_len": 1024,
-            "sink_window": SinkWindowParams(sink_tokens=SINKS, window_tokens=WINDOW),
-            "extra": {"num_gpu_blocks_override": POOL, "max_num_batched_tokens": 512},
-        }
-    )
-    e = ThinkerEngine(tiny.model_copy(update={"engine": spec}), "decode")
+    e = bounded_engine(redis_url, sinks=SINKS, window=WINDOW, block=BLOCK, pool=POOL)
     yield e
     e.shutdown()
 
