@@ -5,13 +5,17 @@ Prometheus scrape (Ray's endpoint: our metrics with a `ray_` prefix, after a few
 
 from __future__ import annotations
 
+import base64
+import io
 import re
 import time
 import urllib.request
+import wave
 
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
 from services.quota.tenants import Limits
+from services.realtime.codecs import PCM_RATE
 from tests.conftest import data_url, grpc_channel, new_tenant, png_bytes, until
 from tests.dashboards import all_series_names
 from tests.e2e.test_quota_e2e import _post
@@ -72,8 +76,18 @@ def _realtime_traffic(openai_client, model_name) -> None:
             assert until(conn, "response.done", seen).response.status == "completed"
 
 
+def _transcription_traffic(openai_client, model_name) -> None:
+    """A second of audio to the transcription endpoint (the gateway counts transcribed seconds)."""
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(PCM_RATE)
+        w.writeframes(base64.b64decode(_speech(1.0)))
+    openai_client.audio.transcriptions.create(model=model_name, file=("tone.wav", wav.getvalue()))
+
+
 def test_every_dashboard_metric_is_emitted(omniray, openai_client, model_name):
     _chat_traffic(openai_client, model_name)
+    _transcription_traffic(openai_client, model_name)
     _grpc_traffic(omniray, model_name)
     _quota_traffic(omniray)
     _realtime_traffic(openai_client, model_name)
