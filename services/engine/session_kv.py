@@ -59,7 +59,6 @@ def export_metrics() -> tuple[Any, Any]:
 
 @dataclass
 class _Live:
-    request_id: str
     inputs: asyncio.Queue  # StreamingInput for the request's input stream
     outputs: Any  # the request's output stream (AsyncLLM.generate's async generator)
     prompt: list[int]  # the last turn's prompt (as the pipeline rendered it)
@@ -169,12 +168,13 @@ class SessionKv:
 
     async def _make_room(self, session_id: str) -> bool:
         """Close the session's request, then the least recently used idle ones over the limit;
-        whether a new request fits."""
+        whether a new request of the session fits (not when another turn of it started one while
+        these closed)."""
         await self._close(session_id)
         idle = (s for s, live in list(self._live.items()) if not live.busy)
         while len(self._live) >= self.spec.max_sessions and (oldest := next(idle, None)) is not None:
             await self._close(oldest)
-        return len(self._live) < self.spec.max_sessions
+        return len(self._live) < self.spec.max_sessions and session_id not in self._live
 
     def _start(self, session_id: str, ids: list[int], request_id: str) -> tuple[_Live, list[int]]:
         # the sinks and the last window of the prompt: what the engine would attend to anyway
@@ -192,7 +192,7 @@ class SessionKv:
         # the request's own params (each turn brings its own with its input)
         base = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.DELTA)
         outputs = self.engine.generate(stream(), base, request_id=request_id)
-        live = _Live(request_id, inputs, outputs, prompt=[], kept=[], length=0, used=self.clock())
+        live = _Live(inputs, outputs, prompt=[], kept=[], length=0, used=self.clock())
         self._live[session_id] = live
         self._open.set(len(self._live))
         return live, start
