@@ -7,6 +7,7 @@ import concurrent.futures
 import itertools
 import json
 import random
+import threading
 import time
 import urllib.request
 import uuid
@@ -15,6 +16,7 @@ import httpx
 
 from tests.conftest import AUTH, data_url, png_bytes
 
+CLIENTS = 8  # concurrent clients, each request 8 fresh images (the encoder's target is 1 ongoing)
 STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
 
 
@@ -53,18 +55,35 @@ def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
         ]
         return {"model": model_name, "max_tokens": 1, "messages": [{"role": "user", "content": images}]}
 
-    deadline = time.monotonic() + 90
-    scaled = False
+    stop = threading.Event()
+    codes: set[int] = set()
 
-    def one(_):
+    def client():
         with httpx.Client(timeout=120, headers=AUTH) as c:
-            return c.post(f"{omniray.http_url}/v1/chat/completions", json=body()).status_code
+            while not stop.is_set():
+                codes.add(c.post(f"{omniray.http_url}/v1/chat/completions", json=body()).status_code)
 
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        while time.monotonic() < deadline and not scaled:
-            assert set(pool.map(one, range(16))) == {200}
-            scaled = _running_replicas(omniray, "Encoder") >= 2
-    assert scaled, "encoder did not scale up under concurrent load"
+    # Steady load from CLIENTS clients while the status is watched every half second: waves of
+    # requests would leave gaps (their stragglers) in which the controller scales back down.
+    seen: list[tuple[int, list[str]]] = []  # (seconds into the load, replica states) as they changed
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        clients = [pool.submit(client) for _ in range(CLIENTS)]
+        try:
+            start = time.monotonic()
+            deadline = start + 240  # the decision, then a fresh worker importing torch
+            while time.monotonic() < deadline and not any(f.done() for f in clients):
+                states = [r["state"] for r in _app_status(omniray)["deployments"]["Encoder"]["replicas"]]
+                if not seen or states != seen[-1][1]:
+                    seen.append((round(time.monotonic() - start), states))
+                if states.count("RUNNING") >= 2:
+                    break
+                time.sleep(0.5)
+        finally:
+            stop.set()
+        for f in clients:
+            f.result()
+    assert codes == {200}
+    assert seen[-1][1].count("RUNNING") >= 2, f"encoder did not scale up under steady load: {seen[-10:]}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and _running_replicas(omniray, "Encoder") > 1:
         time.sleep(1)
