@@ -152,6 +152,8 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
         data["realtime"]["admission"] = {"initial": 256, "max": 256}  # measure the policies, not refusals
         if args.hidden:
             widen_thinker(data, args.hidden, args.layers)
+        if args.max_num_seqs:
+            data["engine"]["max_num_seqs"] = args.max_num_seqs
 
     return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
@@ -190,6 +192,9 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=0, help="tiny: widen the thinker (0 = the profile's own)")
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--max-num-seqs", type=int, default=0,
+                    help="the engines' seats (0 = the profile's): fewer seats than sessions make the engine the "
+                         "scarce resource the scheduler arbitrates, as a GPU's KV memory does")  # fmt: skip
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
