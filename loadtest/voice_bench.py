@@ -198,22 +198,28 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
+    ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=list(POLICY_SETS),
+                    help="policy sets to run (ratios need both)")  # fmt: skip
     args = ap.parse_args()
     report: dict = {"args": vars(args), "runs": {}}
     with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
         utterances = [speech(s) for s in SENTENCES]
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
-        for name, (scheduler, eviction) in POLICY_SETS.items():
+        for name in args.sets:
+            scheduler, eviction = POLICY_SETS[name]
             path = profile_file(args, scheduler, eviction, Path(tmp))
             with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
                 url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
                 for p in args.barge:
                     report["runs"][f"{name}@p={p}"] = r = run_sessions(url, utterances, args, p, durations)
                     print(f"{name:12} p={p}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
-                          f" errors={len(r['errors'])}", flush=True)  # fmt: skip
+                          f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
     runs = report["runs"]
-    for p in args.barge:
+    for p in args.barge if len(args.sets) == len(POLICY_SETS) else ():
         b, i = runs[f"baseline@p={p}"], runs[f"interaction@p={p}"]
+        if not (b["turns"] and i["turns"] and b["useful_rps"]):
+            print(f"p={p}: no ratios (a run answered no turn)")
+            continue
         ratios = {
             "ttfp_p90 baseline/interaction": b["ttfp_p90_s"] / i["ttfp_p90_s"],
             "continuity interaction-baseline": i["continuity"] - b["continuity"],

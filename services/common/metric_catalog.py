@@ -16,6 +16,7 @@ from kv_store import metrics as kv_metrics
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 DECISION_BUCKETS_S = (0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01)
+FRAME_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
 RESUME_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -258,6 +259,13 @@ def _declared() -> list[Metric]:
             "Time the scheduler's urgency policy takes per scheduling round (ordering running and waiting requests, preempting).",
             ("policy",),
             DECISION_BUCKETS_S,
+        ),
+        Metric(
+            "omniray_scheduler_frame_seconds",
+            h,
+            "The engine's frame time: the period of its steps while busy (one more token for every running request); realtime admission compares it with the audio a token yields.",
+            (),
+            FRAME_BUCKETS_S,
         ),
         Metric(
             "omniray_scheduler_ranked_total",

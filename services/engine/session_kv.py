@@ -17,8 +17,10 @@ the request is closed and a new one starts from the sinks and the last window of
 sinks + window tokens. A turn whose consumer goes away (barge-in, client gone) ends the request:
 vLLM has no way to stop one turn of a streaming request and keep it.
 
-Requests idle for `idle_s` are closed, and at most `max_sessions` are kept (least recently used
-closed first): each holds a seat and its bounded blocks while it waits for the next turn.
+Requests idle for `idle_s` are closed (a task on the replica's event loop looks every
+`min(idle_s / 2, REAP_EVERY_S)`, whether turns come or not), and at most `max_sessions` are kept
+(least recently used closed first): each holds a seat and its bounded blocks while it waits for the
+next turn.
 
 vLLM 0.32 constraints: streaming input takes token ids only (no prompt embeddings: a turn whose
 prompt carries encoder output is a one-off request, as without session KV), no stop strings, no
@@ -42,6 +44,7 @@ OUTCOMES = ("appended", "started", "restarted", "one_off")
 # A reply's text tokenized again differs from the model's ids by merges and splits: its length is
 # searched this many tokens either side.
 RETOKENIZED_SLACK = 8
+REAP_EVERY_S = 10.0  # the longest between looks for idle requests
 
 
 def export_metrics() -> tuple[Any, Any]:
@@ -78,6 +81,7 @@ class SessionKv:
         self._live: OrderedDict[str, _Live] = OrderedDict()  # least recently used first
         self.outcomes: Counter[str] = Counter()  # turns by outcome (OUTCOMES), this process
         self._turns, self._open = export_metrics()
+        self._reaper: asyncio.Task | None = None  # started by the first turn, on the replica's loop
 
     def requests(self) -> int:
         """Long-lived session requests open."""
@@ -89,6 +93,8 @@ class SessionKv:
 
     async def turn(self, session_id: str, ids: list[int], params: Any, request_id: str) -> AsyncIterator[Any]:
         """The turn's outputs (DELTA RequestOutputs; the last one says `finished`)."""
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap())
         await self._close_idle()
         live = self._live.get(session_id)
         appended = None if live is None or live.busy else self._appended(live, ids, params)
@@ -207,6 +213,17 @@ class SessionKv:
         cutoff = self.clock() - self.spec.idle_s
         for session_id in [s for s, live in self._live.items() if not live.busy and live.used < cutoff]:
             await self._close(session_id)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.spec.idle_s / 2, REAP_EVERY_S))
+            await self._close_idle()
+
+    def stop(self) -> None:
+        """The engine shuts down (its requests with it): no more looks for idle ones."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
 
     async def close_all(self) -> None:
         for session_id in list(self._live):

@@ -37,6 +37,7 @@ from services.models.versions import FeatureVersionMismatch, FeatureVersions, mo
 
 Role = Literal["prefill", "decode"]
 MEDIA_ROWS_WORKER = "services.extensions.vllm.media_rows.MediaRowsWorker"
+FRAME = "omniray_scheduler_frame_seconds{}"  # its key in engine_metrics.TOTALS (a histogram: _count, _sum)
 _NO_CONTEXT = common_pb2.RequestContext()
 
 
@@ -244,6 +245,7 @@ class ThinkerEngine:
         self.media_rows = profile.engine.extra.get("worker_extension_cls") == MEDIA_ROWS_WORKER
         self._media_rows_on = False
         self._embed_table: torch.Tensor | None = None
+        self._frame = (0.0, 0.0, 0.0)  # the frame histogram's count and sum at the last look, the mean
         self.session_kv: SessionKv | None = None
         if role == "decode" and profile.engine.session_kv is not None:
             bound = profile.engine.sink_window
@@ -401,6 +403,18 @@ class ThinkerEngine:
             self._media_rows_on = True
         return media_row_keys(segments, salt, self.llm_version)
 
+    def frame_s(self) -> float:
+        """The engine's frame time: its mean step period while busy since the last look (the
+        scheduler's measurements reach this process with each step's stats); 0 before any."""
+        from services.extensions.vllm.engine_metrics import TOTALS
+
+        count = TOTALS.values.get(FRAME + "_count", 0.0)
+        seen, total, _ = self._frame
+        if count > seen:
+            now_total = TOTALS.values.get(FRAME + "_sum", 0.0)
+            self._frame = (count, now_total, (now_total - total) / (count - seen))
+        return self._frame[2]
+
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (a client that went away must leave none behind)."""
         return self.engine.output_processor.get_num_unfinished_requests()
@@ -425,4 +439,6 @@ class ThinkerEngine:
         return dict(TOTALS.values)
 
     def shutdown(self) -> None:
+        if self.session_kv is not None:
+            self.session_kv.stop()
         self.engine.shutdown()

@@ -81,6 +81,7 @@ class Event:
     usage: common_pb2.Usage | None = None
     progress: common_pb2.Progress | None = None
     calls: tuple[CallDelta, ...] = ()  # tool calls as they are written (`text` is the content)
+    frame_ms: float = 0.0  # the decode engine's frame time as of this text (0: not measured)
 
     @property
     def is_text(self) -> bool:
@@ -96,7 +97,7 @@ def _merge_text(batch: list[Event | None]) -> list[Event | None]:
     for ev in batch:
         prev = merged[-1] if merged else None
         if ev is not None and prev is not None and ev.is_text and prev.is_text:
-            merged[-1] = Event(text=prev.text + ev.text, tokens=prev.tokens + ev.tokens)
+            merged[-1] = Event(text=prev.text + ev.text, tokens=prev.tokens + ev.tokens, frame_ms=ev.frame_ms)
         else:
             merged.append(ev)
     return merged
@@ -639,12 +640,12 @@ class Pipeline:
             text = []
             called: set[int] = set()  # the calls written
 
-            async def wrote(content: str, calls: list[CallDelta], tokens: int) -> None:
+            async def wrote(content: str, calls: list[CallDelta], tokens: int, frame_ms: float = 0.0) -> None:
                 # Tokens whose text is empty go out too (as vLLM's server sends them) — but not
                 # while calls are being written: their tokens go with the next piece (or the end).
                 tokens += final.pop("unsent", 0)
                 if content or calls or (tokens and calls_in is None):
-                    await out.put(Event(text=content, tokens=tokens, calls=tuple(calls)))
+                    await out.put(Event(text=content, tokens=tokens, calls=tuple(calls), frame_ms=frame_ms))
                 elif tokens:
                     final["unsent"] = tokens
                 called.update(d.index for d in calls if d.id)
@@ -664,7 +665,7 @@ class Pipeline:
             async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, tokens_to):
                 final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
                 content, calls = calls_in.feed(chunk.text) if calls_in else (chunk.text, [])
-                await wrote(content, calls, len(chunk.token_ids))
+                await wrote(content, calls, len(chunk.token_ids), chunk.frame_ms)
                 if chunk.finish_reason:
                     final.update(finish_reason=chunk.finish_reason, usage=chunk.usage)
             if calls_in is not None:

@@ -62,6 +62,7 @@ class PlaybackMonitor:
     def __init__(self, clock: Callable[[], float] = time.monotonic, gap_alpha: float = 0.3):
         self.clock, self.gap_alpha = clock, gap_alpha
         self._sessions: dict[str, PlaybackState] = {}
+        self._ms_per_token: float | None = None  # over every session's responses (one model's voice)
 
     def _state(self, session_id: str) -> PlaybackState:
         state = self._sessions.get(session_id)
@@ -95,11 +96,6 @@ class PlaybackMonitor:
         s.first_audio = True
         s.sent_ms += ms
 
-    def buffered(self, session_id: str) -> float:
-        """Audio the client holds unplayed now (0 for an unknown session)."""
-        s = self._sessions.get(session_id)
-        return s.buffered_ms(self.clock()) if s else 0.0
-
     def played(self, session_id: str, played_ms: float) -> None:
         """The client's playback position in the current response's audio (never moves back, never
         past what was sent)."""
@@ -113,12 +109,16 @@ class PlaybackMonitor:
         s = self._state(session_id)
         s.responding = False
         if tokens > 0 and audio_ms > 0:
-            rate = audio_ms / tokens
-            s.ms_per_token = (
-                rate
-                if s.ms_per_token is None
-                else (1 - self.gap_alpha) * s.ms_per_token + self.gap_alpha * rate
-            )
+            s.ms_per_token = self._averaged(s.ms_per_token, audio_ms / tokens)
+            self._ms_per_token = self._averaged(self._ms_per_token, audio_ms / tokens)
+
+    def _averaged(self, average: float | None, rate: float) -> float:
+        return rate if average is None else (1 - self.gap_alpha) * average + self.gap_alpha * rate
+
+    def ms_per_token(self, session_id: str) -> float | None:
+        """Audio per generated token: the session's own, else this replica's sessions' so far."""
+        s = self._sessions.get(session_id)
+        return s.ms_per_token if s is not None and s.ms_per_token is not None else self._ms_per_token
 
     def speech_started(self, session_id: str) -> bool:
         """Returns True when this is a barge-in (the user talks over a response)."""

@@ -1,10 +1,13 @@
 """AIMD admission of realtime sessions (Metronome): admit sessions up to a limit discovered from
-measured per-frame delivery, and refuse the surplus cleanly instead of letting every session stutter.
+the engine's measured frame time, and refuse the surplus cleanly instead of letting every session
+stutter.
 
-A frame is one audio delta. Its lateness ratio is the time since the previous delta of the same
-response divided by that previous delta's audio duration: above 1, the client plays faster than the
-server delivers and its buffer drains. Every `window` frames the controller looks at the window's
-p95 ratio: above `late_ratio` the limit shrinks multiplicatively, otherwise it grows additively.
+A frame is one engine step while it is busy: one more token for each running request. A session
+observes the decode engine's frame time (measured in the engine core, carried with each decoded
+chunk) over the audio one of its tokens yields: above 1, the engine generates speech slower than
+real time and every session's buffer drains, however the scheduler orders them. Every `window`
+observations the controller looks at their p95: above `late_ratio` the limit shrinks
+multiplicatively, otherwise it grows additively.
 """
 
 from __future__ import annotations

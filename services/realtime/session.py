@@ -16,7 +16,6 @@ import contextlib
 import functools
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -1042,6 +1041,13 @@ class RealtimeSession:
             metadata=r.metadata,
         )
 
+    def _frame(self, frame_ms: float) -> None:
+        """Admission's signal (Metronome): the decode engine's frame time over the audio a token
+        yields — above 1 the engine cannot keep its sessions' speech real-time, whatever the
+        buffers hold; a paced (held) response does not read as late, as delivery intervals would."""
+        if ms_per_token := self.monitor.ms_per_token(self.key):
+            self.admission.observe(frame_ms / ms_per_token)
+
     async def _run(self, r: Response, prepared) -> None:
         """The response's events in OpenAI's order: its message item and content part added, the
         deltas, the part and item done (also when cancelled or failed: incomplete); each function
@@ -1056,9 +1062,10 @@ class RealtimeSession:
         calls: dict[int, Item] = {}  # the answer's calls by index
         audio_out = OutputAudio(self.config.audio.output.format.type)
         self.monitor.response_started(self.key)
-        last: tuple[float, float] | None = None  # (sent at, audio seconds) of the previous delta
         try:
             async for out in self.pipeline.generate(prepared):
+                if out.frame_ms and r.item.audio_out:
+                    self._frame(out.frame_ms)
                 if r.message == "none" and (out.text or out.pcm16):
                     await self._begin_message(r)
                 if out.text:
@@ -1084,14 +1091,6 @@ class RealtimeSession:
                     if out.transcript is not None or not r.item.spoken:  # a new spoken piece
                         r.item.spoken.append([out.transcript or "", 0.0])
                     r.item.spoken[-1][1] += ms
-                    now = time.monotonic()
-                    if last is not None:
-                        # Frame lateness: delivery interval over the audio it follows — but a frame
-                        # that arrives while the client still has audio to play is on time, however
-                        # long the interval (the scheduler paces generation to playback).
-                        starved = self.monitor.buffered(self.key) <= 0
-                        self.admission.observe((now - last[0]) / max(last[1], 1e-3) if starved else 0.0)
-                    last = (now, ms / 1000)
                     self.monitor.audio_sent(self.key, ms)
                     if delta := audio_out.encode(out.pcm16):
                         await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))

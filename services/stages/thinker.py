@@ -76,7 +76,7 @@ class Decode(_Thinker):
                         await self._hand_media_rows(talker, delta.media_rows)
                     if talker is not None and delta.token_ids:
                         await talker.add(delta.token_ids)
-                    yield self._chunk(delta)
+                    yield self._chunk(delta, self.engine.frame_s())
             finally:
                 if talker is not None:  # the talker stops reading here, whatever ended the response
                     await asyncio.shield(talker.end())
@@ -96,11 +96,12 @@ class Decode(_Thinker):
         await talker.add_media_rows(np.concatenate(found))
 
     @staticmethod
-    def _chunk(delta: DecodeDelta) -> stages_pb2.DecodeChunk:
+    def _chunk(delta: DecodeDelta, frame_s: float) -> stages_pb2.DecodeChunk:
         return stages_pb2.DecodeChunk(
             token_ids=delta.token_ids,
             text=delta.text,
             finish_reason=delta.finish_reason or "",
+            frame_ms=frame_s * 1000,
             usage=common_pb2.Usage(
                 prompt_tokens=delta.prompt_tokens,
                 completion_tokens=delta.completion_tokens,

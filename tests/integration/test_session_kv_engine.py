@@ -3,15 +3,19 @@ engine (services/engine/session_kv.py), through ThinkerEngine.decode on the tiny
 appends only its new tokens to the same vLLM request (no recompute of the history), the request's
 resident blocks stay within the sinks + window bound while the conversation grows far past it, an
 edited history restarts the request from sinks + window, a reply the history tokenizes to other ids
-(same text) still continues it, and a turn whose consumer leaves ends it."""
+(same text) still continues it, a turn whose consumer leaves ends it, and an idle one is closed with
+no turn to notice it."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 from omni.v1 import common_pb2, stages_pb2
 
+from services.engine.session_kv import REAP_EVERY_S
+from services.engine.thinker import FRAME
 from services.extensions.vllm import engine_metrics, sink_window, stat_logger
 from tests.integration.bounded_engine import bounded_engine
 
@@ -112,3 +116,33 @@ async def test_a_reply_tokenized_again_to_other_ids_continues_the_request(engine
         ids = ids + again + reply[-1:] + [rng.randrange(5, 2000) for _ in range(USER_TOKENS)]
     assert differed >= 3  # the other-ids path taken, not only the same-ids one
     assert kv.outcomes["appended"] == appended + 7 and kv.requests() == 1
+
+
+async def test_an_idle_request_is_closed_without_another_turn(engine):
+    from services.models.profile import SessionKvSpec
+
+    kv = engine.session_kv
+    await kv.close_all()
+    spec = kv.spec
+    kv.spec = SessionKvSpec(max_sessions=spec.max_sessions, idle_s=0.5)
+    try:
+        await _turn(engine, "idle", [random.Random(4).randrange(5, 2000) for _ in range(40)], 0)
+        assert kv.requests() == 1
+        deadline = asyncio.get_running_loop().time() + REAP_EVERY_S + 5  # the reaper's current sleep
+        while (
+            kv.requests() or engine.unfinished_requests()
+        ) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.2)
+        assert kv.requests() == 0  # no turn came: the reaper closed it
+        assert engine.unfinished_requests() == 0  # and the engine's request is gone with it
+    finally:
+        kv.spec = spec
+
+
+async def test_the_engine_measures_its_frame_time(engine):
+    """The scheduler's step period while busy reaches the front end (AIMD admission's signal)."""
+    frames = engine_metrics.TOTALS.values.get(FRAME + "_count", 0.0)
+    await _turn(engine, "frames", [random.Random(5).randrange(5, 2000) for _ in range(40)], 0)
+    # a frame per step after a busy run's first; the last rides the next step's stats
+    assert engine_metrics.TOTALS.values[FRAME + "_count"] - frames >= REPLY_TOKENS - 3
+    assert 0 < engine.frame_s() < 1.0

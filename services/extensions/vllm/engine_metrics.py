@@ -22,13 +22,14 @@ from services.extensions.ray.metrics import zero
 # names, labels and buckets are declared in services/common/metric_catalog.py.
 ENGINE_SPEC: store_metrics.Spec = {
     method: (
-        "histogram" if method == "decision" else "counter",
+        "histogram" if method in ("decision", "frame") else "counter",
         name,
         CATALOG[name].help,
         CATALOG[name].labels,
     )
     for method, name in (
         ("decision", "omniray_scheduler_decision_seconds"),
+        ("frame", "omniray_scheduler_frame_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
         ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),

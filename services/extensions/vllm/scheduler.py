@@ -14,6 +14,11 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
+Every engine step's period while the engine is busy is recorded as its frame time (what one more
+token of every running request costs in wall time): the decode stage hands it to the gateway with
+each chunk, where realtime admission compares it with the audio a token yields
+(services/policies/admission.py).
+
 Hooks compose: each sees the scheduler before and after vLLM's `schedule()`, and may rewrite the KV
 cache config before the scheduler is built. The scheduler's own metrics (decision time, urgency
 classes) are recorded here, in the engine-core process, and leave with vLLM's scheduler stats
@@ -179,6 +184,7 @@ class OmnirayScheduler(AsyncScheduler):
         self.recorder = Recorder(engine_metrics.ENGINE_SPEC)
         spec = kwargs["vllm_config"].speculative_config
         self.hooks = hooks(payload, self.recorder, 1 + (spec.num_speculative_tokens if spec else 0))
+        self._busy_since: float | None = None  # when the last step of a busy run ended
         for hook in self.hooks:
             kwargs["kv_cache_config"] = hook.kv_cache_config(kwargs["kv_cache_config"], kwargs["vllm_config"])
         super().__init__(*args, **kwargs)
@@ -199,6 +205,17 @@ class OmnirayScheduler(AsyncScheduler):
             hook.after(self, output, held)
         self._count_prompt_tokens(output)
         return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = time.perf_counter()
+        if scheduler_output.total_num_scheduled_tokens and self._busy_since is not None:
+            self.recorder.record("frame", (), now - self._busy_since)
+        # A step without tokens (everything held) or an engine left with nothing to run ends the
+        # busy run: the wait until the next step is not a frame.
+        busy = scheduler_output.total_num_scheduled_tokens and (self.running or self.waiting)
+        self._busy_since = now if busy else None
+        return outputs
 
     def _count_prompt_tokens(self, output: Any) -> None:
         """Prompt tokens computed this step (vLLM has counted them into `num_computed_tokens`):

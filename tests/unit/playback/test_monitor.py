@@ -64,10 +64,10 @@ def test_playback_without_reports_runs_at_real_time_from_the_first_audio():
     m.played("s", 600)  # ahead of it: the report is the new anchor
     clock.t += 0.1
     assert m.snapshot()["s"].played_ms == pytest.approx(700)
-    assert m.buffered("s") == pytest.approx(300)
+    assert m.snapshot()["s"].buffered_ms == pytest.approx(300)
     clock.t += 10
     assert m.snapshot()["s"].played_ms == 1000 and not m.snapshot()["s"].playing
-    assert m.buffered("s") == 0 and m.buffered("unknown") == 0
+    assert m.snapshot()["s"].buffered_ms == 0 and "unknown" not in m.snapshot()
 
 
 EVENTS = st.lists(
@@ -102,3 +102,15 @@ def test_played_never_passes_sent_and_nothing_is_negative(events):
         if kind == "played":
             assert state.played_ms >= last_played - 1e-9  # playback never moves back
         last_played = state.played_ms
+
+
+def test_audio_per_token_is_the_sessions_own_else_the_replicas():
+    m = PlaybackMonitor(Clock(), gap_alpha=0.5)
+    assert m.ms_per_token("a") is None  # nothing measured yet
+    m.open("a")
+    m.response_finished("a", tokens=10, audio_ms=1000)
+    m.open("b")
+    assert m.ms_per_token("a") == 100 and m.ms_per_token("b") == 100  # b: the replica's so far
+    m.response_finished("b", tokens=10, audio_ms=3000)
+    assert m.ms_per_token("b") == 300 and m.ms_per_token("a") == 100
+    assert m.ms_per_token("new") == 200  # averaged over both sessions' responses
