@@ -38,7 +38,10 @@ class _Entry:
 
     def __init__(self, session: Hashable, arrival: float):
         self.session, self.arrival = session, arrival
-        self.item: tuple = ()  # (key, seq, request): seq tells which classification timers belong to
+        # (key, seq, request): seq tells which classification timers belong to. Until classified,
+        # seq -1: a request back in the queue (preempted, resumed) meets its earlier stay's timers
+        # before its first classification of this one.
+        self.item: tuple = ((), -1, None)
         self.classified: Classified | None = None
         self.view: BoardView | None = None
 

@@ -40,6 +40,7 @@ class _World:
             Req(rng.choice([*self.sessions, None]), self.now - rng.uniform(0, 5)) for _ in range(10)
         ]
         self.views = decode({}, None, self.now)
+        self.left: list[Req] = []  # requests that left the queue (some come back)
 
     def step(self, held: list) -> None:
         rng, self.now = self.rng, self.now + STEP_S
@@ -47,7 +48,11 @@ class _World:
             if r not in held:
                 r.generated += 1
         if rng.random() < 0.2 and self.requests:
-            self.requests.remove(rng.choice(self.requests))
+            gone = rng.choice(self.requests)
+            self.requests.remove(gone)
+            self.left.append(gone)
+        if rng.random() < 0.1 and self.left:  # back in the queue (a preempted request resumed)
+            self.requests.append(self.left.pop(rng.randrange(len(self.left))))
         if rng.random() < 0.2:
             self.requests.append(Req(rng.choice([*self.sessions, None]), self.now))
         for s in self.sessions.values():  # playback in real time; now and then a chunk or a barge-in
