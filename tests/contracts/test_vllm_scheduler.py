@@ -215,6 +215,26 @@ def test_without_telemetry_the_order_is_fcfs(urgent):
     assert list(s.schedule().num_scheduled_tokens) == ["r0", "r1", "r2"]
 
 
+def test_a_fault_of_the_urgency_order_leaves_the_engine_running_in_vllms_order(urgent, caplog):
+    """A policy that raises (a bug) costs its order, not the engine core: the round runs every
+    request in vLLM's order, held ones too, and the next round orders again."""
+    s, views = urgent
+    now = time.time()
+    for i in range(3):
+        s.add_request(_request(f"r{i}", f"t/{i}", now + i))
+    _run_prefill(s)
+    (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    views.update({f"t/{i}": _view(60_000.0 if i == 0 else 100.0, ms_per_token=5_000.0) for i in range(3)})
+    assert set(s.schedule().num_scheduled_tokens) == {"r1", "r2"}  # r0 well ahead of playback: held
+    classify = order.policy.classify
+    order.policy.classify = lambda *a: 1 / 0
+    s.add_request(_request("r3", "t/3", now + 3))  # a new request: a classification, which fails
+    assert set(s.schedule().num_scheduled_tokens) == {"r0", "r1", "r2", "r3"}
+    assert "urgency order failed" in caplog.text
+    order.policy.classify = classify
+    assert "r0" not in s.schedule().num_scheduled_tokens  # ordered (and held) again
+
+
 def test_sink_window_hook_gives_vllm_its_spec():
     from vllm.v1.kv_cache_interface import SlidingWindowSpec
 

@@ -10,7 +10,8 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   before resumed well-buffered work), and an urgent arrival that finds no seat preempts a held or
   well-buffered one. The order is an incremental plan (services/policies/urgency/plan.py): a round
   classifies only the requests that arrived, whose session's view changed or whose class ran out.
-  With no telemetry (no board) the order is vLLM's (FCFS).
+  With no telemetry (no board) the order is vLLM's (FCFS). A fault in the policy's bookkeeping (a
+  bug) is logged and costs a round's order, not the engine core: the plans start over.
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
@@ -32,6 +33,7 @@ Written for vLLM 0.32 (its `Scheduler` / `AsyncScheduler` API: `running`, `sched
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -47,8 +49,11 @@ from services.policies.urgency.plan import UrgencyPlan
 
 pins.check(__name__)
 
+log = logging.getLogger(__name__)
+
 SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the request's playback session
 HELD_IDLE_S = 0.005
+FAULT_LOG_S = 60.0  # a failing urgency order logs at most this often
 
 
 class Hook(Protocol):
@@ -67,8 +72,9 @@ class UrgencyOrder:
     def __init__(self, policy: urgency.UrgencyPolicy, views: Callable[[], dict], recorder: Recorder,
                  refresh_s: float = 5.0, tokens_per_round: int = 1, clock: Callable[[], float] = time.time):  # fmt: skip
         self.policy, self.views, self.recorder, self.clock = policy, views, recorder, clock
-        self.running = UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
-        self.waiting = UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
+        self._plan = lambda: UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
+        self.running, self.waiting = self._plan(), self._plan()
+        self._fault_logged = -FAULT_LOG_S
 
     @classmethod
     def of(cls, payload: UrgencyPayload, recorder: Recorder, tokens_per_round: int) -> UrgencyOrder:
@@ -87,9 +93,20 @@ class UrgencyOrder:
             return []
         started = time.perf_counter()
         now, occupancy = self.clock(), scheduler.kv_cache_manager.usage
-        scheduler.running, held = self.running.arrange(scheduler.running, views, now, occupancy)
-        if isinstance(scheduler.waiting, collections.deque) and scheduler.waiting:
-            self._order_waiting(scheduler, views, now, occupancy, held)
+        held: list = []
+        try:
+            scheduler.running, held = self.running.arrange(scheduler.running, views, now, occupancy)
+            if isinstance(scheduler.waiting, collections.deque) and scheduler.waiting:
+                self._order_waiting(scheduler, views, now, occupancy, held)
+        except Exception:
+            # A fault of the policy's bookkeeping must not take the engine down, and every session
+            # on it: this round runs in vLLM's order (what was held runs too), the plans start over.
+            if time.monotonic() - self._fault_logged >= FAULT_LOG_S:
+                self._fault_logged = time.monotonic()
+                log.exception("urgency order failed; this round runs in vLLM's order, the plans start over")
+            scheduler.running.extend(held)
+            self.running, self.waiting = self._plan(), self._plan()
+            return []
         self.recorder.record("decision", (self.policy.name,), time.perf_counter() - started)
         for cls, n in self.running.classes.items():
             if n:
