@@ -111,6 +111,23 @@ def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client
     assert computed == 0, (before, after, n)
 
 
+def test_decode_chunks_carry_the_engines_frame_time(omniray, ray_driver):
+    """The frame time realtime admission reads (services/policies/admission.py): the decode
+    engine's step period while busy, measured in its engine core, on the chunks it streams."""
+    from omni.v1 import common_pb2, stages_pb2
+    from ray import serve
+
+    decode = serve.get_deployment_handle("Decode", app_name="omniray")
+    ids = [random.randrange(5, 2000) for _ in range(40)]
+    request = stages_pb2.DecodeRequest(
+        ctx=common_pb2.RequestContext(request_id=uuid.uuid4().hex, tenant="local"),
+        prompt=stages_pb2.Prompt(segments=[stages_pb2.PromptSegment(tokens=stages_pb2.TokenSpan(ids=ids))]),
+        sampling=common_pb2.SamplingParams(max_tokens=48, temperature=0),
+    )
+    frames = [chunk.frame_ms for chunk in decode.options(stream=True).Decode.remote(request)]
+    assert frames and 0 < max(frames) < 1000, frames
+
+
 def test_first_audio_arrives_before_last_text_token(omniray, model_name):
     """Async chunk: the talker starts on the first text piece, not on the whole answer."""
     body = {
