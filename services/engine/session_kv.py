@@ -95,7 +95,6 @@ class SessionKv:
         """The turn's outputs (DELTA RequestOutputs; the last one says `finished`)."""
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap())
-        await self._close_idle()
         live = self._live.get(session_id)
         appended = None if live is None or live.busy else self._appended(live, ids, params)
         if appended is not None:
@@ -209,15 +208,13 @@ class SessionKv:
         if live is not None:
             await live.outputs.aclose()  # vLLM aborts the request and cancels its input stream
 
-    async def _close_idle(self) -> None:
-        cutoff = self.clock() - self.spec.idle_s
-        for session_id in [s for s, live in self._live.items() if not live.busy and live.used < cutoff]:
-            await self._close(session_id)
-
     async def _reap(self) -> None:
+        """Close the requests no turn used for `idle_s`, every min(idle_s / 2, REAP_EVERY_S)."""
         while True:
             await asyncio.sleep(min(self.spec.idle_s / 2, REAP_EVERY_S))
-            await self._close_idle()
+            cutoff = self.clock() - self.spec.idle_s
+            for session_id in [s for s, live in self._live.items() if not live.busy and live.used < cutoff]:
+                await self._close(session_id)
 
     def stop(self) -> None:
         """The engine shuts down (its requests with it): no more looks for idle ones."""

@@ -1041,7 +1041,7 @@ class RealtimeSession:
             metadata=r.metadata,
         )
 
-    def _frame(self, frame_ms: float) -> None:
+    def _observe_frame(self, frame_ms: float) -> None:
         """Admission's signal (Metronome): the decode engine's frame time over the audio a token
         yields — above 1 the engine cannot keep its sessions' speech real-time, whatever the
         buffers hold; a paced (held) response does not read as late, as delivery intervals would."""
@@ -1064,8 +1064,8 @@ class RealtimeSession:
         self.monitor.response_started(self.key)
         try:
             async for out in self.pipeline.generate(prepared):
-                if out.frame_ms and r.item.audio_out:
-                    self._frame(out.frame_ms)
+                if out.frame_ms > 0 and r.item.audio_out:
+                    self._observe_frame(out.frame_ms)
                 if r.message == "none" and (out.text or out.pcm16):
                     await self._begin_message(r)
                 if out.text:

@@ -6,14 +6,13 @@ Prometheus scrape (Ray's endpoint: our metrics with a `ray_` prefix, after a few
 from __future__ import annotations
 
 import base64
-import io
 import re
 import time
 import urllib.request
-import wave
 
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
+from services.pipeline.media import wav_bytes
 from services.quota.tenants import Limits
 from services.realtime.codecs import PCM_RATE
 from tests.conftest import data_url, grpc_channel, new_tenant, png_bytes, until
@@ -78,11 +77,8 @@ def _realtime_traffic(openai_client, model_name) -> None:
 
 def _transcription_traffic(openai_client, model_name) -> None:
     """A second of audio to the transcription endpoint (the gateway counts transcribed seconds)."""
-    wav = io.BytesIO()
-    with wave.open(wav, "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(PCM_RATE)
-        w.writeframes(base64.b64decode(_speech(1.0)))
-    openai_client.audio.transcriptions.create(model=model_name, file=("tone.wav", wav.getvalue()))
+    wav = wav_bytes(base64.b64decode(_speech(1.0)), PCM_RATE)
+    openai_client.audio.transcriptions.create(model=model_name, file=("tone.wav", wav))
 
 
 def test_every_dashboard_metric_is_emitted(omniray, openai_client, model_name):

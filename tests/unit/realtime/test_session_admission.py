@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from omni.v1 import common_pb2
+
 from services.pipeline.pipeline import Event
 from services.policies.admission import AdmissionParams
 from services.realtime.session import PCM_RATE
@@ -30,13 +32,8 @@ class Speaking(Pipeline):
             yield Event(text="word ", tokens=1, frame_ms=self.frame_ms)
             await asyncio.sleep(self.gap_s)
             yield Event(pcm16=bytes(int(PCM_RATE * MS_PER_TOKEN / 1000) * 2), sample_rate=PCM_RATE)
-        yield Event(finish_reason="stop", usage=self._usage(prepared))
-
-    @staticmethod
-    def _usage(prepared):
-        from omni.v1 import common_pb2
-
-        return common_pb2.Usage(prompt_tokens=prepared.prompt_tokens, completion_tokens=TOKENS)
+        usage = common_pb2.Usage(prompt_tokens=prepared.prompt_tokens, completion_tokens=TOKENS)
+        yield Event(finish_reason="stop", usage=usage)
 
 
 async def _limit_after(frame_ms: float, responses: int, gap_s: float = 0.0) -> float:
