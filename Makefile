@@ -28,6 +28,9 @@ system-deps:
 	@command -v promtool >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 	  (apt-get update -qq && apt-get install -y -qq prometheus) >/dev/null; } || \
 	  echo "[setup] promtool (apt: prometheus) not installed: the dashboard and alert rule tests fail"
+	@command -v chromium >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null; } || \
+	  echo "[setup] chromium not installed: the voice console's browser tests are skipped"
 
 # One stamp per dependency set: re-runs only when pyproject.toml or constraints.txt change.
 $(VENV)/.installed: pyproject.toml constraints.txt

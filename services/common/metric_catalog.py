@@ -92,6 +92,13 @@ def _declared() -> list[Metric]:
             "Seconds a client playing audio from its first chunk in real time waits for the next.",
             ("api",),
         ),
+        # WebRTC calls (services/gateway/webrtc.py)
+        Metric("omniray_gateway_webrtc_calls", g, "Open realtime calls over WebRTC on this gateway replica."),
+        Metric(
+            "omniray_gateway_webrtc_input_dropped_seconds_total",
+            c,
+            "Seconds of a WebRTC caller's microphone audio dropped because its session fell behind.",
+        ),
         # quota (services/gateway/quota.py)
         Metric(
             "omniray_quota_rejections_total",

@@ -15,7 +15,8 @@ from services.quota.service import QuotaService
 from services.quota.tenants import Tenants
 
 # Quota calls that need Redis (the `op` label of omniray_quota_redis_errors_total).
-REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio", "session_close")
+REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio", "session_close",
+             "client_secret")  # fmt: skip
 
 
 class QuotaMetrics:

@@ -25,7 +25,7 @@ from services.common import telemetry
 from services.common.errors import OmniError, internal_error, too_large
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
-from services.gateway import audio_api, grpc_wire, openai_api, responses_api
+from services.gateway import audio_api, grpc_wire, openai_api, realtime_auth, responses_api, webrtc
 from services.gateway.audio_files import SpeechFile
 from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
@@ -133,6 +133,7 @@ class Gateway:
         self.pipeline = Pipeline(self.profile, self.handles, prompts, self.quota, async_chunk=async_chunk)
         self.metrics = _Metrics()
         self.realtime_hub = RealtimeHub(self.pipeline, self.profile, self.quota)
+        self.calls = webrtc.Calls(self.realtime_hub)
 
     # ---- observation helpers ------------------------------------------------------------
 
@@ -448,18 +449,67 @@ class Gateway:
 
     # ---- Realtime (WebSocket) ------------------------------------------------------------
 
+    @api.post("/v1/realtime/client_secrets")
+    async def client_secrets(self, request: Request):
+        """An ephemeral, single-use key for one realtime session of the caller's tenant
+        (services/gateway/realtime_auth.py)."""
+        async with self._admitting("client_secrets", "gateway.client_secrets", request.headers) as (
+            _,
+            tenant,
+        ):
+            asked = openai_api.validated(realtime_auth.ClientSecretRequest, await self._read_json(request))
+            config = realtime_auth.secret_settings(asked, self.profile)
+            value, expires_at = await self.quota.mint_secret(
+                tenant, asked.session, asked.expires_after.seconds
+            )
+        self.metrics.requests.inc(tags={"api": "client_secrets", "code": "ok"})
+        session = {**config.model_dump(), "model": config.model or self.profile.served_model_name}
+        return {"value": value, "expires_at": expires_at, "session": session}
+
+    @api.post("/v1/realtime/calls")
+    async def realtime_call(self, request: Request):
+        """OpenAI Realtime over WebRTC: an SDP offer in, the answer out (201, `Location` names the
+        call); the session then runs on the peer connection (services/gateway/webrtc.py)."""
+        try:
+            offer = webrtc.check_offer(
+                await self._read_body(request), request.headers.get("content-type", "")
+            )
+            call, answer = await self.calls.answer(
+                offer,
+                bearer_token(request.headers.get("authorization")),
+                request.query_params.get("model"),
+                request.query_params.get(RESUME_PARAM),
+            )
+        except OmniError as e:
+            self.metrics.requests.inc(tags={"api": "webrtc", "code": str(e.status)})
+            raise
+        self.metrics.requests.inc(tags={"api": "webrtc", "code": "ok"})
+        return Response(answer, status_code=201, media_type="application/sdp",
+                        headers={"location": f"/v1/realtime/calls/{call.id}"})  # fmt: skip
+
+    @api.post("/v1/realtime/calls/{call_id}/hangup")
+    async def realtime_hangup(self, call_id: str, request: Request):
+        """End a WebRTC call of the caller's tenant (on the replica that holds it)."""
+        tenant = await self.quota.authenticate(bearer_token(request.headers.get("authorization")))
+        self.calls.hang_up(call_id, tenant.id)
+        return Response(status_code=200)
+
     @api.websocket("/v1/realtime")
     async def realtime(self, ws: WebSocket):
         """OpenAI Realtime over a WebSocket: typed events in services/realtime/events.py, one
-        `RealtimeSession` per connection. Refusals (key, model) are an `error` event, then close."""
-        await ws.accept()
+        `RealtimeSession` per connection. Refusals (key, model) are an `error` event, then close.
+        A browser sends its key (or a client secret) as a subprotocol, and is answered `realtime`."""
+        subprotocols = ws.scope.get("subprotocols") or []
+        await ws.accept(
+            subprotocol=realtime_auth.SUBPROTOCOL if realtime_auth.SUBPROTOCOL in subprotocols else None
+        )
 
         async def send(event: se.ServerEvent) -> None:
             await ws.send_text(se.to_json(event))
 
         try:
             session = await self.realtime_hub.open(
-                bearer_token(ws.headers.get("authorization")),
+                bearer_token(ws.headers.get("authorization")) or realtime_auth.subprotocol_key(subprotocols),
                 ws.query_params.get("model"),
                 send,
                 ws.query_params.get(RESUME_PARAM),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from services.common.errors import OmniError
 from services.common.redis_config import UNAVAILABLE
 from services.quota.buckets import AdmitResult, Buckets, BucketState
+from services.quota.client_secrets import ClientSecrets, Redeemed
 from services.quota.tenants import MODALITIES, SloClass, Tenants, TenantSpec
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class QuotaService:
         self.tenants, self.buckets, self.metrics = tenants, buckets, metrics
         # Realtime session slots and audio: the same Redis, keys of their own.
         self.realtime = Buckets(buckets.redis, prefix=f"{buckets.prefix}-rt")
+        self.secrets = ClientSecrets(buckets.redis)
         self._queued: dict[str, int] = {}
         self._logged_at = -math.inf
 
@@ -126,6 +128,33 @@ class QuotaService:
                 headers={"www-authenticate": "Bearer"},
             )
         return tenant
+
+    async def mint_secret(self, tenant: TenantSpec, session: dict, ttl_s: int) -> tuple[str, int]:
+        """A single-use client secret for one realtime session of `tenant` (services/quota/client_secrets.py)."""
+        try:
+            return await self.secrets.mint(tenant, session, ttl_s)
+        except UNAVAILABLE as e:
+            self._redis_failed("client_secret", e)
+            raise unavailable() from None
+
+    async def redeem_secret(self, value: str) -> Redeemed:
+        """The tenant and settings of a client secret, taken out of the store; 401 when it is
+        unknown, already used or expired."""
+        try:
+            redeemed = await self.secrets.redeem(value)
+        except UNAVAILABLE as e:
+            self._redis_failed("client_secret", e)
+            raise unavailable() from None
+        if redeemed is None:
+            if self.metrics:
+                self.metrics.rejected("unknown", "none", "unauthenticated")
+            raise OmniError(
+                401,
+                "client secret unknown, already used or expired: mint a new one",
+                code="invalid_client_secret",
+                headers={"www-authenticate": "Bearer"},
+            )
+        return redeemed
 
     async def admit(self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass) -> Lease:
         limits = tenant.per_minute

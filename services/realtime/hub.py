@@ -19,6 +19,7 @@ from services.extensions.ray.replica_drain import on_drain
 from services.playback.board import BoardWriter
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
+from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.continuity import SessionStore
@@ -98,9 +99,17 @@ class RealtimeHub:
         send: Callable[[se.ServerEvent], Awaitable[None]],
         resume: str | None = None,
     ) -> RealtimeSession:
-        """A new session, or with `resume` (a session id) the tenant's saved session of that id."""
+        """A new session, or with `resume` (a session id) the tenant's saved session of that id.
+        `api_key` may be a client secret (services/quota/client_secrets.py): used up here, its
+        session settings applied before `session.created`."""
+        settings = None
         try:
-            tenant = await self.quota.authenticate(api_key)
+            if is_client_secret(api_key):
+                redeemed = await self.quota.redeem_secret(api_key)
+                tenant, settings = redeemed.tenant, redeemed.session
+                model = model or settings.get("model")
+            else:
+                tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
             if e.status != 401:  # the key could not be checked now (quota store unreachable)
                 raise Refused(se.error(e.message, e.code, kind="server_error"), "unavailable") from None
@@ -144,7 +153,7 @@ class RealtimeHub:
             if saved is not None:
                 session.restore(*saved)
             self._live[key] = session
-            await session.start(resumed=saved is not None)
+            await session.start(resumed=saved is not None, settings=None if saved is not None else settings)
             self._watch_drain()
             if self.draining:  # opened on a replica already draining: it moves on at once
                 await session.migrate()

@@ -229,6 +229,20 @@ class OutputAudioBufferCleared(_Event):
     response_id: str | None = None
 
 
+class OutputAudioBufferStarted(_Event):
+    """WebRTC only (OpenAI's): the response's audio began to play out on the peer connection."""
+
+    type: Literal["output_audio_buffer.started"] = "output_audio_buffer.started"
+    response_id: str
+
+
+class OutputAudioBufferStopped(_Event):
+    """WebRTC only (OpenAI's): all of the response's audio has been played out."""
+
+    type: Literal["output_audio_buffer.stopped"] = "output_audio_buffer.stopped"
+    response_id: str
+
+
 class _OutputItem(_Event):
     """An event about one output item of a response."""
 
@@ -404,6 +418,8 @@ ServerEvent = Annotated[
     | ConversationItemDone
     | ConversationItemDeleted
     | OutputAudioBufferCleared
+    | OutputAudioBufferStarted
+    | OutputAudioBufferStopped
     | ResponseOutputItemAdded
     | ResponseOutputItemDone
     | ResponseContentPartAdded

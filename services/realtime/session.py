@@ -289,8 +289,11 @@ class RealtimeSession:
         settings = {k: v for k, v in self.config.model_dump().items() if k not in ("id", "object", "model")}
         return se.Session(id=self.id, model=self.profile.served_model_name, **settings)
 
-    async def start(self, resumed: bool = False) -> None:
+    async def start(self, resumed: bool = False, settings: dict | None = None) -> None:
+        """Say the session is open; `settings`: what it starts with (a client secret's)."""
         self.monitor.open(self.key)
+        if settings:
+            await self._configure(settings, None)
         await self.send(se.SessionCreated(session=self.describe()))
         if resumed:
             await self.send(se.SessionResumed(session_id=self.id, items=[i.describe() for i in self.items]))
@@ -423,6 +426,29 @@ class RealtimeSession:
             err = internal_error(e, f"realtime session {self.key}: event failed")
             await self.send(se.error(err.message, err.code, getattr(event, "event_id", None), "server_error"))
 
+    async def append_audio(self, pcm16: bytes, event_id: str | None = None) -> None:
+        """User audio (pcm16 at 24 kHz) into the input buffer, through server VAD when it is on:
+        a client's `input_audio_buffer.append`, or a transport's own audio track (WebRTC)."""
+        limit = int(self.profile.limits.max_audio_seconds * PCM_RATE * 2)
+        if len(self.buffer) + len(pcm16) > limit:
+            raise ev.RealtimeEventError(
+                f"input audio buffer would exceed {self.profile.limits.max_audio_seconds} s",
+                code="input_audio_buffer_full",
+                event_id=event_id,
+            )
+        self.buffer += pcm16
+        if self.vad is not None:
+            await self._detect(pcm16)
+            self._prefill_ahead()
+
+    def played(self, item_id: str, played_ms: float) -> bool:
+        """How much of the current response's audio the client has played (what the scheduler and a
+        barge-in's cut go by); False when `item_id` is not the current response's item."""
+        if self.response is None or self.response.item.id != item_id:
+            return False
+        self.monitor.played(self.key, played_ms)
+        return True
+
     @property
     def busy(self) -> bool:
         """A response is in flight (a client may listen without sending anything meanwhile)."""
@@ -436,18 +462,7 @@ class RealtimeSession:
         if isinstance(event, ev.SessionUpdate):
             await self._update_session(event)
         elif isinstance(event, ev.InputAudioBufferAppend):
-            limit = int(self.profile.limits.max_audio_seconds * PCM_RATE * 2)
-            chunk = self.input_audio.decode(event.data(), event.event_id)
-            if len(self.buffer) + len(chunk) > limit:
-                raise ev.RealtimeEventError(
-                    f"input audio buffer would exceed {self.profile.limits.max_audio_seconds} s",
-                    code="input_audio_buffer_full",
-                    event_id=event.event_id,
-                )
-            self.buffer += chunk
-            if self.vad is not None:
-                await self._detect(chunk)
-                self._prefill_ahead()
+            await self.append_audio(self.input_audio.decode(event.data(), event.event_id), event.event_id)
         elif isinstance(event, ev.InputAudioBufferCommit):
             await self._commit(event)
         elif isinstance(event, ev.InputAudioBufferClear):
@@ -488,21 +503,22 @@ class RealtimeSession:
         elif isinstance(event, ev.ConversationItemRetrieve):
             item = self._find(event.item_id, event.event_id)
             await self.send(se.ConversationItemRetrieved(item=item.describe()))
-        elif isinstance(event, ev.PlaybackProgress):
-            current = self.response.item.id if self.response else None
-            if event.item_id != current:
-                raise ev.RealtimeEventError(
-                    f"playback progress for {event.item_id!r}, not the current response's item",
-                    code="item_not_found",
-                    event_id=event.event_id,
-                )
-            self.monitor.played(self.key, event.played_ms)
+        elif isinstance(event, ev.PlaybackProgress) and not self.played(event.item_id, event.played_ms):
+            raise ev.RealtimeEventError(
+                f"playback progress for {event.item_id!r}, not the current response's item",
+                code="item_not_found",
+                event_id=event.event_id,
+            )
 
     async def _update_session(self, event: ev.SessionUpdate) -> None:
-        """As OpenAI's: fields not given keep their values. A field this session cannot take (it
-        does not validate, or this deployment lacks it: a voice, more than its token cap) gets an
-        `error` event naming it and keeps its value; the rest of the update applies."""
-        given, refused = event.session, []
+        await self._configure(event.session, event.event_id)
+        await self.send(se.SessionUpdated(session=self.describe()))
+
+    async def _configure(self, given: dict, event_id: str | None) -> None:
+        """As OpenAI's `session.update`: fields not given keep their values. A field this session
+        cannot take (it does not validate, or this deployment lacks it: a voice, more than its token
+        cap) gets an `error` event naming it and keeps its value; the rest applies."""
+        refused = []
         while True:
             config, given, bad = ev.updated(self.config, given)
             deployment = await self._check(config, given)
@@ -514,14 +530,13 @@ class RealtimeSession:
         for loc, why in refused:
             where = ".".join(str(part) for part in loc)
             await self.send(
-                se.error(f"session.{where}: {why}", "invalid_value", event.event_id, param=f"session.{where}")
+                se.error(f"session.{where}: {why}", "invalid_value", event_id, param=f"session.{where}")
             )
         if not deployment:
             if config.audio.input.format.type != self.config.audio.input.format.type:
                 self.input_audio = InputAudio(config.audio.input.format.type)
             self.config = config
             self._start_vad()
-        await self.send(se.SessionUpdated(session=self.describe()))
 
     async def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
         """What only this deployment knows (its voices, its token cap, what it does with tools), as

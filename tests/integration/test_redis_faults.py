@@ -262,3 +262,17 @@ async def test_session_board_keeps_its_last_views_while_redis_is_stalled(redis_s
     finally:
         task.cancel()
         await client.aclose()
+
+
+async def test_client_secrets_fail_closed_within_2s(redis_server, quota):
+    """Minting or redeeming a client secret with Redis stalled is a 503 in bounded time (never a
+    secret that was not stored, nor a session opened on one that cannot be checked)."""
+    service, metrics = quota
+    tenant = await service.authenticate("sk-file")
+    value, _ = await service.mint_secret(tenant, {}, 60)
+    with redis_server.paused():
+        for call in (service.mint_secret(tenant, {}, 60), service.redeem_secret(value)):
+            elapsed, result = await timed(call)
+            assert_unavailable(result, elapsed)
+    assert metrics.count("redis_error", "client_secret") == 2
+    assert (await service.redeem_secret(value)).tenant.id == "filed"  # not used up by the failed try

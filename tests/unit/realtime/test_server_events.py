@@ -57,6 +57,8 @@ EXAMPLES = [
     se.ConversationItemDone(previous_item_id="item_0", item=USER),
     se.ConversationItemDeleted(item_id="item_1"),
     se.OutputAudioBufferCleared(response_id="resp_1"),
+    se.OutputAudioBufferStarted(response_id="resp_1"),
+    se.OutputAudioBufferStopped(response_id="resp_1"),
     se.ResponseOutputItemAdded(
         response_id="resp_1", item=se.Item(id="item_2", role="assistant", status="in_progress", content=[])
     ),

@@ -1,0 +1,154 @@
+"""An OpenAI-Realtime client over WebRTC (aiortc), for tests and benchmarks: the browser's flow
+without a browser. It POSTs its SDP offer to /v1/realtime/calls, speaks into its microphone track
+at real-time pace, keeps the server events from the `oai-events` data channel (the same event log
+as the WebSocket client's) and the audio it hears on the remote track, with arrival times.
+
+aiortc runs on an event loop of the client's own thread; the methods here block, like the
+WebSocket client's."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import av
+import httpx
+import numpy as np
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from loadtest.realtime_client import RATE, ServerEventLog
+from services.quota import LOCAL_API_KEY
+
+FRAME = RATE // 50  # 20 ms
+HEARD_LEVEL = 1  # a received frame with any sample beyond this is sound, not silence
+
+
+class CallRefused(Exception):
+    """The server answered the offer with an error (status, OpenAI-style body)."""
+
+    def __init__(self, status: int, body: dict):
+        super().__init__(status, body)
+        self.status, self.body = status, body
+
+
+class Microphone(MediaStreamTrack):
+    """pcm16 at 24 kHz fed by `feed`, sent at real time in 20 ms frames; silence when none."""
+
+    kind = "audio"
+
+    def __init__(self):
+        super().__init__()
+        self.pending = bytearray()
+        self._start = 0.0
+        self._timestamp = -1
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._timestamp < 0:
+            self._start, self._timestamp = time.monotonic(), 0
+        else:
+            self._timestamp += FRAME
+            await asyncio.sleep(self._start + self._timestamp / RATE - time.monotonic())
+        pcm = bytes(self.pending[: FRAME * 2])
+        del self.pending[: FRAME * 2]
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME)
+        frame.planes[0].update(pcm + bytes(FRAME * 2 - len(pcm)))
+        frame.pts, frame.sample_rate, frame.time_base = self._timestamp, RATE, fractions.Fraction(1, RATE)
+        return frame
+
+
+class WebRtcClient(ServerEventLog):
+    def __init__(
+        self,
+        http_url: str,
+        api_key: str = LOCAL_API_KEY,
+        model: str | None = None,
+        on_event: Callable[[dict], None] | None = None,
+        timeout: float = 120,
+    ):
+        """`http_url`: the gateway (http://host:port). Raises CallRefused when the offer is refused."""
+        super().__init__(on_event, timeout)
+        self.heard: list[tuple[float, int]] = []  # (arrival, peak |sample|) of each received frame
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self.mic = Microphone()
+        self.call_url: str | None = None
+        try:
+            offer = self._run(self._offer())
+            answer = httpx.post(
+                f"{http_url}/v1/realtime/calls",
+                params={"model": model} if model else None,
+                content=offer.encode(),
+                headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/sdp"},
+                timeout=timeout,
+            )
+            if answer.status_code != 201:
+                raise CallRefused(answer.status_code, answer.json())
+            self.call_url = http_url + answer.headers["location"]
+            self._run(self._connect(answer.text))
+        except BaseException:
+            self.close()
+            raise
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.timeout)
+
+    async def _offer(self) -> str:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc.addTrack(self.mic)
+        self.channel = self.pc.createDataChannel("oai-events")
+        self.channel.on("message", self.received)
+        self.channel.on("close", self.ended)
+        self.pc.on("track", lambda track: asyncio.ensure_future(self._listen(track)))
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        return self.pc.localDescription.sdp
+
+    async def _connect(self, answer: str) -> None:
+        opened = asyncio.Event()
+        self.channel.on("open", opened.set)
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await opened.wait()
+
+    async def _listen(self, track) -> None:
+        try:
+            while True:
+                frame = await track.recv()
+                self.heard.append((time.monotonic(), int(np.abs(frame.to_ndarray()).max(initial=0))))
+        except MediaStreamError:
+            pass
+
+    # ---- sending ----------------------------------------------------------------------------------
+
+    def send(self, event: dict) -> None:
+        self.loop.call_soon_threadsafe(self.channel.send, json.dumps(event))
+
+    def say(self, pcm: bytes) -> float:
+        """Speak `pcm` (pcm16 at 24 kHz) into the microphone; returns once it has been sent
+        (time.monotonic() then)."""
+        self.loop.call_soon_threadsafe(self.mic.pending.extend, pcm)
+        time.sleep(len(pcm) / 2 / RATE)
+        while self._run(self._pending()):
+            time.sleep(0.02)
+        return time.monotonic()
+
+    async def _pending(self) -> int:
+        return len(self.mic.pending)
+
+    # ---- hearing ----------------------------------------------------------------------------------
+
+    def sound_after(self, t: float) -> float | None:
+        """When the first received frame with sound arrived after `t`, if one did."""
+        return next((at for at, peak in list(self.heard) if at > t and peak > HEARD_LEVEL), None)
+
+    def close(self) -> None:
+        if hasattr(self, "pc"):
+            self._run(self.pc.close(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)

@@ -1,0 +1,71 @@
+"""How a browser authenticates to realtime: ephemeral client secrets (`POST
+/v1/realtime/client_secrets`, OpenAI's request and answer) and the key carried in a WebSocket
+subprotocol (a browser's WebSocket cannot send an `Authorization` header)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from services.common.errors import OmniError
+from services.models.profile import Profile
+from services.quota.client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S
+from services.realtime import events as ev
+
+# OpenAI's browser WebSocket: `new WebSocket(url, ["realtime", "openai-insecure-api-key." + key])`;
+# the server answers with the `realtime` subprotocol.
+SUBPROTOCOL = "realtime"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+
+
+class ExpiresAfter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int = Field(DEFAULT_TTL_S, ge=MIN_TTL_S, le=MAX_TTL_S)
+
+
+class ClientSecretRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    expires_after: ExpiresAfter = Field(default_factory=ExpiresAfter)
+    session: dict = Field(default_factory=dict)
+
+
+def secret_settings(request: ClientSecretRequest, profile: Profile) -> ev.SessionConfig:
+    """The session settings a secret fixes, checked now (a 422 naming the field) rather than when
+    the browser opens its session."""
+    try:
+        config = ev.SessionConfig.model_validate(request.session)
+    except ValidationError as e:
+        first = e.errors()[0]
+        param = ".".join(["session", *(str(p) for p in first["loc"])])
+        raise OmniError(422, f"{param}: {first['msg']}", code="invalid_value", param=param) from None
+    if config.model is not None and not profile.serves(config.model):
+        raise OmniError(
+            422,
+            f"model {config.model[:64]!r} is not served here",
+            code="model_not_found",
+            param="session.model",
+        )
+    voice = config.audio.output.voice
+    if voice is not None and profile.voice(voice) is None:
+        raise OmniError(
+            422,
+            f"unknown voice {voice[:64]!r}; available: {profile.voice_names()}",
+            code="invalid_value",
+            param="session.audio.output.voice",
+        )
+    cap = profile.limits.max_tokens_cap
+    if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
+        raise OmniError(
+            422, f"must be at most {cap}", code="invalid_value", param="session.max_output_tokens"
+        )
+    return config
+
+
+def subprotocol_key(subprotocols: list[str]) -> str | None:
+    """The API key or client secret a browser put in its WebSocket subprotocols, if any."""
+    for proto in subprotocols:
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return proto[len(KEY_SUBPROTOCOL) :] or None
+    return None

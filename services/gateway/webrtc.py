@@ -1,0 +1,348 @@
+"""Realtime over WebRTC, OpenAI's browser flow: the client POSTs an SDP offer to
+`/v1/realtime/calls` (with an API key or a client secret) and gets the answer; its microphone comes
+in as Opus over RTP, the responses' audio goes out the same way, and the realtime events travel as
+JSON on the data channel the client opens (`oai-events`). The session is the WebSocket path's
+`RealtimeSession`, so every policy behind it applies unchanged; only the audio takes the RTP track.
+
+The playback position the scheduler and barge-in go by is the transport's own playout: audio is
+paced onto the track at real time, and what has gone out has been played (less the browser's jitter
+buffer, a few tens of ms).
+
+ICE uses host candidates only (no STUN/TURN): peers must reach the gateway replica's addresses
+directly (docs/webrtc.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+import av
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from services.common.errors import OmniError, bad_request
+from services.common.telemetry import metric
+from services.extensions.ray.metrics import zero
+from services.realtime import events as ev
+from services.realtime import server_events as se
+from services.realtime.codecs import PCM_RATE, InputAudio
+from services.realtime.hub import RealtimeHub, Refused
+from services.realtime.session import RealtimeSession
+
+log = logging.getLogger(__name__)
+
+MAX_SDP_BYTES = 64 * 1024  # browsers' offers are a few KiB
+CONNECT_TIMEOUT_S = 30.0  # a peer not connected (ICE + DTLS) by then: the call ends
+FRAME_SAMPLES = PCM_RATE // 50  # 20 ms: Opus's usual packet
+INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this many ms at a time
+MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
+MAX_EARLY_EVENTS = 1000  # server events held until the data channel opens
+ERROR_EVERY_S = 1.0  # a failing audio path reports once a second, not at the frame rate
+REFUSAL_STATUS = {"unauthenticated": 401, "not_found": 404, "limit": 429, "unavailable": 503}
+
+
+class _Metrics:
+    def __init__(self):
+        self.calls = metric("omniray_gateway_webrtc_calls")
+        self.dropped = metric("omniray_gateway_webrtc_input_dropped_seconds_total")
+        zero(self.dropped)
+        self.calls.set(0)
+
+
+class Playout(MediaStreamTrack):
+    """The responses' audio (pcm16 at 24 kHz) paced onto the peer connection at real time, silence
+    between responses. `progress(item_id, played_ms)` and `events(event)` report what went out."""
+
+    kind = "audio"
+
+    def __init__(self, progress: Callable[[str, float], None], events: Callable[[se.ServerEvent], None]):
+        super().__init__()
+        self._progress, self._events = progress, events
+        self._queue: deque[list] = deque()  # [response_id, item_id, bytearray] in play order
+        self._played_ms: dict[str, float] = {}  # by item
+        self._done: set[str] = set()  # responses whose audio is all queued
+        self._playing: str | None = None  # the response whose audio is going out
+        self._start = 0.0
+        self._timestamp = -1
+
+    def push(self, response_id: str, item_id: str, pcm16: bytes) -> None:
+        if self._queue and self._queue[-1][1] == item_id:
+            self._queue[-1][2] += pcm16
+        else:
+            self._queue.append([response_id, item_id, bytearray(pcm16)])
+
+    def finish(self, response_id: str) -> None:
+        """No more audio comes for this response."""
+        self._done.add(response_id)
+        if self._playing == response_id and not self._queue:
+            self._stopped()
+
+    def clear(self, item_id: str | None = None) -> str | None:
+        """Drop the audio not yet played (of `item_id` only, when given); the response whose audio
+        was cut, if any."""
+        cut = None
+        for entry in list(self._queue):
+            if item_id is None or entry[1] == item_id:
+                self._queue.remove(entry)
+                cut = cut or entry[0]
+        if cut is not None and self._playing == cut:
+            self._playing = None
+        return cut
+
+    def _stopped(self) -> None:
+        self._events(se.OutputAudioBufferStopped(response_id=self._playing))
+        self._done.discard(self._playing)
+        self._playing = None
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._timestamp < 0:
+            self._start, self._timestamp = time.monotonic(), 0
+        else:
+            self._timestamp += FRAME_SAMPLES
+            await asyncio.sleep(self._start + self._timestamp / PCM_RATE - time.monotonic())
+        pcm = bytes(FRAME_SAMPLES * 2)
+        if self._queue:
+            response_id, item_id, buffer = self._queue[0]
+            if self._playing != response_id:
+                self._playing = response_id
+                self._events(se.OutputAudioBufferStarted(response_id=response_id))
+            taken = bytes(buffer[: len(pcm)])
+            del buffer[: len(pcm)]
+            pcm = taken + pcm[len(taken) :]
+            played = self._played_ms.get(item_id, 0.0) + len(taken) / 2 / PCM_RATE * 1000
+            self._played_ms[item_id] = played
+            self._progress(item_id, played)
+            if not buffer:
+                self._queue.popleft()
+        if self._playing is not None and self._playing in self._done and not self._queue:
+            self._stopped()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm)
+        frame.pts, frame.sample_rate = self._timestamp, PCM_RATE
+        frame.time_base = fractions.Fraction(1, PCM_RATE)
+        return frame
+
+
+class Call:
+    """One realtime session over one peer connection."""
+
+    def __init__(self, pc: RTCPeerConnection, metrics: _Metrics):
+        self.id = se.new_id("rtc")
+        self.pc, self.metrics = pc, metrics
+        self.session: RealtimeSession | None = None
+        self.channel = None
+        self.early: list[str] = []  # server events before the data channel opened
+        self.playout = Playout(self._progress, self._emit)
+        self.pending: asyncio.Queue = asyncio.Queue(MAX_PENDING)  # ("event", text) | ("audio", pcm16)
+        self.over = asyncio.Event()
+        self.connected = asyncio.Event()
+        self._decoders: dict[str, InputAudio] = {}  # a response's output format -> pcm16 (by response)
+        self._tasks: set[asyncio.Task] = set()
+        self._reported_at = -float("inf")
+
+    # ---- server events out ----------------------------------------------------------------------
+
+    def _emit(self, event: se.ServerEvent) -> None:
+        text = se.to_json(event)
+        if self.channel is None or self.channel.readyState != "open":
+            if len(self.early) < MAX_EARLY_EVENTS:
+                self.early.append(text)
+            return
+        try:
+            self.channel.send(text)
+        except Exception:  # the channel closed under us: the call is ending
+            self.over.set()
+
+    async def send(self, event: se.ServerEvent) -> None:
+        """The session's events: audio onto the track, everything else onto the data channel."""
+        if isinstance(event, se.ResponseOutputAudioDelta):
+            self.playout.push(event.response_id, event.item_id, self._pcm16(event.response_id, event.delta))
+            return
+        if isinstance(event, se.ResponseDone):
+            self.playout.finish(event.response.id)
+            self._decoders.pop(event.response.id, None)
+        self._emit(event)
+        if isinstance(event, se.ConversationItemTruncated):  # a barge-in: what was not heard is dropped
+            if (cut := self.playout.clear(event.item_id)) is not None:
+                self._emit(se.OutputAudioBufferCleared(response_id=cut))
+        elif isinstance(event, se.OutputAudioBufferCleared):
+            self.playout.clear()
+
+    def _pcm16(self, response_id: str, audio: bytes) -> bytes:
+        fmt = self.session.config.audio.output.format.type if self.session else "audio/pcm"
+        if fmt == "audio/pcm":
+            return audio
+        decoder = self._decoders.setdefault(response_id, InputAudio(fmt))
+        return decoder.decode(audio)
+
+    def _progress(self, item_id: str, played_ms: float) -> None:
+        if self.session is not None:
+            self.session.played(item_id, played_ms)
+
+    # ---- peer connection in ---------------------------------------------------------------------
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def on_datachannel(self, channel) -> None:
+        if self.channel is not None:  # the events travel on the first one
+            return
+        self.channel = channel
+
+        @channel.on("open")
+        def _open():
+            early, self.early = self.early, []
+            for text in early:
+                channel.send(text)
+
+        @channel.on("message")
+        def _message(message):
+            try:
+                self.pending.put_nowait(("event", message))
+            except asyncio.QueueFull:
+                self._emit(se.error("too many client events waiting; slow down", "rate_limit_exceeded"))
+
+        channel.on("close", self.over.set)
+        if channel.readyState == "open":
+            _open()
+
+    def on_track(self, track) -> None:
+        if track.kind == "audio":
+            self._spawn(self._microphone(track))
+
+    async def _microphone(self, track) -> None:
+        """The client's audio, resampled to the session's pcm16 at 24 kHz, in INPUT_CHUNK_MS chunks."""
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=PCM_RATE)
+        chunk, step = bytearray(), PCM_RATE * INPUT_CHUNK_MS // 1000 * 2
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                for out in resampler.resample(frame):
+                    chunk += bytes(out.planes[0])[: out.samples * 2]
+                if len(chunk) < step:
+                    continue
+                try:
+                    self.pending.put_nowait(("audio", bytes(chunk)))
+                except asyncio.QueueFull:  # the session is behind: this audio is lost, counted
+                    self.metrics.dropped.inc(len(chunk) / 2 / PCM_RATE)
+                chunk.clear()
+
+    async def _serve(self) -> None:
+        """Client events and audio into the session, one at a time and in order (as a WebSocket's)."""
+        while True:
+            kind, data = await self.pending.get()
+            if kind == "event":
+                await self.session.handle(data)
+                continue
+            try:
+                await self.session.append_audio(data)
+            except ev.RealtimeEventError as e:  # reported once a second, the call goes on
+                if time.monotonic() - self._reported_at >= ERROR_EVERY_S:
+                    self._reported_at = time.monotonic()
+                    await self.session.send(se.error(str(e), e.code))
+
+    # ---- lifetime -------------------------------------------------------------------------------
+
+    async def run(self, hub: RealtimeHub) -> None:
+        """Serve the call until the peer leaves (or never connects), the session ends (resumed
+        elsewhere, moved off a draining replica) or it is hung up; then let everything go."""
+        self._spawn(self._serve())
+        self.session.ended.add_done_callback(lambda _: self.over.set())
+        try:
+            await asyncio.wait_for(self.connected.wait(), CONNECT_TIMEOUT_S)
+            await self.over.wait()
+        except TimeoutError:
+            log.info("webrtc call %s: peer not connected in %.0f s", self.id, CONNECT_TIMEOUT_S)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            self.playout.stop()
+            await self.pc.close()
+            await hub.close(self.session)
+
+    def on_connection_state(self) -> None:
+        state = self.pc.connectionState
+        if state == "connected":
+            self.connected.set()
+        elif state in ("failed", "closed"):
+            self.over.set()
+
+
+def check_offer(body: bytes, content_type: str) -> str:
+    if content_type.split(";")[0].strip().lower() != "application/sdp":
+        raise OmniError(415, "send the SDP offer as the body, with Content-Type: application/sdp",
+                        code="unsupported_media_type")  # fmt: skip
+    if len(body) > MAX_SDP_BYTES:
+        raise OmniError(413, f"SDP offer is larger than {MAX_SDP_BYTES} bytes", code="request_too_large")
+    try:
+        sdp = body.decode()
+    except UnicodeDecodeError:
+        raise bad_request("SDP offer is not UTF-8 text", code="invalid_sdp") from None
+    if "m=audio" not in sdp:
+        raise bad_request("the SDP offer has no audio (m=audio): the call needs a microphone track",
+                          code="invalid_sdp")  # fmt: skip
+    return sdp
+
+
+class Calls:
+    """The WebRTC calls of one gateway replica."""
+
+    def __init__(self, hub: RealtimeHub):
+        self.hub = hub
+        self.live: dict[str, Call] = {}
+        self.metrics = _Metrics()
+
+    async def answer(
+        self, offer: str, api_key: str | None, model: str | None, resume: str | None
+    ) -> tuple[Call, str]:
+        """Open a session for the offer: the call and the SDP answer. A bad offer is a 400 before
+        the key is looked at (a client secret is not used up on it); a refused session is the
+        WebSocket path's refusal as an HTTP error."""
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only
+        call = Call(pc, self.metrics)
+        pc.on("datachannel", call.on_datachannel)
+        pc.on("track", call.on_track)
+        pc.on("connectionstatechange", call.on_connection_state)
+        try:
+            try:
+                await pc.setRemoteDescription(RTCSessionDescription(sdp=offer, type="offer"))
+            except Exception:  # aiortc raises whatever its parser meets; the text stays here
+                raise bad_request(
+                    "the SDP offer could not be parsed or negotiated", code="invalid_sdp"
+                ) from None
+            try:
+                call.session = await self.hub.open(api_key, model, call.send, resume)
+            except Refused as refused:
+                e = refused.event.error
+                raise OmniError(REFUSAL_STATUS[refused.reason], e.message, code=e.code, type=e.type) from None
+            pc.addTrack(call.playout)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except BaseException:
+            if call.session is not None:
+                await self.hub.close(call.session)
+            await pc.close()
+            raise
+        self.live[call.id] = call
+        self.metrics.calls.set(len(self.live))
+        task = asyncio.create_task(call.run(self.hub))
+        task.add_done_callback(lambda _: self._ended(call))
+        return call, pc.localDescription.sdp
+
+    def _ended(self, call: Call) -> None:
+        self.live.pop(call.id, None)
+        self.metrics.calls.set(len(self.live))
+
+    def hang_up(self, call_id: str, tenant_id: str) -> None:
+        call = self.live.get(call_id)
+        if call is None or call.session.tenant.id != tenant_id:
+            raise OmniError(404, f"no call {call_id[:64]!r} on this server", code="call_not_found")
+        call.over.set()

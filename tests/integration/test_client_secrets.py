@@ -1,0 +1,69 @@
+"""Ephemeral client secrets against a real Redis: single use (also when two gateways race for one),
+expiry, tenant and settings carried, only a digest stored."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.common.errors import OmniError
+from services.quota.buckets import Buckets
+from services.quota.client_secrets import PREFIX, REDIS_SECRET, ClientSecrets
+from services.quota.service import QuotaService
+from services.quota.tenants import Limits, Tenants, TenantSpec, key_digest
+
+
+@pytest.fixture
+async def redis(redis_url):
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+TENANT = TenantSpec(id="acme", per_minute=Limits(text_tokens=5000))
+
+
+async def test_a_secret_opens_one_session_with_its_tenant_and_settings(redis):
+    secrets = ClientSecrets(redis)
+    value, expires_at = await secrets.mint(TENANT, {"instructions": "be brief"}, 60)
+    assert value.startswith(PREFIX) and len(value) > 40
+    assert abs(expires_at - (time.time() + 60)) < 2
+    key = REDIS_SECRET.format(key_digest(value))  # the digest, not the secret
+    assert value.encode() not in await redis.get(key)
+    redeemed = await secrets.redeem(value)
+    assert redeemed.tenant == TENANT and redeemed.session == {"instructions": "be brief"}
+    assert await secrets.redeem(value) is None  # single use
+    assert not await redis.exists(key)
+
+
+async def test_two_gateways_racing_for_one_secret_get_it_once(redis):
+    value, _ = await ClientSecrets(redis).mint(TENANT, {}, 60)
+    results = await asyncio.gather(*(ClientSecrets(redis).redeem(value) for _ in range(8)))
+    assert sum(r is not None for r in results) == 1
+
+
+async def test_an_expired_secret_is_refused(redis):
+    secrets = ClientSecrets(redis)
+    value, _ = await secrets.mint(TENANT, {}, 1)
+    await asyncio.sleep(1.2)
+    assert await secrets.redeem(value) is None
+
+
+async def test_the_quota_service_refuses_unknown_used_and_expired_secrets_with_a_401(redis, tmp_path):
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants: []\n")
+    service = QuotaService(Tenants(path, redis), Buckets(redis))
+    value, _ = await service.mint_secret(TENANT, {}, 60)
+    assert (await service.redeem_secret(value)).tenant.id == "acme"
+    for bad in (value, PREFIX + "never-minted"):
+        with pytest.raises(OmniError) as refused:
+            await service.redeem_secret(bad)
+        assert refused.value.status == 401 and refused.value.code == "invalid_client_secret"
+    # a secret is not an API key: REST does not take it
+    fresh, _ = await service.mint_secret(TENANT, {}, 60)
+    with pytest.raises(OmniError) as refused:
+        await service.authenticate(fresh)
+    assert refused.value.status == 401
