@@ -107,8 +107,13 @@ class WebRtcClient(ServerEventLog):
         self.channel.on("message", self.received)
         self.channel.on("close", self.ended)
         self.pc.on("track", lambda track: asyncio.ensure_future(self._listen(track)))
+        self.pc.on("connectionstatechange", self._state)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         return self.pc.localDescription.sdp
+
+    def _state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed") and not self.closed:
+            self.ended()
 
     async def _connect(self, answer: str) -> None:
         opened = asyncio.Event()
@@ -146,6 +151,15 @@ class WebRtcClient(ServerEventLog):
     def sound_after(self, t: float) -> float | None:
         """When the first received frame with sound arrived after `t`, if one did."""
         return next((at for at, peak in list(self.heard) if at > t and peak > HEARD_LEVEL), None)
+
+    def wait_sound(self, t: float, timeout: float | None = None) -> float:
+        """When the first frame with sound after `t` arrived, waiting for it; TimeoutError if none."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while (at := self.sound_after(t)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no sound heard after {t:.3f}")
+            time.sleep(0.01)
+        return at
 
     def close(self) -> None:
         if hasattr(self, "pc"):

@@ -62,7 +62,7 @@ class Playout(MediaStreamTrack):
 
     def __init__(self, progress: Callable[[str, float], None], events: Callable[[se.ServerEvent], None]):
         super().__init__()
-        self._progress, self._events = progress, events
+        self._progress, self._report = progress, events
         self._queue: deque[list] = deque()  # [response_id, item_id, bytearray] in play order
         self._played_ms: dict[str, float] = {}  # by item
         self._done: set[str] = set()  # responses whose audio is all queued
@@ -95,7 +95,7 @@ class Playout(MediaStreamTrack):
         return cut
 
     def _stopped(self) -> None:
-        self._events(se.OutputAudioBufferStopped(response_id=self._playing))
+        self._report(se.OutputAudioBufferStopped(response_id=self._playing))
         self._done.discard(self._playing)
         self._playing = None
 
@@ -112,7 +112,7 @@ class Playout(MediaStreamTrack):
             response_id, item_id, buffer = self._queue[0]
             if self._playing != response_id:
                 self._playing = response_id
-                self._events(se.OutputAudioBufferStarted(response_id=response_id))
+                self._report(se.OutputAudioBufferStarted(response_id=response_id))
             taken = bytes(buffer[: len(pcm)])
             del buffer[: len(pcm)]
             pcm = taken + pcm[len(taken) :]
@@ -142,7 +142,7 @@ class Call:
         self.playout = Playout(self._progress, self._emit)
         self.pending: asyncio.Queue = asyncio.Queue(MAX_PENDING)  # ("event", text) | ("audio", pcm16)
         self.over = asyncio.Event()
-        self.connected = asyncio.Event()
+        self.connected = False  # ICE and DTLS up (the peer connection's state)
         self._decoders: dict[str, InputAudio] = {}  # a response's output format -> pcm16 (by response)
         self._tasks: set[asyncio.Task] = set()
         self._reported_at = -float("inf")
@@ -257,22 +257,27 @@ class Call:
         elsewhere, moved off a draining replica) or it is hung up; then let everything go."""
         self._spawn(self._serve())
         self.session.ended.add_done_callback(lambda _: self.over.set())
+        deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._not_connected)
         try:
-            await asyncio.wait_for(self.connected.wait(), CONNECT_TIMEOUT_S)
             await self.over.wait()
-        except TimeoutError:
-            log.info("webrtc call %s: peer not connected in %.0f s", self.id, CONNECT_TIMEOUT_S)
         finally:
+            deadline.cancel()
             for task in list(self._tasks):
                 task.cancel()
-            self.playout.stop()
-            await self.pc.close()
-            await hub.close(self.session)
+            try:
+                await self.pc.close()  # stops its tracks too
+            finally:
+                await hub.close(self.session)
+
+    def _not_connected(self) -> None:
+        if not self.connected:
+            log.info("webrtc call %s: peer not connected in %.0f s", self.id, CONNECT_TIMEOUT_S)
+            self.over.set()
 
     def on_connection_state(self) -> None:
         state = self.pc.connectionState
         if state == "connected":
-            self.connected.set()
+            self.connected = True
         elif state in ("failed", "closed"):
             self.over.set()
 

@@ -1,0 +1,198 @@
+"""Realtime over WebRTC on the tiny deployment, with an aiortc client (no browser): a spoken question
+answered with audio on the RTP track, a barge-in that cuts the reply where the transport's playout
+was; client secrets (single use, over WebRTC and a browser's WebSocket subprotocol); bad offers and
+bad mint requests answered with clear 4xx errors."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import httpx
+import pytest
+import websockets
+import websockets.sync.client as ws_client
+
+from loadtest.realtime_client import RATE
+from loadtest.speech import speech
+from loadtest.webrtc_client import CallRefused, WebRtcClient
+from services.quota import LOCAL_API_KEY
+from tests.conftest import AUTH
+
+SILENCE = bytes(RATE * 2 * 8 // 10)
+VAD = {"type": "server_vad", "silence_duration_ms": 400}
+
+
+def _mint(omniray, body: dict, key: str = LOCAL_API_KEY) -> httpx.Response:
+    return httpx.post(f"{omniray.http_url}/v1/realtime/client_secrets", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+
+
+def _assert_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] == code and "Traceback" not in error["message"], error
+    return error
+
+
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
+def test_a_spoken_question_is_answered_over_rtp_and_a_barge_in_cuts_it(omniray, model_name):
+    c = WebRtcClient(omniray.http_url, model=model_name, timeout=90)
+    try:
+        c.wait("session.created")
+        c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 400,
+                                                      "audio": {"input": {"turn_detection": VAD}}}})  # fmt: skip
+        c.wait("session.updated")
+        asked = time.monotonic()
+        c.say(speech("What is the weather like in Paris today?") + SILENCE)
+        committed = c.wait("input_audio_buffer.committed", c.wait("input_audio_buffer.speech_stopped"))
+        created = c.wait("response.created", committed)
+        started = c.wait("output_audio_buffer.started", created)
+        response_id = c.event(created)["response"]["id"]
+        assert c.event(started)["response_id"] == response_id
+        heard = c.wait_sound(c.at(created))
+        assert c.sound_after(asked) == heard  # silence until the answer
+        time.sleep(1.0)  # let a second of the answer play
+
+        c.say(speech("Wait, stop, tell me about London instead.")[: RATE * 2])  # still talking
+        barge = c.wait("input_audio_buffer.speech_started", started)
+        done = c.wait("response.done", barge)
+        truncated = c.event(c.wait("conversation.item.truncated", barge))
+        cleared = c.wait("output_audio_buffer.cleared", barge)
+        assert c.event(done)["response"]["status"] == "cancelled"
+        assert c.event(cleared)["response_id"] == response_id
+        # Cut where the transport's playout was: about the second it played, not what was generated.
+        played_s = c.at(barge) - c.at(started)
+        assert 0.5 * played_s * 1000 < truncated["audio_end_ms"] < played_s * 1000 + 500, (
+            truncated,
+            played_s,
+        )
+        assert truncated["omniray"]["wasted_tokens"] > 0
+        # The microphone's silence ends the interruption: it is the next turn, answered. Until that
+        # answer plays, nothing of the cut reply does (frames in flight aside).
+        created2 = c.wait("response.created", done)
+        started2 = c.wait("output_audio_buffer.started", created2)
+        assert (c.sound_after(c.at(cleared) + 0.2) or float("inf")) >= c.at(started2) - 0.1
+        second = c.wait("response.done", created2)
+        assert c.event(second)["response"]["status"] in ("completed", "incomplete")
+        # Audio travels on the track only; the data channel carries the events.
+        assert not [e for _, e in c.events if e["type"] == "response.output_audio.delta"]
+        assert c.errors() == [] and c.malformed == []
+    finally:
+        c.close()
+
+
+def test_a_call_is_hung_up_and_the_session_closed(omniray, model_name):
+    c = WebRtcClient(omniray.http_url, model=model_name, timeout=60)
+    try:
+        c.wait("session.created")
+        other = httpx.post(f"{c.call_url}-x/hangup", headers=AUTH, timeout=10)
+        _assert_error(other, 404, "call_not_found")
+        assert httpx.post(f"{c.call_url}/hangup", headers=AUTH, timeout=10).status_code == 200
+        c.wait_closed(timeout=15)  # the data channel closes with the call
+    finally:
+        c.close()
+
+
+def test_a_client_secret_opens_one_session_over_webrtc(omniray, model_name):
+    minted = _mint(omniray, {"expires_after": {"anchor": "created_at", "seconds": 60},
+                             "session": {"type": "realtime", "instructions": "Answer in French.",
+                                         "audio": {"output": {"voice": "marin"}}}})  # fmt: skip
+    assert minted.status_code == 200, minted.text
+    secret = minted.json()
+    assert secret["value"].startswith("ek_") and secret["expires_at"] > time.time() + 50
+    assert (
+        secret["session"]["model"] == model_name and secret["session"]["instructions"] == "Answer in French."
+    )
+    # A bad offer does not use it up.
+    bad = httpx.post(f"{omniray.http_url}/v1/realtime/calls", content=b"v=0\r\nm=audio nonsense",
+                     headers={"Authorization": f"Bearer {secret['value']}", "Content-Type": "application/sdp"})  # fmt: skip
+    _assert_error(bad, 400, "invalid_sdp")
+    c = WebRtcClient(omniray.http_url, api_key=secret["value"], timeout=60)
+    try:
+        session = c.event(c.wait("session.created"))["session"]
+        assert session["instructions"] == "Answer in French."
+        assert session["audio"]["output"]["voice"] == "marin"
+    finally:
+        c.close()
+    with pytest.raises(CallRefused) as again:
+        WebRtcClient(omniray.http_url, api_key=secret["value"], timeout=60)
+    assert again.value.status == 401 and again.value.body["error"]["code"] == "invalid_client_secret"
+
+
+def test_a_browser_websocket_authenticates_with_a_subprotocol(omniray, model_name):
+    """`new WebSocket(url, ["realtime", "openai-insecure-api-key." + secret])`: accepted with the
+    `realtime` subprotocol; the secret is single use; the API key works the same way."""
+    url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
+    secret = _mint(omniray, {}).json()["value"]
+    for key, opens in ((secret, True), (secret, False), (LOCAL_API_KEY, True)):
+        with ws_client.connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{key}"]) as ws:
+            assert ws.subprotocol == "realtime"
+            first = ws.recv(timeout=30)
+            if opens:
+                assert '"session.created"' in first, first
+            else:
+                assert '"invalid_client_secret"' in first, first
+                with pytest.raises(websockets.exceptions.ConnectionClosed):
+                    ws.recv(timeout=10)
+                assert ws.close_code == 1008
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"expires_after": {"anchor": "created_at", "seconds": 5}}, 422, "invalid_value"),
+        ({"expires_after": {"anchor": "created_at", "seconds": 9000}}, 422, "invalid_value"),
+        ({"expires_after": {"anchor": "used_at", "seconds": 60}}, 422, "invalid_value"),
+        ({"session": {"audio": {"output": {"voice": "nobody"}}}}, 422, "invalid_value"),
+        ({"session": {"model": "gpt-unknown"}}, 422, "model_not_found"),
+        ({"session": {"max_output_tokens": 10**9}}, 422, "invalid_value"),
+        ({"session": "not an object"}, 422, "invalid_value"),
+        ({"unknown": 1}, 422, "invalid_value"),
+    ],
+)
+def test_bad_client_secret_requests_are_refused(omniray, body, status, code):
+    _assert_error(_mint(omniray, body), status, code)
+
+
+def test_client_secrets_need_an_api_key(omniray):
+    _assert_error(_mint(omniray, {}, key="sk-nobody"), 401, "invalid_api_key")
+    secret = _mint(omniray, {}).json()["value"]
+    _assert_error(_mint(omniray, {}, key=secret), 401, "invalid_api_key")  # a secret cannot mint more
+    not_json = httpx.post(f"{omniray.http_url}/v1/realtime/client_secrets", content=b"{nope",
+                          headers=AUTH, timeout=30)  # fmt: skip
+    assert not_json.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b"v=0\r\n", "text/plain", 415, "unsupported_media_type"),
+        (b"\xff\xfe garbage", "application/sdp", 400, "invalid_sdp"),
+        (b"v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n", "application/sdp", 400, "invalid_sdp"),
+        (
+            b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n" + b"a=x\r\n" * 20000,
+            "application/sdp",
+            413,
+            "request_too_large",
+        ),
+        (
+            b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nc=IN IP4 0.0.0.0\r\n",
+            "application/sdp",
+            400,
+            "invalid_sdp",
+        ),
+    ],
+)
+def test_bad_offers_are_refused(omniray, body, content_type, status, code):
+    answer = httpx.post(f"{omniray.http_url}/v1/realtime/calls", content=body,
+                        headers={**AUTH, "Content-Type": content_type}, timeout=30)  # fmt: skip
+    _assert_error(answer, status, code)
+
+
+def test_a_refused_session_is_an_http_error_before_any_media(omniray, model_name):
+    for key, model, status, code in (("sk-nobody", model_name, 401, "invalid_api_key"),
+                                     (LOCAL_API_KEY, "gpt-unknown", 404, "model_not_found")):  # fmt: skip
+        with pytest.raises(CallRefused) as refused:
+            WebRtcClient(omniray.http_url, api_key=key, model=model, timeout=30)
+        assert refused.value.status == status and refused.value.body["error"]["code"] == code
