@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
@@ -93,6 +94,21 @@ RESUME_PARAM = "session_id"
 RESUME_HEADER = "x-omniray-session-id"
 WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "not found"),
             "limit": (1013, "try again later"), "unavailable": (1013, "try again later")}  # fmt: skip
+
+
+CONSOLE_DIR = Path(__file__).parent / "console"
+CONSOLE_FILES = {"index.html": "text/html", "console.js": "text/javascript", "console.css": "text/css"}
+# The page loads only its own files and talks only to this gateway; microphone audio and the
+# answer's stream are media, images the user picks are data: URLs.
+CONSOLE_CSP = ("default-src 'self'; img-src 'self' data: blob:; media-src 'self' blob: mediastream:; "
+               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
+
+
+def _console_file(name: str) -> Response:
+    if name not in CONSOLE_FILES:
+        raise OmniError(404, "no such console file", code="not_found")
+    return Response((CONSOLE_DIR / name).read_bytes(), media_type=CONSOLE_FILES[name],
+                    headers={"content-security-policy": CONSOLE_CSP, "cache-control": "no-cache"})  # fmt: skip
 
 
 async def _grpc_status(chunks: AsyncIterator, grpc_context, what: str) -> AsyncIterator:
@@ -563,6 +579,15 @@ class Gateway:
                     return None
         finally:
             pending.cancel()
+
+    @api.get("/console")
+    async def console(self):
+        """The voice console: talk to the model from a browser (services/gateway/console/)."""
+        return _console_file("index.html")
+
+    @api.get("/console/{name}")
+    async def console_asset(self, name: str):
+        return _console_file(name)
 
     @api.get("/v1/models")
     async def models(self):

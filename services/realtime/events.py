@@ -20,6 +20,8 @@ from services.realtime.vad import ServerVad
 
 # One append carries at most this much audio (15 s of 24 kHz pcm16, as base64).
 MAX_APPEND_BASE64 = 4 * -(-15 * 24_000 * 2 // 3)
+# An image part's data: URL: base64 of the largest image a profile takes (its limit is checked too).
+MAX_IMAGE_URL_CHARS = 4 * -(-20 * 1024 * 1024 // 3) + 64
 MAX_ID_CHARS = 128  # event and item ids
 MAX_INSTRUCTIONS_CHARS = 64 * 1024
 MAX_OUTPUT_TOKENS = 2**31 - 1  # the protobuf field's range; the profile's cap is checked on use
@@ -205,14 +207,17 @@ class InputAudioBufferClear(_Event):
 
 
 class ContentPartIn(BaseModel):
-    """One content part of an item a client adds: user text or audio (base64 pcm16, 24 kHz), or an
-    assistant's text (or the transcript of its audio)."""
+    """One content part of an item a client adds: user text, audio (base64 pcm16, 24 kHz) or an
+    image (a data: URL, as OpenAI's `input_image`), or an assistant's text (or the transcript of its
+    audio)."""
 
     model_config = ConfigDict(extra="allow")
-    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"]
     text: ItemText | None = None
     audio: Annotated[str, Field(max_length=MAX_APPEND_BASE64)] | None = None
     transcript: ItemText | None = None
+    image_url: Annotated[str, Field(max_length=MAX_IMAGE_URL_CHARS)] | None = None
+    detail: Literal["auto", "low", "high"] = "auto"
 
     def data(self, event_id: str | None) -> bytes:
         return _b64(self.audio or "", event_id)

@@ -63,7 +63,7 @@ class Usage(_Model):
 
 
 class Content(_Model):
-    type: Literal["input_text", "input_audio", "output_text", "output_audio"]
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio"]
     text: str | None = None
     transcript: str | None = None
 

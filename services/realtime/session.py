@@ -24,11 +24,20 @@ import numpy as np
 
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
+from services.pipeline import media
 from services.pipeline.prompt import segment_tokens
 from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.tools import ToolCall, Tools
 from services.pipeline.tools import asked as tools_asked
-from services.pipeline.turn import AudioClip, Message, Sampling, SpeechOut, TranscriptionTurn, Turn
+from services.pipeline.turn import (
+    AudioClip,
+    ImageInput,
+    Message,
+    Sampling,
+    SpeechOut,
+    TranscriptionTurn,
+    Turn,
+)
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
@@ -58,6 +67,7 @@ class Item:
     # in the conversation window (the thinker is stateless: every response sends the conversation
     # again), freed with the item when it leaves.
     clips: list[AudioClip] = field(default_factory=list)
+    images: list[ImageInput] = field(default_factory=list)  # user: images sent with the message
     audio_tokens: int | None = None  # user: prompt tokens of its audio, once measured in a prompt
     # user: the text the client typed; assistant: what the conversation keeps (all of it, or what
     # was played)
@@ -119,6 +129,7 @@ class Item:
             return se.FunctionCallOutputItem(id=self.id, call_id=self.call_id, output=self.text)
         if self.role == "user":
             content = [se.Content(type="input_text", text=self.text)] if self.text else []
+            content += [se.Content(type="input_image") for _ in self.images]
             content += [se.Content(type="input_audio", transcript=self.transcript)] if self.clips else []
         elif status == "in_progress":
             content = []  # as OpenAI's: the content comes as its parts are added
@@ -142,7 +153,7 @@ class Item:
         if self.kind == "function_call_output":
             return Message("tool", (self.text,), tool_call_id=self.call_id)
         if self.role == "user":
-            return Message("user", (*([self.text] if self.text else []), *self.clips))
+            return Message("user", (*([self.text] if self.text else []), *self.images, *self.clips))
         return Message("assistant", (self.text,))
 
 
@@ -610,7 +621,11 @@ class RealtimeSession:
         if any(i.id == item_id for i in self.items):
             raise ev.RealtimeEventError(f"item {item_id!r} exists", code="invalid_value", event_id=event_id)
         user = given.role == "user"
-        allowed = {"input_text", "input_audio"} if user else {"output_text", "output_audio", "text", "audio"}
+        allowed = (
+            {"input_text", "input_audio", "input_image"}
+            if user
+            else {"output_text", "output_audio", "text", "audio"}
+        )
         if not given.content or any(part.type not in allowed for part in given.content):
             raise ev.RealtimeEventError(
                 f"a {given.role} message holds content of types {sorted(allowed)}", code="invalid_value",
@@ -632,14 +647,27 @@ class RealtimeSession:
                 code="invalid_value",
                 event_id=event_id,
             )
-        if not text and len(pcm) < PCM_RATE * 2 // 10:
+        images = [self._image(part, k) for k, part in enumerate(given.content) if part.type == "input_image"]
+        if not text and not images and len(pcm) < PCM_RATE * 2 // 10:
             raise ev.RealtimeEventError(
-                "a user message needs text or at least 100 ms of audio",
+                "a user message needs text, an image or at least 100 ms of audio",
                 code="invalid_value",
                 event_id=event_id,
             )
         clips = [AudioClip.from_pcm16(pcm, PCM_RATE, keep=True)] if pcm else []
-        return Item(item_id, "user", clips=clips, text=text)
+        return Item(item_id, "user", clips=clips, images=images, text=text)
+
+    def _image(self, part: ev.ContentPartIn, k: int) -> ImageInput:
+        """An `input_image` part (a data: URL) checked as the chat API checks its images."""
+        param = f"item.content[{k}].image_url"
+        if not self.profile.models.vision:
+            raise OmniError(400, "this model does not take images", code="invalid_value", param=param)
+        if not part.image_url:
+            raise OmniError(400, "an input_image part needs image_url (a data: URL)", code="invalid_value",
+                            param=param)  # fmt: skip
+        limits = self.profile.limits
+        data = media.data_url_bytes(part.image_url, param=param, limit=limits.max_image_bytes)
+        return media.image_input(data, part.detail, limits, param=param)
 
     def _function_item(self, given: ev.ItemIn, event_id: str | None) -> Item:
         """A call the client records (`function_call`: call_id, name, arguments) or the result of one
