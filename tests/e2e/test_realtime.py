@@ -302,3 +302,55 @@ def test_turn_is_prefilled_while_spoken(omniray, ray_driver, model_name):
     assert on >= 300, on  # the system prompt (and chunks) were prefilled ahead
     wanted = ("ray_omniray_realtime_prefill_ahead_total{", "ray_omniray_realtime_prefill_ahead_tokens_total")
     _assert_scraped(omniray, wanted)
+
+
+def _png_data_url(size: int = 64) -> str:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.default_rng(0).random((size, size, 3)) * 255).astype("uint8")).save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_an_image_joins_the_conversation(omniray, model_name):
+    """A user item with an `input_image` part (a data: URL, OpenAI's shape) is read by the next
+    response (its prompt grows by the image's tokens); a bad image is an `error` event and the
+    session goes on."""
+    with realtime(omniray, model_name) as r:
+        r.wait("session.created")
+        r.send({"type": "session.update", "session": {**MANUAL_TURNS, "output_modalities": ["text"],
+                                                      "max_output_tokens": 4}})  # fmt: skip
+        r.wait("session.updated")
+        usage = []
+        for content in ([{"type": "input_text", "text": "What is this?"}],
+                        [{"type": "input_image", "image_url": _png_data_url()}]):  # fmt: skip
+            at = r.mark()
+            r.send(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": content},
+                }
+            )
+            added = r.event(r.wait("conversation.item.added", at))
+            assert [c["type"] for c in added["item"]["content"]] == [content[0]["type"]]
+            r.send({"type": "response.create"})
+            done = r.event(r.wait("response.done", at))
+            assert done["response"]["status"] == "completed", done
+            usage.append(done["response"]["usage"]["input_tokens"])
+        assert usage[1] > usage[0] + 10  # the image's tokens are in the prompt
+        for part, code in (({"type": "input_image", "image_url": "https://example.com/x.png"}, "invalid_image_url"),
+                           ({"type": "input_image", "image_url": "data:image/png;base64,AAAA"}, "invalid_image"),
+                           ({"type": "input_image"}, "invalid_value")):  # fmt: skip
+            at = r.mark()
+            r.send(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [part]},
+                }
+            )
+            assert r.event(r.wait("error", at))["error"]["code"] == code
+        at = r.mark()
+        r.send({"type": "session.update", "session": {"type": "realtime"}})
+        r.wait("session.updated", at)  # still answering
