@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
       -H 'Authorization: Bearer {LOCAL_API_KEY}' \\
       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
   API key:                  {LOCAL_API_KEY} (tenant 'local', configs/tenants/local.yaml)
+  Voice console (browser):  {cluster.http_url}/console  (paste the API key, Connect & talk)
   gRPC (omni.v1.Omni):      {cluster.grpc_target}
   Ray dashboard:            {cluster.dashboard_url}
   Prometheus metrics:       {cluster.metrics_url}

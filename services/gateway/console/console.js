@@ -256,16 +256,45 @@ const dataUrl = (file) => new Promise((resolve, reject) => {
   reader.readAsDataURL(file);
 });
 
+// An event on the data channel is at most the server's max-message-size (256 KiB with aiortc): a
+// picture goes as a JPEG no larger than MAX_IMAGE_SIDE px a side, its quality lowered until it fits.
+const MAX_IMAGE_SIDE = 1024;
+const MAX_IMAGE_URL = 240 * 1024;
+
+async function fittedImage(file) {
+  const img = new Image();
+  img.src = await dataUrl(file);
+  await img.decode();
+  const scale = Math.min(1, MAX_IMAGE_SIDE / Math.max(img.width, img.height));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.round(img.width * scale);
+  canvas.height = Math.round(img.height * scale);
+  canvas.getContext("2d").drawImage(img, 0, 0, canvas.width, canvas.height);
+  for (let quality = 0.9; quality > 0.2; quality -= 0.15) {
+    const url = canvas.toDataURL("image/jpeg", quality);
+    if (url.length <= MAX_IMAGE_URL) return url;
+  }
+  throw new Error("the image is too detailed to send; try a smaller one");
+}
+
 async function sendText(event) {
   event.preventDefault();
   const text = $("text").value.trim();
   const file = $("image").files[0];
   if (!text && !file) return;
   const content = text ? [{ type: "input_text", text }] : [];
-  const li = line("user", text);
+  let url = null;
   if (file) {
-    const url = await dataUrl(file);
+    try {
+      url = await fittedImage(file);
+    } catch (e) {
+      log(`image: ${e.message}`, true);
+      return;
+    }
     content.push({ type: "input_image", image_url: url });
+  }
+  const li = line("user", text);
+  if (url) {
     const img = document.createElement("img");
     img.src = url;
     li.append(img);
