@@ -1,0 +1,110 @@
+"""The WebRTC transport's playout track (services/gateway/webrtc.py), frame by frame: answers are
+paced out in 20 ms frames with silence between them, their progress reported as played, started /
+stopped / cleared as the data channel tells them; and the offer checks before any parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from services.common.errors import OmniError
+from services.gateway.webrtc import FRAME_SAMPLES, Playout, check_offer
+from services.realtime import server_events as se
+from services.realtime.codecs import PCM_RATE
+
+
+def _tone(frames: float) -> bytes:
+    return (np.full(int(frames * FRAME_SAMPLES), 1000, "<i2")).tobytes()
+
+
+class Seen:
+    def __init__(self):
+        self.progress: list[tuple[str, float]] = []
+        self.events: list[se.ServerEvent] = []
+
+    def kinds(self) -> list[str]:
+        return [e.type for e in self.events]
+
+
+@pytest.fixture
+def playout():
+    seen = Seen()
+    return Playout(lambda item, ms: seen.progress.append((item, ms)), seen.events.append), seen
+
+
+async def _frames(track: Playout, n: int) -> list[np.ndarray]:
+    return [(await track.recv()).to_ndarray().reshape(-1) for _ in range(n)]
+
+
+async def test_an_answer_plays_in_real_time_between_silences(playout):
+    track, seen = playout
+    track.push("resp_1", "item_1", _tone(2.5))
+    track.finish("resp_1")
+    frames = await _frames(track, 5)
+    assert [bool(f.any()) for f in frames] == [True, True, True, False, False]
+    assert all(len(f) == FRAME_SAMPLES for f in frames)
+    assert seen.progress[-1] == ("item_1", pytest.approx(2.5 * FRAME_SAMPLES / PCM_RATE * 1000))
+    assert seen.kinds() == ["output_audio_buffer.started", "output_audio_buffer.stopped"]
+    assert all(e.response_id == "resp_1" for e in seen.events)
+
+
+async def test_frames_are_paced_at_real_time():
+    import time
+
+    track = Playout(lambda *_: None, lambda _: None)
+    start = time.monotonic()
+    await _frames(track, 11)
+    assert time.monotonic() - start == pytest.approx(0.2, abs=0.05)  # ten 20 ms periods after the first
+
+
+async def test_an_answer_not_finished_keeps_playing_as_audio_arrives(playout):
+    track, seen = playout
+    track.push("resp_1", "item_1", _tone(1))
+    await _frames(track, 2)  # ran dry: silence, but not stopped
+    assert seen.kinds() == ["output_audio_buffer.started"]
+    track.push("resp_1", "item_1", _tone(1))
+    track.finish("resp_1")
+    assert (await _frames(track, 1))[0].any()
+    assert seen.progress[-1][1] == pytest.approx(2 * FRAME_SAMPLES / PCM_RATE * 1000)
+    await _frames(track, 1)
+    assert seen.kinds() == ["output_audio_buffer.started", "output_audio_buffer.stopped"]
+
+
+async def test_clearing_an_item_drops_what_was_not_played(playout):
+    track, seen = playout
+    track.push("resp_1", "item_1", _tone(10))
+    await _frames(track, 2)
+    assert track.clear("item_1") == "resp_1"
+    assert not any(f.any() for f in await _frames(track, 3))
+    assert seen.progress[-1][1] == pytest.approx(2 * FRAME_SAMPLES / PCM_RATE * 1000)
+    assert track.clear("item_1") is None  # nothing left to cut
+    # the next answer starts afresh
+    track.push("resp_2", "item_2", _tone(1))
+    assert (await _frames(track, 1))[0].any()
+    assert seen.events[-1] == se.OutputAudioBufferStarted(
+        response_id="resp_2", event_id=seen.events[-1].event_id
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "code"),
+    [
+        (b"v=0\r\nm=audio 9 x\r\n", "text/plain", 415, "unsupported_media_type"),
+        (b"v=0\r\nm=audio " + b"x" * 70_000, "application/sdp", 413, "request_too_large"),
+        (b"\xff\xfe", "application/sdp", 400, "invalid_sdp"),
+        (
+            b"v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n",
+            "application/sdp",
+            400,
+            "invalid_sdp",
+        ),
+    ],
+)
+def test_offers_refused_before_parsing(body, content_type, status, code):
+    with pytest.raises(OmniError) as refused:
+        check_offer(body, content_type)
+    assert (refused.value.status, refused.value.code) == (status, code)
+
+
+def test_an_offer_with_audio_passes_with_any_content_type_parameters():
+    assert check_offer(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "application/SDP; charset=utf-8")
