@@ -29,10 +29,12 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
          "--use-fake-device-for-media-stream", "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
 
 
-def question_wav(path: Path, text: str, silence_s: float) -> Path:
-    """`text` spoken, then `silence_s` of silence (the fake microphone loops the file: the question
-    comes again after the silence, over the answer if it is still playing — a barge-in)."""
-    pcm = np.frombuffer(speech(text) + bytes(int(silence_s * RATE) * 2), "<i2")
+def question_wav(path: Path, text: str, silence_s: float, lead_s: float = 0.0) -> Path:
+    """`lead_s` of silence, `text` spoken, then `silence_s` of silence (the fake microphone plays from
+    the page's getUserMedia, before the call is up, and loops the file: the question comes again
+    after the silence, over the answer if it is still playing — a barge-in)."""
+    lead, tail = (bytes(int(seconds * RATE) * 2) for seconds in (lead_s, silence_s))
+    pcm = np.frombuffer(lead + speech(text) + tail, "<i2")
     sf.write(path, pcm, RATE, subtype="PCM_16")
     return path
 
@@ -77,9 +79,9 @@ def main() -> None:
     ap.add_argument("--screenshot", type=Path, required=True)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        wav = question_wav(Path(tmp) / "question.wav", args.say, args.silence)
+        wav = question_wav(Path(tmp) / "question.wav", args.say, args.silence, lead_s=3.0)
         with console(args.url, wav, args.key, args.max_tokens, args.instructions) as page:
-            page.wait_for_selector('tr[data-status="completed"]', timeout=args.timeout * 1000)
+            page.wait_for_selector('tr[data-status="completed"][data-played]', timeout=args.timeout * 1000)
             page.wait_for_timeout(500)
             page.screenshot(path=str(args.screenshot))
             print(page.locator("#transcript").inner_text())

@@ -142,6 +142,7 @@ function turnRow(turn) {
   const ms = (v) => (v == null ? "–" : `${Math.round(v)} ms`);
   tr.dataset.status = turn.status;
   if (turn.ttfp != null) tr.dataset.ttfp = Math.round(turn.ttfp);
+  if (turn.playedMs != null) tr.dataset.played = Math.round(turn.playedMs);
   tr.innerHTML = "";
   for (const v of [turn.n, ms(turn.ttfp), ms(turn.playedMs), ms(turn.jitter),
                    turn.concealed == null ? "–" : `${turn.concealed.toFixed(1)} %`, turn.status]) {
