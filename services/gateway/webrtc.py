@@ -25,7 +25,7 @@ import av
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from services.common.errors import OmniError, bad_request
+from services.common.errors import OmniError, bad_request, internal_error
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.realtime import events as ev
@@ -43,6 +43,7 @@ INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this 
 MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
 MAX_EARLY_EVENTS = 1000  # server events held until the data channel opens
 ERROR_EVERY_S = 1.0  # a failing audio path reports once a second, not at the frame rate
+FLUSH_S = 1.0  # at most this long for the data channel's last events before the call closes
 REFUSAL_STATUS = {"unauthenticated": 401, "not_found": 404, "limit": 429, "unavailable": 503}
 
 
@@ -98,6 +99,7 @@ class Playout(MediaStreamTrack):
         self._report(se.OutputAudioBufferStopped(response_id=self._playing))
         self._done.discard(self._playing)
         self._playing = None
+        self._played_ms.clear()  # nothing queued: no item's position is needed again
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -246,9 +248,15 @@ class Call:
             try:
                 await self.session.append_audio(data)
             except ev.RealtimeEventError as e:  # reported once a second, the call goes on
-                if time.monotonic() - self._reported_at >= ERROR_EVERY_S:
-                    self._reported_at = time.monotonic()
-                    await self.session.send(se.error(str(e), e.code))
+                await self._report_error(se.error(str(e), e.code))
+            except Exception as e:  # our fault: logged under an id, the call goes on
+                err = internal_error(e, f"webrtc call {self.id}: microphone audio failed")
+                await self._report_error(se.error(err.message, err.code, kind="server_error"))
+
+    async def _report_error(self, error: se.Error) -> None:
+        if time.monotonic() - self._reported_at >= ERROR_EVERY_S:
+            self._reported_at = time.monotonic()
+            await self.session.send(error)
 
     # ---- lifetime -------------------------------------------------------------------------------
 
@@ -260,6 +268,7 @@ class Call:
         deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._not_connected)
         try:
             await self.over.wait()
+            await self._flush()
         finally:
             deadline.cancel()
             for task in list(self._tasks):
@@ -268,6 +277,14 @@ class Call:
                 await self.pc.close()  # stops its tracks too
             finally:
                 await hub.close(self.session)
+
+    async def _flush(self) -> None:
+        """Let the last events (a migration's, a take-over's) leave before the connection closes."""
+        deadline = time.monotonic() + FLUSH_S
+        while self.channel is not None and self.channel.readyState == "open" and self.channel.bufferedAmount:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)
 
     def _not_connected(self) -> None:
         if not self.connected:
