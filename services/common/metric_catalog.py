@@ -275,6 +275,11 @@ def _declared() -> list[Metric]:
             FRAME_BUCKETS_S,
         ),
         Metric(
+            "omniray_scheduler_urgency_faults_total",
+            c,
+            "Scheduling rounds run in vLLM's order because the urgency policy raised (a bug; logged at most once a minute).",
+        ),
+        Metric(
             "omniray_scheduler_ranked_total",
             c,
             "Running requests ranked per round, by urgency class (U0, U1, U2, held, fcfs).",

@@ -31,12 +31,13 @@ ENGINE_SPEC: store_metrics.Spec = {
         ("decision", "omniray_scheduler_decision_seconds"),
         ("frame", "omniray_scheduler_frame_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
+        ("fault", "omniray_scheduler_urgency_faults_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
         ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}
-ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)]}
+ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)], "fault": [()]}
 ENGINE_KEY = "omniray_engine"
 
 
@@ -47,7 +48,7 @@ class RayMetrics(store_metrics._Calls):
         self._metrics = {
             method: (kind, telemetry.metric(name), labels) for method, (kind, name, _, labels) in SPEC.items()
         }
-        # Failures, prefetches and preemptions may not happen for a long while: their series exist
+        # Failures, prefetches, preemptions and urgency faults may not happen for a long while: their series exist
         # at 0 so dashboards and alerts see a healthy store.
         for method, label_sets in {**store_metrics.ZERO_AT_START, **ENGINE_ZERO_AT_START}.items():
             _, m, names = self._metrics[method]

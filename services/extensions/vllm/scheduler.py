@@ -101,6 +101,7 @@ class UrgencyOrder:
         except Exception:
             # A fault of the policy's bookkeeping must not take the engine down, and every session
             # on it: this round runs in vLLM's order (what was held runs too), the plans start over.
+            self.recorder.record("fault", (), 1.0)
             if time.monotonic() - self._fault_logged >= FAULT_LOG_S:
                 self._fault_logged = time.monotonic()
                 log.exception("urgency order failed; this round runs in vLLM's order, the plans start over")
