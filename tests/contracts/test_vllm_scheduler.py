@@ -231,7 +231,9 @@ def test_a_fault_of_the_urgency_order_leaves_the_engine_running_in_vllms_order(u
     s.add_request(_request("r3", "t/3", now + 3))  # a new request: a classification, which fails
     assert set(s.schedule().num_scheduled_tokens) == {"r0", "r1", "r2", "r3"}
     assert "urgency order failed" in caplog.text
-    assert order.recorder.drain()["fault"] == [([], [1.0])]  # counted (omniray_scheduler_urgency_faults_total)
+    assert order.recorder.drain()["fault"] == [
+        ([], [1.0])
+    ]  # counted (omniray_scheduler_urgency_faults_total)
     order.policy.classify = classify
     assert "r0" not in s.schedule().num_scheduled_tokens  # ordered (and held) again
 
