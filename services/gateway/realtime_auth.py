@@ -4,6 +4,7 @@ subprotocol (a browser's WebSocket cannot send an `Authorization` header)."""
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -17,6 +18,8 @@ from services.realtime import events as ev
 # the server answers with the `realtime` subprotocol.
 SUBPROTOCOL = "realtime"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
+# A secret's session settings: instructions (64 KiB) and tools fit; the rest of a body does not stay.
+MAX_SESSION_BYTES = 256 * 1024
 
 
 class ExpiresAfter(BaseModel):
@@ -33,7 +36,11 @@ class ClientSecretRequest(BaseModel):
 
 def secret_settings(request: ClientSecretRequest, profile: Profile) -> ev.SessionConfig:
     """The session settings a secret fixes, checked now (a 422 naming the field) rather than when
-    the browser opens its session."""
+    the browser opens its session: their shape, size, model, voice and token cap (tools and input
+    transcription are checked when the session opens, as a `session.update`'s)."""
+    if len(json.dumps(request.session)) > MAX_SESSION_BYTES:  # kept in Redis for the secret's life
+        raise OmniError(413, f"session settings are larger than {MAX_SESSION_BYTES} bytes",
+                        code="request_too_large", param="session")  # fmt: skip
     try:
         config = ev.SessionConfig.model_validate(request.session)
     except ValidationError as e:

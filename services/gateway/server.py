@@ -101,14 +101,16 @@ CONSOLE_FILES = {"index.html": "text/html", "console.js": "text/javascript", "co
 # The page loads only its own files and talks only to this gateway; microphone audio and the
 # answer's stream are media, images the user picks are data: URLs.
 CONSOLE_CSP = ("default-src 'self'; img-src 'self' data: blob:; media-src 'self' blob: mediastream:; "
-               "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")  # fmt: skip
+               "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+               "frame-ancestors 'none'")  # fmt: skip
 
 
 def _console_file(name: str) -> Response:
     if name not in CONSOLE_FILES:
         raise OmniError(404, "no such console file", code="not_found")
     return Response((CONSOLE_DIR / name).read_bytes(), media_type=CONSOLE_FILES[name],
-                    headers={"content-security-policy": CONSOLE_CSP, "cache-control": "no-cache"})  # fmt: skip
+                    headers={"content-security-policy": CONSOLE_CSP, "cache-control": "no-cache",
+                             "x-content-type-options": "nosniff"})  # fmt: skip
 
 
 async def _grpc_status(chunks: AsyncIterator, grpc_context, what: str) -> AsyncIterator:

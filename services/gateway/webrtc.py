@@ -28,6 +28,7 @@ from aiortc.mediastreams import MediaStreamError
 from services.common.errors import OmniError, bad_request, internal_error
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
+from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE, InputAudio
@@ -77,29 +78,37 @@ class Playout(MediaStreamTrack):
         else:
             self._queue.append([response_id, item_id, bytearray(pcm16)])
 
+    def _queued(self, response_id: str) -> bool:
+        return any(entry[0] == response_id for entry in self._queue)
+
     def finish(self, response_id: str) -> None:
         """No more audio comes for this response."""
-        self._done.add(response_id)
-        if self._playing == response_id and not self._queue:
-            self._stopped()
+        if self._playing == response_id and not self._queued(response_id):
+            self._stopped()  # it has all gone out already
+        elif self._queued(response_id):
+            self._done.add(response_id)
+        # else: nothing of it plays (text only, or cut): neither started nor stopped
 
     def clear(self, item_id: str | None = None) -> str | None:
         """Drop the audio not yet played (of `item_id` only, when given); the response whose audio
-        was cut, if any."""
+        was cut, if any (it ends `cleared`, not `stopped`)."""
         cut = None
         for entry in list(self._queue):
             if item_id is None or entry[1] == item_id:
                 self._queue.remove(entry)
                 cut = cut or entry[0]
-        if cut is not None and self._playing == cut:
-            self._playing = None
+        if cut is not None and not self._queued(cut):
+            self._done.discard(cut)
+            if self._playing == cut:
+                self._playing = None
         return cut
 
     def _stopped(self) -> None:
         self._report(se.OutputAudioBufferStopped(response_id=self._playing))
         self._done.discard(self._playing)
         self._playing = None
-        self._played_ms.clear()  # nothing queued: no item's position is needed again
+        queued = {entry[1] for entry in self._queue}  # positions of items still to play
+        self._played_ms = {item: ms for item, ms in self._played_ms.items() if item in queued}
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -123,8 +132,8 @@ class Playout(MediaStreamTrack):
             self._progress(item_id, played)
             if not buffer:
                 self._queue.popleft()
-        if self._playing is not None and self._playing in self._done and not self._queue:
-            self._stopped()
+                if response_id in self._done and not self._queued(response_id):
+                    self._stopped()
         frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(pcm)
         frame.pts, frame.sample_rate = self._timestamp, PCM_RATE
@@ -148,6 +157,8 @@ class Call:
         self._decoders: dict[str, InputAudio] = {}  # a response's output format -> pcm16 (by response)
         self._tasks: set[asyncio.Task] = set()
         self._reported_at = -float("inf")
+        self._cleared: str | None = None  # the response whose audio this call last said was cleared
+        self._heard_at = time.monotonic()  # the client's last audio frame or event
 
     # ---- server events out ----------------------------------------------------------------------
 
@@ -170,12 +181,15 @@ class Call:
         if isinstance(event, se.ResponseDone):
             self.playout.finish(event.response.id)
             self._decoders.pop(event.response.id, None)
-        self._emit(event)
-        if isinstance(event, se.ConversationItemTruncated):  # a barge-in: what was not heard is dropped
-            if (cut := self.playout.clear(event.item_id)) is not None:
-                self._emit(se.OutputAudioBufferCleared(response_id=cut))
-        elif isinstance(event, se.OutputAudioBufferCleared):
+        if isinstance(event, se.OutputAudioBufferCleared):  # the client's clear, answered by the session
             self.playout.clear()
+            if event.response_id is not None and event.response_id == self._cleared:
+                return  # already said, after the truncation that came first
+        self._emit(event)
+        # a cut (barge-in, truncate, the client's clear): what was not heard is dropped
+        if isinstance(event, se.ConversationItemTruncated) and (cut := self.playout.clear(event.item_id)):
+            self._cleared = cut
+            self._emit(se.OutputAudioBufferCleared(response_id=cut))
 
     def _pcm16(self, response_id: str, audio: bytes) -> bytes:
         fmt = self.session.config.audio.output.format.type if self.session else "audio/pcm"
@@ -208,6 +222,7 @@ class Call:
 
         @channel.on("message")
         def _message(message):
+            self._heard_at = time.monotonic()
             try:
                 self.pending.put_nowait(("event", message))
             except asyncio.QueueFull:
@@ -228,6 +243,7 @@ class Call:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                self._heard_at = time.monotonic()
                 for out in resampler.resample(frame):
                     chunk += bytes(out.planes[0])[: out.samples * 2]
                 if len(chunk) < step:
@@ -267,16 +283,33 @@ class Call:
         self.session.ended.add_done_callback(lambda _: self.over.set())
         deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._not_connected)
         try:
-            await self.over.wait()
+            await self._until_over()
             await self._flush()
         finally:
             deadline.cancel()
             for task in list(self._tasks):
                 task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)  # out of the session before it closes
             try:
                 await self.pc.close()  # stops its tracks too
             finally:
                 await hub.close(self.session)
+
+    async def _until_over(self) -> None:
+        """Until the call is over, or the client has sent nothing (no audio frame, no event) for the
+        profile's realtime idle timeout while no response was in flight (told with an `error`)."""
+        idle_s = self.session.profile.realtime.idle_timeout_s
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.over.wait(), timeout=idle_s / 4)
+                return
+            if time.monotonic() - self._heard_at >= idle_s and not self.session.busy:
+                await self.session.send(
+                    se.error(
+                        f"no audio or event for {idle_s:g} s: the session is closed", "session_idle_timeout"
+                    )
+                )
+                return
 
     async def _flush(self) -> None:
         """Let the last events (a migration's, a take-over's) leave before the connection closes."""
@@ -329,6 +362,8 @@ class Calls:
         """Open a session for the offer: the call and the SDP answer. A bad offer is a 400 before
         the key is looked at (a client secret is not used up on it); a refused session is the
         WebSocket path's refusal as an HTTP error."""
+        if not is_client_secret(api_key):  # a peer connection only for a known key (a secret: at open)
+            await self.hub.quota.authenticate(api_key)
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only
         call = Call(pc, self.metrics)
         pc.on("datachannel", call.on_datachannel)

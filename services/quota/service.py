@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from services.common.errors import OmniError
 from services.common.redis_config import UNAVAILABLE
 from services.quota.buckets import AdmitResult, Buckets, BucketState
-from services.quota.client_secrets import ClientSecrets, Redeemed
+from services.quota.client_secrets import ClientSecrets
 from services.quota.tenants import MODALITIES, SloClass, Tenants, TenantSpec
 
 log = logging.getLogger(__name__)
@@ -137,15 +137,16 @@ class QuotaService:
             self._redis_failed("client_secret", e)
             raise unavailable() from None
 
-    async def redeem_secret(self, value: str) -> Redeemed:
-        """The tenant and settings of a client secret, taken out of the store; 401 when it is
-        unknown, already used or expired."""
+    async def redeem_secret(self, value: str) -> tuple[TenantSpec, dict]:
+        """The tenant (as it is now) and session settings of a client secret, taken out of the
+        store; 401 when it is unknown, already used or expired, or its tenant is gone."""
         try:
             redeemed = await self.secrets.redeem(value)
+            tenant = None if redeemed is None else await self.tenants.by_id(redeemed.tenant_id)
         except UNAVAILABLE as e:
             self._redis_failed("client_secret", e)
             raise unavailable() from None
-        if redeemed is None:
+        if tenant is None:
             if self.metrics:
                 self.metrics.rejected("unknown", "none", "unauthenticated")
             raise OmniError(
@@ -154,7 +155,7 @@ class QuotaService:
                 code="invalid_client_secret",
                 headers={"www-authenticate": "Bearer"},
             )
-        return redeemed
+        return tenant, redeemed.session
 
     async def admit(self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass) -> Lease:
         limits = tenant.per_minute

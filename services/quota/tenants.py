@@ -183,12 +183,18 @@ class Tenants:
         if hit:
             return tenant
         if (tenant_id := await self.redis.get(REDIS_KEY.format(digest))) is not None:
-            tenant_id = tenant_id.decode() if isinstance(tenant_id, bytes) else tenant_id
-            tenant = self._by_id.get(tenant_id)
-            if tenant is None and (raw := await self.redis.get(REDIS_TENANT.format(tenant_id))):
-                tenant = TenantSpec.model_validate(json.loads(raw))
+            tenant = await self.by_id(tenant_id.decode() if isinstance(tenant_id, bytes) else tenant_id)
         self._redis_cache.put(digest, tenant, time.monotonic())
         return tenant
+
+    async def by_id(self, tenant_id: str) -> TenantSpec | None:
+        """The tenant of this id as it is now (the file's, else one registered in Redis); None when
+        there is none; raises as `resolve` when Redis cannot say."""
+        self._reload()
+        if (tenant := self._by_id.get(tenant_id)) is not None or self.redis is None:
+            return tenant
+        raw = await self.redis.get(REDIS_TENANT.format(tenant_id))
+        return TenantSpec.model_validate(json.loads(raw)) if raw else None
 
 
 def _describe(e: Exception) -> str:

@@ -105,9 +105,8 @@ class RealtimeHub:
         settings = None
         try:
             if is_client_secret(api_key):
-                redeemed = await self.quota.redeem_secret(api_key)
-                tenant, settings = redeemed.tenant, redeemed.session
-                model = model or settings.get("model")
+                tenant, settings = await self.quota.redeem_secret(api_key)
+                model = model or settings.get("model")  # names of this deployment's one model
             else:
                 tenant = await self.quota.authenticate(api_key)
         except OmniError as e:

@@ -494,8 +494,12 @@ class RealtimeSession:
             await self.cancel()
         elif isinstance(event, ev.OutputAudioBufferClear):
             r = self.response
+            # in flight, or written but maybe still playing: cut to what was played (nothing when
+            # all of it was)
+            cut = r is not None and (self.busy or r.status == "completed")
             if self.busy:
                 await self.cancel()
+            if cut:
                 await self._cut_to_played(r)
             await self.send(se.OutputAudioBufferCleared(response_id=r.id if r else None))
         elif isinstance(event, ev.ConversationItemCreate):
@@ -899,7 +903,7 @@ class RealtimeSession:
         if audio is None:
             audio = math.ceil(user.seconds * self.audio_rate)
         return TurnCost(
-            clips=len(user.clips),
+            clips=len(user.clips) + len(user.images),  # media items of the request
             messages=1 + len(replies),
             tokens=audio + sum(item.text_tokens for item in [user, *replies]) + self.turn_overhead,
         )

@@ -196,3 +196,32 @@ def test_a_refused_session_is_an_http_error_before_any_media(omniray, model_name
         with pytest.raises(CallRefused) as refused:
             WebRtcClient(omniray.http_url, api_key=key, model=model, timeout=30)
         assert refused.value.status == status and refused.value.body["error"]["code"] == code
+
+
+def test_the_clients_clear_cuts_the_answer_where_it_was_heard(omniray, model_name):
+    """`output_audio_buffer.clear` while the answer plays (its text all written or not): one
+    `output_audio_buffer.cleared`, the item cut to what was heard, and nothing more of it plays."""
+    c = WebRtcClient(omniray.http_url, model=model_name, timeout=90)
+    try:
+        c.wait("session.created")
+        c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 200,
+                                                      "audio": {"input": {"turn_detection": None}}}})  # fmt: skip
+        c.wait("session.updated")
+        c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                             "content": [{"type": "input_text", "text": "Tell me a story."}]}})  # fmt: skip
+        c.send({"type": "response.create"})
+        started = c.wait("output_audio_buffer.started")
+        time.sleep(1.0)
+        c.send({"type": "output_audio_buffer.clear"})
+        cleared = c.wait("output_audio_buffer.cleared", started)
+        truncated = c.event(c.wait("conversation.item.truncated", started))
+        time.sleep(1.0)
+        assert len([e for _, e in c.events if e["type"] == "output_audio_buffer.cleared"]) == 1
+        heard_ms = 20 * sum(
+            1 for at, peak in c.heard if c.at(started) - 0.1 < at < c.at(cleared) and peak > HEARD_LEVEL
+        )
+        assert heard_ms - 100 <= truncated["audio_end_ms"] <= heard_ms + 400, (truncated, heard_ms)
+        assert c.sound_after(c.at(cleared) + 0.2) is None
+        assert c.errors() == []
+    finally:
+        c.close()

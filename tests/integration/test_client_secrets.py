@@ -1,5 +1,5 @@
 """Ephemeral client secrets against a real Redis: single use (also when two gateways race for one),
-expiry, tenant and settings carried, only a digest stored."""
+expiry, tenant (as it is when redeemed) and settings carried, only a digest stored."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ async def test_a_secret_opens_one_session_with_its_tenant_and_settings(redis):
     key = REDIS_SECRET.format(key_digest(value))  # the digest, not the secret
     assert value.encode() not in await redis.get(key)
     redeemed = await secrets.redeem(value)
-    assert redeemed.tenant == TENANT and redeemed.session == {"instructions": "be brief"}
+    assert redeemed.tenant_id == "acme" and redeemed.session == {"instructions": "be brief"}
     assert await secrets.redeem(value) is None  # single use
     assert not await redis.exists(key)
 
@@ -54,10 +54,11 @@ async def test_an_expired_secret_is_refused(redis):
 
 async def test_the_quota_service_refuses_unknown_used_and_expired_secrets_with_a_401(redis, tmp_path):
     path = tmp_path / "tenants.yaml"
-    path.write_text("tenants: []\n")
-    service = QuotaService(Tenants(path, redis), Buckets(redis))
-    value, _ = await service.mint_secret(TENANT, {}, 60)
-    assert (await service.redeem_secret(value)).tenant.id == "acme"
+    path.write_text("tenants:\n- id: acme\n")
+    service = QuotaService(Tenants(path, redis, reload_s=0.0), Buckets(redis))
+    value, _ = await service.mint_secret(TENANT, {"instructions": "hi"}, 60)
+    tenant, session = await service.redeem_secret(value)
+    assert tenant.id == "acme" and session == {"instructions": "hi"}
     for bad in (value, PREFIX + "never-minted"):
         with pytest.raises(OmniError) as refused:
             await service.redeem_secret(bad)
@@ -67,3 +68,8 @@ async def test_the_quota_service_refuses_unknown_used_and_expired_secrets_with_a
     with pytest.raises(OmniError) as refused:
         await service.authenticate(fresh)
     assert refused.value.status == 401
+    # its tenant is looked up when it is used: a tenant removed since opens nothing
+    path.write_text("tenants: []\n")
+    with pytest.raises(OmniError) as refused:
+        await service.redeem_secret(fresh)
+    assert refused.value.status == 401 and refused.value.code == "invalid_client_secret"

@@ -1,6 +1,7 @@
 // omniray's voice console: talk to the served model over WebRTC (docs/webrtc.md).
-// The API key typed here is sent once, to mint a one-use client secret; the call itself carries
-// only that secret. A secret can also come in the page's address: /console#client_secret=ek_...
+// The API key typed here is sent once per call, to mint a one-use client secret, and not stored; the
+// call itself carries only that secret. An application can instead hand the page a secret it minted,
+// in the address: /console#client_secret=ek_... (used once, then taken out of the address).
 
 const $ = (id) => document.getElementById(id);
 const STATS_EVERY_MS = 500;
@@ -29,14 +30,15 @@ async function loadModels() {
   const models = (await (await fetch("/v1/models")).json()).data;
   for (const m of models) $("model").add(new Option(m.id, m.id));
   for (const v of models[0]?.voices ?? []) $("voice").add(new Option(v, v));
-  $("key").value = sessionStorage.getItem("omniray-key") ?? "";
 }
 
 async function clientSecret() {
   const fromUrl = new URLSearchParams(location.hash.slice(1)).get("client_secret");
-  if (fromUrl) return fromUrl;
+  if (fromUrl) {
+    history.replaceState(null, "", location.pathname);  // single use: not again, not in history
+    return fromUrl;
+  }
   const key = $("key").value.trim();
-  sessionStorage.setItem("omniray-key", key);
   const session = {
     type: "realtime",
     model: $("model").value,
@@ -168,7 +170,7 @@ function onEvent(ev) {
       line("user", "(speech)").dataset.item = ev.item_id;
       break;
     case "conversation.item.input_audio_transcription.completed": {
-      const li = document.querySelector(`li[data-item="${ev.item_id}"]`);
+      const li = document.querySelector(`li[data-item="${CSS.escape(ev.item_id)}"]`);
       if (li) li.textContent = ev.transcript;
       break;
     }
@@ -213,7 +215,7 @@ function onEvent(ev) {
     case "conversation.item.truncated": {
       const turn = turns.find((t) => t.itemId === ev.item_id);
       if (turn) { turn.playedMs = ev.audio_end_ms; turn.status = "cut"; turnRow(turn); }
-      document.querySelector(`li.assistant[data-item="${ev.item_id}"]`)?.classList.add("cut");
+      document.querySelector(`li.assistant[data-item="${CSS.escape(ev.item_id)}"]`)?.classList.add("cut");
       break;
     }
     case "response.output_item.added":
