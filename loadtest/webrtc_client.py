@@ -9,7 +9,6 @@ WebSocket client's."""
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import threading
 import time
@@ -22,6 +21,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 
 from loadtest.realtime_client import RATE, ServerEventLog
+from services.gateway.webrtc import FramePacer
 from services.quota import LOCAL_API_KEY
 
 FRAME = RATE // 50  # 20 ms
@@ -44,23 +44,15 @@ class Microphone(MediaStreamTrack):
     def __init__(self):
         super().__init__()
         self.pending = bytearray()
-        self._start = 0.0
-        self._timestamp = -1
+        self._pacer = FramePacer(RATE)
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._timestamp < 0:
-            self._start, self._timestamp = time.monotonic(), 0
-        else:
-            self._timestamp += FRAME
-            await asyncio.sleep(self._start + self._timestamp / RATE - time.monotonic())
+        await self._pacer.wait()
         pcm = bytes(self.pending[: FRAME * 2])
         del self.pending[: FRAME * 2]
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME)
-        frame.planes[0].update(pcm + bytes(FRAME * 2 - len(pcm)))
-        frame.pts, frame.sample_rate, frame.time_base = self._timestamp, RATE, fractions.Fraction(1, RATE)
-        return frame
+        return self._pacer.frame(pcm)
 
 
 class WebRtcClient(ServerEventLog):

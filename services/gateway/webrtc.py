@@ -56,6 +56,31 @@ class _Metrics:
         self.calls.set(0)
 
 
+class FramePacer:
+    """An audio track's frames (pcm16 mono, 20 ms) stamped and released at real time: a sender
+    asks for the next frame as soon as it sent the last one."""
+
+    def __init__(self, rate: int = PCM_RATE):
+        self.rate, self.samples = rate, rate // 50
+        self._start = 0.0
+        self._pts = -1
+
+    async def wait(self) -> None:
+        """Until the next frame is due."""
+        if self._pts < 0:
+            self._start, self._pts = time.monotonic(), 0
+        else:
+            self._pts += self.samples
+            await asyncio.sleep(self._start + self._pts / self.rate - time.monotonic())
+
+    def frame(self, pcm: bytes) -> av.AudioFrame:
+        """`pcm` (at most a frame's; padded with silence) as the frame due."""
+        frame = av.AudioFrame(format="s16", layout="mono", samples=self.samples)
+        frame.planes[0].update(pcm + bytes(self.samples * 2 - len(pcm)))
+        frame.pts, frame.sample_rate, frame.time_base = self._pts, self.rate, fractions.Fraction(1, self.rate)
+        return frame
+
+
 class Playout(MediaStreamTrack):
     """The responses' audio (pcm16 at 24 kHz) paced onto the peer connection at real time, silence
     between responses. `progress(item_id, played_ms)` and `events(event)` report what went out."""
@@ -69,8 +94,7 @@ class Playout(MediaStreamTrack):
         self._played_ms: dict[str, float] = {}  # by item
         self._done: set[str] = set()  # responses whose audio is all queued
         self._playing: str | None = None  # the response whose audio is going out
-        self._start = 0.0
-        self._timestamp = -1
+        self._pacer = FramePacer()
 
     def push(self, response_id: str, item_id: str, pcm16: bytes) -> None:
         if self._queue and self._queue[-1][1] == item_id:
@@ -113,32 +137,23 @@ class Playout(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._timestamp < 0:
-            self._start, self._timestamp = time.monotonic(), 0
-        else:
-            self._timestamp += FRAME_SAMPLES
-            await asyncio.sleep(self._start + self._timestamp / PCM_RATE - time.monotonic())
-        pcm = bytes(FRAME_SAMPLES * 2)
+        await self._pacer.wait()
+        pcm = b""
         if self._queue:
             response_id, item_id, buffer = self._queue[0]
             if self._playing != response_id:
                 self._playing = response_id
                 self._report(se.OutputAudioBufferStarted(response_id=response_id))
-            taken = bytes(buffer[: len(pcm)])
-            del buffer[: len(pcm)]
-            pcm = taken + pcm[len(taken) :]
-            played = self._played_ms.get(item_id, 0.0) + len(taken) / 2 / PCM_RATE * 1000
+            pcm = bytes(buffer[: FRAME_SAMPLES * 2])
+            del buffer[: FRAME_SAMPLES * 2]
+            played = self._played_ms.get(item_id, 0.0) + len(pcm) / 2 / PCM_RATE * 1000
             self._played_ms[item_id] = played
             self._progress(item_id, played)
             if not buffer:
                 self._queue.popleft()
                 if response_id in self._done and not self._queued(response_id):
                     self._stopped()
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(pcm)
-        frame.pts, frame.sample_rate = self._timestamp, PCM_RATE
-        frame.time_base = fractions.Fraction(1, PCM_RATE)
-        return frame
+        return self._pacer.frame(pcm)
 
 
 class Call:

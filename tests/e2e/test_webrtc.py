@@ -28,6 +28,16 @@ def _mint(omniray, body: dict, key: str = LOCAL_API_KEY) -> httpx.Response:
                       headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
 
 
+def _call(omniray, model_name, max_output_tokens: int, turn_detection: dict | None) -> WebRtcClient:
+    """A call whose session has these settings."""
+    c = WebRtcClient(omniray.http_url, model=model_name, timeout=90)
+    c.wait("session.created")
+    c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_output_tokens,
+                                                  "audio": {"input": {"turn_detection": turn_detection}}}})  # fmt: skip
+    c.wait("session.updated")
+    return c
+
+
 def _assert_error(response: httpx.Response, status: int, code: str) -> dict:
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -37,12 +47,8 @@ def _assert_error(response: httpx.Response, status: int, code: str) -> dict:
 
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng to speak")
 def test_a_spoken_question_is_answered_over_rtp_and_a_barge_in_cuts_it(omniray, model_name):
-    c = WebRtcClient(omniray.http_url, model=model_name, timeout=90)
+    c = _call(omniray, model_name, max_output_tokens=400, turn_detection=VAD)
     try:
-        c.wait("session.created")
-        c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 400,
-                                                      "audio": {"input": {"turn_detection": VAD}}}})  # fmt: skip
-        c.wait("session.updated")
         asked = time.monotonic()
         c.say(speech("What is the weather like in Paris today?") + SILENCE)
         committed = c.wait("input_audio_buffer.committed", c.wait("input_audio_buffer.speech_stopped"))
@@ -201,12 +207,8 @@ def test_a_refused_session_is_an_http_error_before_any_media(omniray, model_name
 def test_the_clients_clear_cuts_the_answer_where_it_was_heard(omniray, model_name):
     """`output_audio_buffer.clear` while the answer plays (its text all written or not): one
     `output_audio_buffer.cleared`, the item cut to what was heard, and nothing more of it plays."""
-    c = WebRtcClient(omniray.http_url, model=model_name, timeout=90)
+    c = _call(omniray, model_name, max_output_tokens=200, turn_detection=None)
     try:
-        c.wait("session.created")
-        c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 200,
-                                                      "audio": {"input": {"turn_detection": None}}}})  # fmt: skip
-        c.wait("session.updated")
         c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                                                              "content": [{"type": "input_text", "text": "Tell me a story."}]}})  # fmt: skip
         c.send({"type": "response.create"})
