@@ -185,6 +185,10 @@ class Call:
             return
         try:
             self.channel.send(text)
+        except ValueError:  # over the peer's message size (a large item retrieved): said, not sent
+            too_large = se.error(f"a {event.type} event of {len(text)} bytes is over the data channel's "
+                                 "message size and was not sent", "event_too_large", kind="server_error")  # fmt: skip
+            self.channel.send(se.to_json(too_large))
         except Exception:  # the channel closed under us: the call is ending
             self.over.set()
 
@@ -222,7 +226,14 @@ class Call:
     def _spawn(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A call's task that fails (a bug) ends the call, logged; it does not leave it half alive."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("webrtc call %s: %s failed", self.id, task.get_coro().__name__, exc_info=error)
+            self.over.set()
 
     def on_datachannel(self, channel) -> None:
         if self.channel is not None:  # the events travel on the first one

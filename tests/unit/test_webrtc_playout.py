@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from services.common.errors import OmniError
-from services.gateway.webrtc import FRAME_SAMPLES, Playout, check_offer
+from services.gateway.webrtc import FRAME_SAMPLES, Call, Playout, check_offer
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE
 
@@ -123,3 +123,31 @@ def test_offers_refused_before_parsing(body, content_type, status, code):
 
 def test_an_offer_with_audio_passes_with_any_content_type_parameters():
     assert check_offer(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "application/SDP; charset=utf-8")
+
+
+class _Channel:
+    """A data channel that, as aiortc's, refuses a message over the peer's size."""
+
+    readyState = "open"
+
+    def __init__(self, limit: int):
+        self.limit, self.sent = limit, []
+
+    def send(self, text: str) -> None:
+        if len(text) > self.limit:
+            raise ValueError("over the remote party's message size")
+        self.sent.append(text)
+
+
+async def test_an_event_over_the_channels_message_size_is_reported_and_the_call_goes_on():
+    call = Call(pc=None, metrics=None)
+    call.channel = _Channel(limit=2000)
+    big = se.Item(id="item_1", role="user", content=[se.Content(type="input_text", text="x" * 5000)])
+    call._emit(se.ConversationItemRetrieved(item=big))
+    call._emit(se.SessionMigrate(session_id="sess_1"))
+    assert (
+        '"event_too_large"' in call.channel.sent[0]
+        and '"conversation.item.retrieved"' in call.channel.sent[0]
+    )
+    assert '"omniray.session.migrate"' in call.channel.sent[1]
+    assert not call.over.is_set()
