@@ -147,7 +147,7 @@ async def test_an_event_over_the_channels_message_size_is_reported_and_the_call_
     call._emit(se.SessionMigrate(session_id="sess_1"))
     assert (
         '"event_too_large"' in call.channel.sent[0]
-        and '"conversation.item.retrieved"' in call.channel.sent[0]
+        and "conversation.item.retrieved event" in call.channel.sent[0]
     )
     assert '"omniray.session.migrate"' in call.channel.sent[1]
     assert not call.over.is_set()
