@@ -30,4 +30,6 @@ def loads(data: bytes) -> ray.ObjectRef:
 
 def release(ref: ray.ObjectRef) -> None:
     """Drop the pin that `dumps` added (in the process that called it)."""
+    if not ray.is_initialized():  # disconnected (a driver after ray.shutdown): its pins went with it
+        return
     ray._private.worker.global_worker.core_worker.remove_object_ref_reference(ref)
