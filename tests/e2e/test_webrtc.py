@@ -5,6 +5,7 @@ bad mint requests answered with clear 4xx errors."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 
@@ -16,8 +17,10 @@ import websockets.sync.client as ws_client
 from loadtest.realtime_client import RATE
 from loadtest.speech import speech
 from loadtest.webrtc_client import HEARD_LEVEL, CallRefused, WebRtcClient
+from services.gateway.webrtc import CONNECT_TIMEOUT_S
 from services.quota import LOCAL_API_KEY
-from tests.conftest import AUTH
+from services.quota.tenants import RealtimeLimits
+from tests.conftest import AUTH, new_tenant
 
 SILENCE = bytes(RATE * 2 * 8 // 10)
 VAD = {"type": "server_vad", "silence_duration_ms": 400}
@@ -227,3 +230,40 @@ def test_the_clients_clear_cuts_the_answer_where_it_was_heard(omniray, model_nam
         assert c.errors() == []
     finally:
         c.close()
+
+
+async def _offer() -> str:
+    """An offer from a peer that will never connect (its answer is never applied)."""
+    from aiortc import RTCConfiguration, RTCPeerConnection
+    from aiortc.mediastreams import AudioStreamTrack
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTrack(AudioStreamTrack())
+    pc.createDataChannel("oai-events")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def test_a_peer_that_never_connects_gives_its_session_back(omniray, model_name):
+    """The call is answered, the peer never connects: after the connect deadline the session ends
+    and the tenant's only session slot is free again."""
+    key = new_tenant(omniray, realtime=RealtimeLimits(max_sessions=1))
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/sdp"}
+    url = f"{omniray.http_url}/v1/realtime/calls?model={model_name}"
+    assert httpx.post(url, content=asyncio.run(_offer()), headers=headers, timeout=30).status_code == 201
+    held = httpx.post(url, content=asyncio.run(_offer()), headers=headers, timeout=30)
+    _assert_error(held, 429, "session_limit_reached")  # the silent peer holds the slot
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S + 30
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        try:
+            c = WebRtcClient(omniray.http_url, api_key=key, model=model_name, timeout=30)
+        except CallRefused as refused:
+            assert refused.status == 429
+            continue
+        c.wait("session.created")
+        c.close()
+        return
+    raise AssertionError(f"the slot was not given back within {CONNECT_TIMEOUT_S + 30:.0f} s")
