@@ -1253,3 +1253,52 @@ def test_grpc_still_healthy(grpc_stub, model_name, http):
     chunks = list(grpc_stub.Chat(_grpc_request(model_name), timeout=60))
     assert chunks[-1].finish_reason
     _assert_healthy(http, model_name)
+
+
+# ---- browser realtime: WebRTC offers and client secrets (docs/webrtc.md) ----------------------------
+
+_AUDIO_OFFER = "v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+
+
+@FUZZ
+@given(
+    body=st.binary(max_size=2000)
+    | st.text(max_size=400).map(lambda t: (_AUDIO_OFFER + t).encode("utf-8", "surrogatepass"))
+)
+def test_webrtc_generated_offers(http, model_name, body):
+    """Bytes, or an audio offer followed by any text (lone surrogates too): a 4xx, never a call."""
+    r = _post(
+        http, body, path=f"/v1/realtime/calls?model={model_name}", headers={"content-type": "application/sdp"}
+    )
+    _assert_client_error(r)
+
+
+_SESSION_FIELDS = [
+    "model",
+    "instructions",
+    "voice",
+    "audio",
+    "max_output_tokens",
+    "tools",
+    "output_modalities",
+    "type",
+]
+
+
+@FUZZ
+@given(
+    session=st.dictionaries(
+        st.sampled_from(_SESSION_FIELDS), _junk | st.text(max_size=20) | st.integers(), max_size=4
+    )
+    | _junk,
+    seconds=st.integers(min_value=-(2**40), max_value=2**40) | _junk,
+)
+def test_client_secret_generated_bodies(http, session, seconds):
+    """Any session settings and lifetime: a secret (200) or a 4xx naming what is wrong, never a 5xx."""
+    r = _post(http, {"expires_after": {"anchor": "created_at", "seconds": seconds}, "session": session},
+              path="/v1/realtime/client_secrets")  # fmt: skip
+    if r.status_code == 200:
+        TALLY["client_secret_valid"] += 1
+        assert r.json()["value"].startswith("ek_")
+        return
+    _assert_client_error(r)
