@@ -52,7 +52,7 @@ def system_prompt(tokenizer, tokens: int) -> str:
 
 
 def one_session(url: str, utterances: list[bytes], instructions: str, ahead: bool, turns: int) -> list[float]:
-    client = Client(url, utterances, 0.0, seed=0, max_tokens=16,
+    client = Client(url, utterances, 0.0, seed=0, tokens=(16, 16),
                     session={"instructions": instructions, "omniray": {"speculative_prefill": ahead}})  # fmt: skip
     ttfp = []
     try:

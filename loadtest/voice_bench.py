@@ -7,7 +7,10 @@ silence; server VAD ends the turn), plays the reply's audio at real time (report
 `omniray.playback.progress`) and, with probability p, talks over it (a barge-in) at a point drawn
 as LiveServe does (WORKLOADS.md): first audio plus a sample of the output audio durations of whole
 replies seen in the run (the p = 0 runs come first); a cut past the end of its reply is no barge-in.
-Otherwise it waits until playback ends and a short think time. Printed: P90 audio TTFP after end of
+Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform). Each reply's length
+is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens` (WORKLOADS.md: output
+30–300 tokens; a random-weight thinker never ends a reply early, so `max_output_tokens` is its
+length); lengths and gaps come from a per-session seed, the same in every arm. Printed: P90 audio TTFP after end of
 speech (`speech_stopped` → first audio delta), wasted tokens (cut by barge-ins), playback continuity
 (share of playback time not stalled on an empty buffer), useful responses per second; and the
 ratios interaction-aware / baseline.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -53,9 +57,11 @@ class Client:
     """One voice session: the shared realtime client (loadtest/realtime_client.py) collects server
     events; the main thread speaks, plays and barges in."""
 
-    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, max_tokens: int,
+    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int],
                  session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
+        # Reply lengths and gaps: their own stream, so they do not depend on the barge-in draws.
+        self.workload, self.tokens = random.Random(seed + 1_000_003), tokens
         # Output audio durations (s) of whole responses in this run, shared by its sessions: where a
         # barge-in cuts is drawn from them (LiveServe's barge-in model, WORKLOADS.md).
         self.durations = durations if durations is not None else []
@@ -64,7 +70,7 @@ class Client:
         self.response_done = True
         self.item_id = ""
         self.rt = RealtimeClient(url, on_event=self._seen)
-        self.rt.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": max_tokens,
+        self.rt.send({"type": "session.update", "session": {"type": "realtime",
                       "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
                       **(session or {})}})  # fmt: skip
 
@@ -120,6 +126,12 @@ class Client:
     def run(self, turns: int) -> SessionStats:
         try:
             for turn in range(turns):
+                low, high = self.tokens
+                length = round(math.exp(self.workload.uniform(math.log(low), math.log(high))))
+                gap_s = self.workload.uniform(0.5, 3.0)
+                self.rt.send(
+                    {"type": "session.update", "session": {"type": "realtime", "max_output_tokens": length}}
+                )
                 mark = self.rt.mark()
                 self.rt.say(self.utterances[turn % len(self.utterances)] + bytes(RATE * 2 * 7 // 10))
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
@@ -136,7 +148,7 @@ class Client:
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:
                     self._wait("response.done", stopped)
-                    time.sleep(0.3)  # think time
+                    time.sleep(gap_s)
         except Exception as e:  # a session that breaks is reported, not hidden
             self.stats.errors.append(repr(e))
         finally:
@@ -159,7 +171,7 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
 
 
 def run_sessions(url: str, utterances: list[bytes], args, barge_p: float, durations: list[float]) -> dict:
-    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, max_tokens=args.max_tokens,
+    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, tokens=(args.min_tokens, args.max_tokens),
                       durations=durations) for i in range(args.sessions)]  # fmt: skip
     out: list[SessionStats] = [SessionStats()] * len(clients)
     started = time.monotonic()
@@ -196,7 +208,8 @@ def main() -> None:
                     help="the engines' seats (0 = the profile's): fewer seats than sessions make the engine the "
                          "scarce resource the scheduler arbitrates, as a GPU's KV memory does")  # fmt: skip
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=200)
+    ap.add_argument("--min-tokens", type=int, default=30, help="shortest reply (tokens)")
+    ap.add_argument("--max-tokens", type=int, default=300, help="longest reply (tokens)")
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=list(POLICY_SETS),
                     help="policy sets to run (ratios need both)")  # fmt: skip
