@@ -10,10 +10,14 @@ replies seen in the run (the p = 0 runs come first); a cut past the end of its r
 Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform). Each reply's length
 is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens` (WORKLOADS.md: output
 30–300 tokens; a random-weight thinker never ends a reply early, so `max_output_tokens` is its
-length); lengths and gaps come from a per-session seed, the same in every arm. Printed: P90 audio TTFP after end of
-speech (`speech_stopped` → first audio delta), wasted tokens (cut by barge-ins), playback continuity
-(share of playback time not stalled on an empty buffer), useful responses per second; and the
-ratios interaction-aware / baseline.
+length); lengths and gaps come from a per-session seed, the same in every arm.
+
+Printed: P90 audio TTFP after end of speech (`speech_stopped` → first audio delta), wasted tokens
+(cut by barge-ins), playback continuity (share of playback time not stalled on an empty buffer;
+share of responses heard whole with no stall over 100 ms), completed responses per second; and the
+ratios interaction-aware / baseline. With `--sweep`, each set runs the listed session counts at
+p = 0 and reports its useful RPS: completed responses per second at the highest count with ≥ 90%
+continuous responses and P90 TTFP ≤ `--slo-s`.
 
     python -m loadtest.voice_bench --profile tiny --sessions 4 --turns 3
 """
@@ -29,8 +33,11 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import results
 from loadtest.profiles import derive, widen_thinker
@@ -38,18 +45,23 @@ from loadtest.realtime_client import RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
 
+GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
 
 @dataclass
 class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
+    created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
+    done_wait_s: list[float] = field(default_factory=list)  # playback heard whole → response.done
     played_s: float = 0.0
     stalled_s: float = 0.0
     wasted: int = 0
     generated: int = 0
     completed: int = 0
     barge_ins: int = 0
+    heard: int = 0  # responses played to their end (no barge-in)
+    continuous: int = 0  # of those, the ones with no stall over GAP_MS
     errors: list[str] = field(default_factory=list)
 
 
@@ -100,8 +112,9 @@ class Client:
 
     def _play(self, barge_at_s: float | None) -> bool:
         """Play the current response at real time from its first delta; report progress; stop at
-        `barge_at_s` of playback (the caller then talks: returns True) or when all audio is played."""
-        played, last = 0.0, time.monotonic()
+        `barge_at_s` of playback (the caller then talks: returns True) or when all audio is played.
+        A response heard whole is continuous if no stall on an empty buffer exceeded `GAP_MS`."""
+        played, last, gap, worst = 0.0, time.monotonic(), 0.0, 0.0
         while True:
             time.sleep(0.05)
             now = time.monotonic()
@@ -111,9 +124,13 @@ class Client:
             last = now
             if played + step <= available:
                 played += step
+                gap = 0.0
             else:
                 if not done:
-                    self.stats.stalled_s += (played + step - available) / 1000
+                    stalled = played + step - available
+                    self.stats.stalled_s += stalled / 1000
+                    gap += stalled
+                    worst = max(worst, gap)
                 played = available
             self.rt.send({"type": "omniray.playback.progress", "item_id": self.item_id, "played_ms": played})
             if barge_at_s is not None and played >= barge_at_s * 1000:
@@ -121,6 +138,8 @@ class Client:
                 return True
             if done and played >= available:
                 self.stats.played_s += played / 1000
+                self.stats.heard += 1
+                self.stats.continuous += worst <= GAP_MS
                 return False
 
     def run(self, turns: int) -> SessionStats:
@@ -135,8 +154,10 @@ class Client:
                 mark = self.rt.mark()
                 self.rt.say(self.utterances[turn % len(self.utterances)] + bytes(RATE * 2 * 7 // 10))
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
+                _, t_created = self._wait("response.created", stopped)
                 _, t_audio = self._wait("response.output_audio.delta", stopped)
                 self.stats.ttfp_s.append(t_audio - t_stop)
+                self.stats.created_s.append(t_created - t_stop)
                 barge_at = None
                 if turn < turns - 1 and self.rng.random() < self.barge_p:
                     # Anchored at first audio, a sample of the run's output durations: a cut past
@@ -147,7 +168,9 @@ class Client:
                 if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:
-                    self._wait("response.done", stopped)
+                    heard = time.monotonic()
+                    _, t_done = self._wait("response.done", stopped)
+                    self.stats.done_wait_s.append(max(0.0, t_done - heard))
                     time.sleep(gap_s)
         except Exception as e:  # a session that breaks is reported, not hidden
             self.stats.errors.append(repr(e))
@@ -170,9 +193,46 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
     return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
 
-def run_sessions(url: str, utterances: list[bytes], args, barge_p: float, durations: list[float]) -> dict:
+# Where a turn's time goes, per cell (the deployment's own histograms, sum and count differenced):
+# the speech stages' urgency-gate waits and the engines' step periods.
+WATCHED = (
+    "omniray_stage_urgency_wait_seconds",
+    "omniray_scheduler_frame_seconds",
+    "omniray_audio_ttfp_seconds",
+)
+
+
+def scrape(metrics_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.removeprefix("ray_") not in WATCHED:  # Ray exports them as ray_omniray_*
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k == "stage")
+                key = f"{sample.name.removeprefix('ray_')}{{{labels}}}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean of each watched histogram over a cell (ms)."""
+    out = {}
+    for key, total in after.items():
+        if "_sum{" in key:
+            count_key = key.replace("_sum{", "_count{")
+            n = after.get(count_key, 0.0) - before.get(count_key, 0.0)
+            if n:
+                out[key.replace("_sum{", "{")] = round(1000 * (total - before.get(key, 0.0)) / n, 2)
+    return out
+
+
+def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p: float,
+                 durations: list[float]) -> dict:  # fmt: skip
     clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, tokens=(args.min_tokens, args.max_tokens),
-                      durations=durations) for i in range(args.sessions)]  # fmt: skip
+                      durations=durations) for i in range(sessions)]  # fmt: skip
     out: list[SessionStats] = [SessionStats()] * len(clients)
     started = time.monotonic()
     threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, clients[k].run(args.turns)))
@@ -185,13 +245,24 @@ def run_sessions(url: str, utterances: list[bytes], args, barge_p: float, durati
     wall = time.monotonic() - started
     ttfp = sorted(x for s in out for x in s.ttfp_s)
     played = sum(s.played_s for s in out)
+
+    def p90(values: list[float]) -> float | None:
+        values = sorted(values)
+        return values[int(0.9 * (len(values) - 1))] if values else None
+
     return {
         "ttfp_p50_s": statistics.median(ttfp) if ttfp else None,
-        "ttfp_p90_s": ttfp[int(0.9 * (len(ttfp) - 1))] if ttfp else None,
+        "ttfp_p90_s": p90(ttfp),
+        "ttfp_max_s": max(ttfp, default=None),
+        # where a slow first audio comes from: before the response starts, or after
+        "created_p90_s": p90([x for s in out for x in s.created_s]),
+        "done_wait_p90_s": p90([x for s in out for x in s.done_wait_s]),
+        "wall_s": wall,
         "wasted_tokens": sum(s.wasted for s in out),
         "generated_tokens": sum(s.generated for s in out),
         "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),
-        "useful_rps": sum(s.completed for s in out) / wall,
+        "continuous_share": sum(s.continuous for s in out) / max(sum(s.heard for s in out), 1),
+        "completed_rps": sum(s.completed for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
         "turns": len(ttfp),
         "errors": [e for s in out for e in s.errors],
@@ -213,8 +284,12 @@ def main() -> None:
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=list(POLICY_SETS),
                     help="policy sets to run (ratios need both)")  # fmt: skip
+    ap.add_argument("--sweep", type=int, nargs="+", default=[],
+                    help="session counts for the useful-RPS sweep (p = 0) instead of --sessions/--barge")  # fmt: skip
+    ap.add_argument("--slo-s", type=float, default=1.0, help="P90 TTFP objective of the sweep (s)")
     args = ap.parse_args()
     report: dict = {"args": vars(args), "runs": {}}
+    cells = [(c, 0.0) for c in args.sweep] or [(args.sessions, p) for p in args.barge]
     with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
         utterances = [speech(s) for s in SENTENCES]
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
@@ -223,26 +298,53 @@ def main() -> None:
             path = profile_file(args, scheduler, eviction, Path(tmp))
             with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
                 url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
-                for p in args.barge:
-                    report["runs"][f"{name}@p={p}"] = r = run_sessions(url, utterances, args, p, durations)
-                    print(f"{name:12} p={p}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
+                for sessions, p in cells:
+                    cell = f"{name}@c={sessions},p={p}"
+                    before = scrape(cluster.metrics_url)
+                    report["runs"][cell] = r = run_sessions(url, utterances, args, sessions, p, durations)
+                    r["stage_means_ms"] = means_ms(before, scrape(cluster.metrics_url))
+                    print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
                           f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
-    runs = report["runs"]
-    for p in args.barge if len(args.sets) == len(POLICY_SETS) else ():
-        b, i = runs[f"baseline@p={p}"], runs[f"interaction@p={p}"]
-        if not (b["turns"] and i["turns"] and b["useful_rps"]):
+    if len(args.sets) == len(POLICY_SETS):
+        report["ratios"] = useful_rps(report["runs"], args) if args.sweep else ratios(report["runs"], cells)
+    print(f"saved {results.write('voice', args.profile, report)}")
+
+
+def ratios(runs: dict, cells: list) -> dict:
+    """Interaction-aware against the baseline, per cell of the same sessions and p."""
+    out = {}
+    for sessions, p in cells:
+        b, i = runs[f"baseline@c={sessions},p={p}"], runs[f"interaction@c={sessions},p={p}"]
+        if not (b["turns"] and i["turns"] and b["completed_rps"]):
             print(f"p={p}: no ratios (a run answered no turn)")
             continue
-        ratios = {
+        r = {
             "ttfp_p90 baseline/interaction": b["ttfp_p90_s"] / i["ttfp_p90_s"],
-            "continuity interaction-baseline": i["continuity"] - b["continuity"],
-            "useful_rps interaction/baseline": i["useful_rps"] / b["useful_rps"],
+            "continuous interaction-baseline": i["continuous_share"] - b["continuous_share"],
+            "completed_rps interaction/baseline": i["completed_rps"] / b["completed_rps"],
         }
         if b["wasted_tokens"]:
-            ratios["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
-        report[f"ratios@p={p}"] = ratios
-        print(f"p={p}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    print(f"saved {results.write('voice', args.profile, report)}")
+            r["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
+        out[f"c={sessions},p={p}"] = r
+        print(f"c={sessions} p={p}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
+    return out
+
+
+def useful_rps(runs: dict, args) -> dict:
+    """Per policy set, the highest session count whose responses are ≥ 90% continuous with P90 TTFP
+    within the objective (WORKLOADS.md), and the completed responses per second there."""
+    out = {}
+    for name in POLICY_SETS:
+        ok = [c for c in args.sweep if (r := runs[f"{name}@c={c},p=0.0"])["turns"]
+              and r["continuous_share"] >= 0.9 and r["ttfp_p90_s"] <= args.slo_s]  # fmt: skip
+        best = max(ok, default=None)
+        out[name] = {
+            "sessions": best,
+            "useful_rps": runs[f"{name}@c={best},p=0.0"]["completed_rps"] if best else 0.0,
+        }
+        print(f"{name}: useful RPS {out[name]['useful_rps']:.3f} at {best} sessions "
+              f"(P90 TTFP ≤ {args.slo_s} s, ≥ 90% continuous)")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
