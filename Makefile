@@ -15,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -111,9 +111,15 @@ bench-eviction: setup
 bench-preload: setup
 	$(PY) -m loadtest.preload_bench
 
-# N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware.
+# N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware;
+# then the useful-RPS sweep (highest session count with P90 TTFP <= 1 s and >= 90% continuous replies).
+SESSIONS ?= 8
+TURNS ?= 12
 bench-voice: models
-	$(PY) -m loadtest.voice_bench --profile $(PROFILE)
+	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS)
+
+bench-voice-sweep: models
+	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4
 
 # Gateway CPU per realtime turn over a 10-turn conversation (flat: a turn costs what it adds).
 # The audio endpoints: speech first byte vs whole file, transcription speed, speech -> text WER.

@@ -258,6 +258,7 @@ def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p
         "created_p90_s": p90([x for s in out for x in s.created_s]),
         "done_wait_p90_s": p90([x for s in out for x in s.done_wait_s]),
         "wall_s": wall,
+        "ttfp_by_turn_s": [[round(x, 3) for x in s.ttfp_s] for s in out],  # per session, in turn order
         "wasted_tokens": sum(s.wasted for s in out),
         "generated_tokens": sum(s.generated for s in out),
         "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),
@@ -303,7 +304,7 @@ def main() -> None:
                     before = scrape(cluster.metrics_url)
                     report["runs"][cell] = r = run_sessions(url, utterances, args, sessions, p, durations)
                     r["stage_means_ms"] = means_ms(before, scrape(cluster.metrics_url))
-                    print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k != 'errors'})}"
+                    print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
                           f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
     if len(args.sets) == len(POLICY_SETS):
         report["ratios"] = useful_rps(report["runs"], args) if args.sweep else ratios(report["runs"], cells)
