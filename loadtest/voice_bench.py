@@ -62,6 +62,7 @@ class SessionStats:
     barge_ins: int = 0
     heard: int = 0  # responses played to their end (no barge-in)
     continuous: int = 0  # of those, the ones with no stall over GAP_MS
+    silent: int = 0  # responses that ended without any audio (no TTFP)
     errors: list[str] = field(default_factory=list)
 
 
@@ -154,8 +155,21 @@ class Client:
                 mark = self.rt.mark()
                 self.rt.say(self.utterances[turn % len(self.utterances)] + bytes(RATE * 2 * 7 // 10))
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
-                _, t_created = self._wait("response.created", stopped)
-                _, t_audio = self._wait("response.output_audio.delta", stopped)
+                created, t_created = self._wait("response.created", stopped)
+                rid = self.rt.event(created)["response"]["id"]
+                first = self.rt.wait(
+                    lambda e, rid=rid: (
+                        e.get("response_id", (e.get("response") or {}).get("id")) == rid
+                        and e["type"] in ("response.output_audio.delta", "response.done")
+                    ),
+                    created,
+                    120,
+                )
+                if self.rt.event(first)["type"] == "response.done":  # it ended without audio
+                    self.stats.silent += 1
+                    time.sleep(gap_s)
+                    continue
+                t_audio = self.rt.at(first)
                 self.stats.ttfp_s.append(t_audio - t_stop)
                 self.stats.created_s.append(t_created - t_stop)
                 barge_at = None
@@ -265,6 +279,7 @@ def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p
         "continuous_share": sum(s.continuous for s in out) / max(sum(s.heard for s in out), 1),
         "completed_rps": sum(s.completed for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
+        "silent": sum(s.silent for s in out),
         "turns": len(ttfp),
         "errors": [e for s in out for e in s.errors],
     }
