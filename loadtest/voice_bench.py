@@ -14,9 +14,9 @@ length); lengths and gaps come from a per-session seed, the same in every arm.
 
 Printed: P90 audio TTFP after end of speech (`speech_stopped` → first audio delta), wasted tokens
 (cut by barge-ins), playback continuity (share of playback time not stalled on an empty buffer;
-share of responses heard whole with no stall over 100 ms), completed responses per second; and the
+share of responses heard whole with no stall over 100 ms), responses heard whole per second; and the
 ratios interaction-aware / baseline. With `--sweep`, each set runs the listed session counts at
-p = 0 and reports its useful RPS: completed responses per second at the highest count with ≥ 90%
+p = 0 and reports its useful RPS: responses heard whole per second at the highest count with ≥ 90%
 continuous responses and P90 TTFP ≤ `--slo-s`.
 
     python -m loadtest.voice_bench --profile tiny --sessions 4 --turns 3
@@ -58,7 +58,6 @@ class SessionStats:
     stalled_s: float = 0.0
     wasted: int = 0
     generated: int = 0
-    completed: int = 0
     barge_ins: int = 0
     heard: int = 0  # responses played to their end (no barge-in)
     continuous: int = 0  # of those, the ones with no stall over GAP_MS
@@ -98,7 +97,6 @@ class Client:
             self.response_done = True
             r = event["response"]
             if r["status"] == "completed":
-                self.stats.completed += 1
                 self.durations.append(self.audio_ms / 1000)
                 self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
         elif kind == "conversation.item.truncated" and "omniray" in event:
@@ -277,7 +275,8 @@ def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p
         "generated_tokens": sum(s.generated for s in out),
         "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),
         "continuous_share": sum(s.continuous for s in out) / max(sum(s.heard for s in out), 1),
-        "completed_rps": sum(s.completed for s in out) / wall,
+        # Not responses completed: FCFS completes a reply the user then cuts, a paced one is cancelled.
+        "heard_rps": sum(s.heard for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
         "silent": sum(s.silent for s in out),
         "turns": len(ttfp),
@@ -331,13 +330,13 @@ def ratios(runs: dict, cells: list) -> dict:
     out = {}
     for sessions, p in cells:
         b, i = runs[f"baseline@c={sessions},p={p}"], runs[f"interaction@c={sessions},p={p}"]
-        if not (b["turns"] and i["turns"] and b["completed_rps"]):
+        if not (b["turns"] and i["turns"] and b["heard_rps"]):
             print(f"p={p}: no ratios (a run answered no turn)")
             continue
         r = {
             "ttfp_p90 baseline/interaction": b["ttfp_p90_s"] / i["ttfp_p90_s"],
             "continuous interaction-baseline": i["continuous_share"] - b["continuous_share"],
-            "completed_rps interaction/baseline": i["completed_rps"] / b["completed_rps"],
+            "heard_rps interaction/baseline": i["heard_rps"] / b["heard_rps"],
         }
         if b["wasted_tokens"]:
             r["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
@@ -348,7 +347,7 @@ def ratios(runs: dict, cells: list) -> dict:
 
 def useful_rps(runs: dict, args) -> dict:
     """Per policy set, the highest session count whose responses are ≥ 90% continuous with P90 TTFP
-    within the objective (WORKLOADS.md), and the completed responses per second there."""
+    within the objective (WORKLOADS.md), and the responses heard whole per second there."""
     out = {}
     for name in POLICY_SETS:
         ok = [c for c in args.sweep if (r := runs[f"{name}@c={c},p=0.0"])["turns"]
@@ -356,7 +355,7 @@ def useful_rps(runs: dict, args) -> dict:
         best = max(ok, default=None)
         out[name] = {
             "sessions": best,
-            "useful_rps": runs[f"{name}@c={best},p=0.0"]["completed_rps"] if best else 0.0,
+            "useful_rps": runs[f"{name}@c={best},p=0.0"]["heard_rps"] if best else 0.0,
         }
         print(f"{name}: useful RPS {out[name]['useful_rps']:.3f} at {best} sessions "
               f"(P90 TTFP ≤ {args.slo_s} s, ≥ 90% continuous)")  # fmt: skip
