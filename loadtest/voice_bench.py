@@ -53,7 +53,6 @@ POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_u
 class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
     created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
-    done_wait_s: list[float] = field(default_factory=list)  # playback heard whole → response.done
     played_s: float = 0.0
     stalled_s: float = 0.0
     wasted: int = 0
@@ -180,9 +179,7 @@ class Client:
                 if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:
-                    heard = time.monotonic()
-                    _, t_done = self._wait("response.done", stopped)
-                    self.stats.done_wait_s.append(max(0.0, t_done - heard))
+                    self._wait("response.done", stopped)
                     time.sleep(gap_s)
         except Exception as e:  # a session that breaks is reported, not hidden
             self.stats.errors.append(repr(e))
@@ -207,11 +204,7 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
 
 # Where a turn's time goes, per cell (the deployment's own histograms, sum and count differenced):
 # the speech stages' urgency-gate waits and the engines' step periods.
-WATCHED = (
-    "omniray_stage_urgency_wait_seconds",
-    "omniray_scheduler_frame_seconds",
-    "omniray_audio_ttfp_seconds",
-)
+WATCHED = ("omniray_stage_urgency_wait_seconds", "omniray_scheduler_frame_seconds")
 
 
 def scrape(metrics_url: str) -> dict[str, float]:
@@ -268,7 +261,6 @@ def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p
         "ttfp_max_s": max(ttfp, default=None),
         # where a slow first audio comes from: before the response starts, or after
         "created_p90_s": p90([x for s in out for x in s.created_s]),
-        "done_wait_p90_s": p90([x for s in out for x in s.done_wait_s]),
         "wall_s": wall,
         "ttfp_by_turn_s": [[round(x, 3) for x in s.ttfp_s] for s in out],  # per session, in turn order
         "wasted_tokens": sum(s.wasted for s in out),
