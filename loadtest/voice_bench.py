@@ -49,6 +49,12 @@ GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's bench
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
 
+def reply_length(rng: random.Random, low: int, high: int) -> int:
+    """A reply's length in tokens, log-uniform in [low, high] (short replies as likely per octave
+    as long ones)."""
+    return min(high, max(low, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
+
+
 @dataclass
 class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
@@ -143,8 +149,7 @@ class Client:
     def run(self, turns: int) -> SessionStats:
         try:
             for turn in range(turns):
-                low, high = self.tokens
-                length = round(math.exp(self.workload.uniform(math.log(low), math.log(high))))
+                length = reply_length(self.workload, *self.tokens)
                 gap_s = self.workload.uniform(0.5, 3.0)
                 self.rt.send(
                     {"type": "session.update", "session": {"type": "realtime", "max_output_tokens": length}}

@@ -1,0 +1,98 @@
+"""The voice benchmark's workload and figures (loadtest/voice_bench.py), without a deployment."""
+
+from __future__ import annotations
+
+import http.server
+import random
+import statistics
+import threading
+from types import SimpleNamespace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from loadtest.voice_bench import means_ms, reply_length, scrape, useful_rps
+
+
+@given(st.integers(0, 2**32), st.integers(1, 500), st.integers(0, 500))
+def test_reply_lengths_stay_in_range(seed, low, span):
+    rng = random.Random(seed)
+    assert all(low <= reply_length(rng, low, low + span) <= low + span for _ in range(20))
+
+
+def test_reply_lengths_are_log_uniform_and_seeded():
+    draws = [reply_length(random.Random(7), 30, 300) for _ in range(2)]
+    assert draws[0] == draws[1]  # a session's seed gives both arms the same replies
+    rng = random.Random(0)
+    lengths = [reply_length(rng, 30, 300) for _ in range(4000)]
+    # log-uniform: the median is the geometric mean (~95), half the replies under it
+    assert 85 < statistics.median(lengths) < 105
+    assert 0.45 < sum(n < 95 for n in lengths) / len(lengths) < 0.55
+
+
+def test_useful_rps_is_the_rate_at_the_most_sessions_within_the_objective():
+    def cell(p90, continuous, rate):
+        return {"turns": 32, "ttfp_p90_s": p90, "continuous_share": continuous, "heard_rps": rate}
+
+    runs = {
+        "baseline@c=8,p=0.0": cell(0.6, 1.0, 0.2),
+        "baseline@c=16,p=0.0": cell(0.9, 1.0, 0.3),
+        "baseline@c=24,p=0.0": cell(1.2, 1.0, 0.5),  # too slow
+        "interaction@c=8,p=0.0": cell(0.5, 1.0, 0.2),
+        "interaction@c=16,p=0.0": cell(0.7, 0.8, 0.3),  # too many stalls
+        "interaction@c=24,p=0.0": cell(0.9, 0.95, 0.5),  # a gap below does not stop the sweep
+    }
+    args = SimpleNamespace(sweep=[8, 16, 24], slo_s=1.0)
+    assert useful_rps(runs, args) == {
+        "baseline": {"sessions": 16, "useful_rps": 0.3},
+        "interaction": {"sessions": 24, "useful_rps": 0.5},
+    }
+    runs["baseline@c=8,p=0.0"] = cell(1.5, 1.0, 0.2)
+    runs["baseline@c=16,p=0.0"] = cell(1.5, 1.0, 0.3)
+    assert useful_rps(runs, args)["baseline"] == {"sessions": None, "useful_rps": 0.0}
+
+
+EXPOSITION = """# HELP ray_omniray_stage_urgency_wait_seconds Time a step waited.
+# TYPE ray_omniray_stage_urgency_wait_seconds histogram
+ray_omniray_stage_urgency_wait_seconds_bucket{stage="talker",le="+Inf",Component="a"} {count}
+ray_omniray_stage_urgency_wait_seconds_sum{stage="talker",Component="a"} {total}
+ray_omniray_stage_urgency_wait_seconds_count{stage="talker",Component="a"} {count}
+ray_omniray_stage_urgency_wait_seconds_bucket{stage="talker",le="+Inf",Component="b"} 1
+ray_omniray_stage_urgency_wait_seconds_sum{stage="talker",Component="b"} 0.5
+ray_omniray_stage_urgency_wait_seconds_count{stage="talker",Component="b"} 1
+# HELP ray_omniray_gateway_requests_total Not watched.
+# TYPE ray_omniray_gateway_requests_total counter
+ray_omniray_gateway_requests_total{api="chat"} 3
+"""
+
+
+def test_stage_means_over_a_cell_from_a_metrics_endpoint():
+    pages = iter([EXPOSITION.replace("{count}", "10").replace("{total}", "1.0"),
+                  EXPOSITION.replace("{count}", "30").replace("{total}", "3.0")])  # fmt: skip
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = next(pages).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        before, after = scrape(url), scrape(url)
+    finally:
+        server.shutdown()
+    # replicas summed; only the watched families
+    assert before == {
+        "omniray_stage_urgency_wait_seconds_sum{stage=talker}": 1.5,
+        "omniray_stage_urgency_wait_seconds_count{stage=talker}": 11.0,
+    }
+    # 20 more steps waited 2.0 s more over the cell: 100 ms each
+    assert means_ms(before, after) == {"omniray_stage_urgency_wait_seconds{stage=talker}": 100.0}
