@@ -28,7 +28,6 @@ from transformers import AutoTokenizer
 
 from loadtest import results
 from loadtest.profiles import derive, widen_thinker
-from loadtest.realtime_client import RATE
 from loadtest.speech import SENTENCES, speech
 from loadtest.voice_bench import Client
 from services import runtime
@@ -53,7 +52,7 @@ def system_prompt(tokenizer, tokens: int) -> str:
 
 
 def one_session(url: str, utterances: list[bytes], instructions: str, ahead: bool, turns: int) -> list[float]:
-    client = Client(url, utterances, 0.0, seed=0, tokens=(16, 16),
+    client = Client(url, utterances, 0.0, seed=0,
                     session={"instructions": instructions, "max_output_tokens": 16,
                              "omniray": {"speculative_prefill": ahead}})  # fmt: skip
     ttfp = []
@@ -61,9 +60,7 @@ def one_session(url: str, utterances: list[bytes], instructions: str, ahead: boo
         client._wait("session.updated", 0)
         for turn in range(turns):
             mark = client.rt.mark()
-            client.rt.say(
-                utterances[turn % len(utterances)] + bytes(RATE * 2 * 7 // 10)
-            )  # then 0.7 s of silence
+            client.say(utterances[turn % len(utterances)])
             stopped, t_stop = client._wait("input_audio_buffer.speech_stopped", mark)
             _, t_audio = client._wait("response.output_audio.delta", stopped)
             client._wait("response.done", stopped)

@@ -74,7 +74,7 @@ class Client:
     """One voice session: the shared realtime client (loadtest/realtime_client.py) collects server
     events; the main thread speaks, plays and barges in."""
 
-    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int],
+    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int] = (30, 300),
                  session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
         # Reply lengths and gaps: their own stream, so they do not depend on the barge-in draws.
@@ -109,6 +109,10 @@ class Client:
             self.stats.generated += event["omniray"]["generated_tokens"]
         elif kind == "error":
             self.stats.errors.append(event["error"]["message"])
+
+    def say(self, pcm: bytes) -> None:
+        """An utterance at real-time pace, then 0.7 s of silence (server VAD ends the turn after 0.5 s)."""
+        self.rt.say(pcm + bytes(RATE * 2 * 7 // 10))
 
     def _wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
         i = self.rt.wait(kind, after, timeout)
@@ -155,7 +159,7 @@ class Client:
                     {"type": "session.update", "session": {"type": "realtime", "max_output_tokens": length}}
                 )
                 mark = self.rt.mark()
-                self.rt.say(self.utterances[turn % len(self.utterances)] + bytes(RATE * 2 * 7 // 10))
+                self.say(self.utterances[turn % len(self.utterances)])
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
                 created, t_created = self._wait("response.created", stopped)
                 rid = self.rt.event(created)["response"]["id"]
