@@ -28,14 +28,16 @@ import_triton_for_interpreter()  # before anything else imports triton (vLLM doe
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 AUTH = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
 
-# Short autoscaling delays so a test can watch a stage scale up and back down.
+# Short autoscaling delays so a test can watch a stage scale up and back down. Scaling down waits
+# longer: on CI's two busy cores a new replica takes ~10 s to start (a fresh worker importing torch),
+# and with a 3 s delay the controller cancelled it whenever the encoder saw a lull meanwhile.
 ENCODER_AUTOSCALING = {
     "autoscaling_config": {
         "min_replicas": 1,
         "max_replicas": 2,
         "target_ongoing_requests": 1,
         "upscale_delay_s": 0.5,
-        "downscale_delay_s": 3,
+        "downscale_delay_s": 20,
         "look_back_period_s": 1,
         "metrics_interval_s": 0.5,
     }

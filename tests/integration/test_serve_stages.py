@@ -41,8 +41,16 @@ def test_gateway_and_five_stage_deployments(omniray):
     assert configs["Decode"]["max_ongoing_requests"] == 128
 
 
+def _until_one_replica(omniray, deployment: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (n := _running_replicas(omniray, deployment)) > 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    return n
+
+
 def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
-    assert _running_replicas(omniray, "Encoder") == 1
+    # Earlier tests' images may have scaled it up: back down after downscale_delay_s (conftest).
+    assert _until_one_replica(omniray, "Encoder", 90) == 1
     # Seeds no other test uses: an image encoded before would be a feature-cache hit, no encoder work.
     seeds = itertools.count(random.SystemRandom().randrange(1 << 40))
 
@@ -84,10 +92,7 @@ def test_encoder_scales_up_under_load_and_back_down(omniray, model_name):
             f.result()
     assert codes == {200}
     assert seen[-1][1].count("RUNNING") >= 2, f"encoder did not scale up under steady load: {seen[-10:]}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline and _running_replicas(omniray, "Encoder") > 1:
-        time.sleep(1)
-    assert _running_replicas(omniray, "Encoder") == 1, "encoder did not scale back down when idle"
+    assert _until_one_replica(omniray, "Encoder", 120) == 1, "encoder did not scale back down when idle"
 
 
 def test_decode_does_not_recompute_the_prompt(omniray, ray_driver, openai_client, model_name):
