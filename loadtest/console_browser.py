@@ -20,6 +20,7 @@ import soundfile as sf
 
 from loadtest.speech import RATE, speech
 from services.quota import LOCAL_API_KEY
+from services.realtime.server_events import WHOLE
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Chromium on a machine without a screen or network (the probe's flags), plus a microphone that
@@ -81,7 +82,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         wav = question_wav(Path(tmp) / "question.wav", args.say, args.silence, lead_s=3.0)
         with console(args.url, wav, args.key, args.max_tokens, args.instructions) as page:
-            page.wait_for_selector('tr[data-status="completed"][data-played]', timeout=args.timeout * 1000)
+            whole = ", ".join(f'tr[data-status="{status}"][data-played]' for status in WHOLE)
+            page.wait_for_selector(whole, timeout=args.timeout * 1000)
             page.wait_for_timeout(500)
             page.screenshot(path=str(args.screenshot))
             print(page.locator("#transcript").inner_text())

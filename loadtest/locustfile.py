@@ -40,6 +40,7 @@ from loadtest.client import Result
 from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import RATE, SENTENCES, speech
 from loadtest.workload import chat_prompts
+from services.realtime.server_events import WHOLE
 
 grpc_gevent.init_gevent()  # gRPC's own threads would block gevent's loop
 
@@ -356,7 +357,7 @@ class VoiceUser(TenantUser):
             lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, 0, what="response.done"
         )
         status = s.events[done][1]["response"]["status"]
-        fire(self, "WS", "realtime.turn", s.events[done][0] - t_stop, "" if status == "completed" else status)
+        fire(self, "WS", "realtime.turn", s.events[done][0] - t_stop, "" if status in WHOLE else status)
 
     def _interrupt(self, how: str, rid: str, item: str, played: float) -> None:
         s = self.session

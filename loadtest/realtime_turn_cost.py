@@ -28,6 +28,7 @@ from loadtest.profiles import derive
 from loadtest.realtime_client import CHUNK_MS, RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
+from services.realtime.server_events import WHOLE
 
 
 def _replica(run_id: str, deployment: str) -> psutil.Process:
@@ -63,7 +64,7 @@ def _session(url: str, utterance: bytes, turns: int, max_tokens: int, procs: dic
             client.send({"type": "input_audio_buffer.commit"})
             client.send({"type": "response.create"})
             done = client.event(client.wait("response.done", mark))
-            if done["response"]["status"] != "completed":
+            if done["response"]["status"] not in WHOLE:
                 raise RuntimeError(f"turn failed: {client.errors()[-1:]}")
             out.append(
                 {

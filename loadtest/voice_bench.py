@@ -44,6 +44,7 @@ from loadtest.profiles import derive, widen_thinker
 from loadtest.realtime_client import RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
+from services.realtime.server_events import WHOLE
 
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
@@ -101,7 +102,7 @@ class Client:
         elif kind == "response.done":
             self.response_done = True
             r = event["response"]
-            if r["status"] == "completed":
+            if r["status"] in WHOLE:  # the whole reply was generated (its length is its max_output_tokens)
                 self.durations.append(self.audio_ms / 1000)
                 self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
         elif kind == "conversation.item.truncated" and "omniray" in event:
@@ -163,6 +164,14 @@ class Client:
                 stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
                 created, t_created = self._wait("response.created", stopped)
                 rid = self.rt.event(created)["response"]["id"]
+                # Drawn whatever the reply turns out to be (a silent one too), so that both arms'
+                # sessions make the same draws turn by turn. Anchored at first audio, a sample of
+                # the run's output durations: a cut past the end of this reply is no barge-in.
+                barge_at = None
+                if turn < turns - 1 and self.rng.random() < self.barge_p:
+                    barge_at = (
+                        self.rng.choice(self.durations) if self.durations else self.rng.uniform(0.3, 1.5)
+                    )
                 first = self.rt.wait(
                     lambda e, rid=rid: (
                         e.get("response_id", (e.get("response") or {}).get("id")) == rid
@@ -178,13 +187,6 @@ class Client:
                 t_audio = self.rt.at(first)
                 self.stats.ttfp_s.append(t_audio - t_stop)
                 self.stats.created_s.append(t_created - t_stop)
-                barge_at = None
-                if turn < turns - 1 and self.rng.random() < self.barge_p:
-                    # Anchored at first audio, a sample of the run's output durations: a cut past
-                    # the end of this reply is no barge-in (it was heard whole).
-                    barge_at = (
-                        self.rng.choice(self.durations) if self.durations else self.rng.uniform(0.3, 1.5)
-                    )
                 if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:

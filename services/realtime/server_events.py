@@ -109,6 +109,10 @@ class FunctionCallOutputItem(_Model):
 AnyItem = Annotated[Item | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]
 
 
+# The statuses of a response generated to its end: the model stopped, or `max_output_tokens` did.
+WHOLE = ("completed", "incomplete")
+
+
 class StatusDetails(_Model):
     """Why a response ended as it did (OpenAI's `status_details`)."""
 

@@ -179,6 +179,12 @@ class Response:
     def item_status(self) -> str:
         return "completed" if self.status == "completed" else "incomplete"
 
+    @property
+    def whole(self) -> bool:
+        """Generated to its end: the model stopped, or `max_output_tokens` did (OpenAI's
+        `incomplete`); not cancelled or failed."""
+        return self.status in se.WHOLE
+
 
 class RealtimeSession:
     def __init__(
@@ -496,7 +502,7 @@ class RealtimeSession:
             r = self.response
             # in flight, or written but maybe still playing: cut to what was played (nothing when
             # all of it was)
-            cut = r is not None and (self.busy or r.status == "completed")
+            cut = r is not None and (self.busy or r.whole)
             if self.busy:
                 await self.cancel()
             if cut:
@@ -747,7 +753,7 @@ class RealtimeSession:
     async def _cut_to_played(self, r: Response) -> None:
         view = self.monitor.snapshot().get(self.key)
         played = min(view.played_ms if view else 0.0, r.item.audio_ms)
-        if played >= r.item.audio_ms and r.status == "completed":
+        if played >= r.item.audio_ms and r.whole:
             return  # all of it was heard
         r.item.cut(played)
         generated = max(len(r.item.generated), 1)
@@ -1109,6 +1115,7 @@ class RealtimeSession:
         calls: dict[int, Item] = {}  # the answer's calls by index
         audio_out = OutputAudio(self.config.audio.output.format.type)
         self.monitor.response_started(self.key)
+        finish = None
         try:
             async for out in self.pipeline.generate(prepared):
                 if out.frame_ms > 0 and r.item.audio_out:
@@ -1142,9 +1149,13 @@ class RealtimeSession:
                     if delta := audio_out.encode(out.pcm16):
                         await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
                 if out.finish_reason and out.usage is not None:
-                    r.usage = self._usage(out.usage, r)
-            r.status = "completed"
-            r.details = se.StatusDetails(type="completed")
+                    finish, r.usage = out.finish_reason, self._usage(out.usage, r)
+            if finish == "length":  # the response's (or session's) max_output_tokens, or the profile's
+                r.status = "incomplete"
+                r.details = se.StatusDetails(type="incomplete", reason="max_output_tokens")
+            else:
+                r.status = "completed"
+                r.details = se.StatusDetails(type="completed")
             if not r.output:  # an empty answer is an empty message
                 await self._begin_message(r)
             if r.message == "open":
@@ -1156,7 +1167,7 @@ class RealtimeSession:
         finally:
             tokens = r.item.tokens + sum(c.tokens for c in calls.values())
             self.stats.generated(tokens)
-            if r.status == "completed" and not calls:  # whole responses tell the audio per token
+            if r.whole and not calls:  # whole responses tell the audio per token
                 self.monitor.response_finished(self.key, r.item.tokens, r.item.audio_ms)
             else:
                 self.monitor.response_finished(self.key)

@@ -11,6 +11,7 @@ import pytest
 
 from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import speech
+from services.realtime.server_events import WHOLE
 from tests.e2e.test_realtime import _assert_scraped, realtime
 
 PCM_RATE = 24_000
@@ -48,7 +49,7 @@ def _buffer_tokens(r: RealtimeClient) -> int:
     r.send({"type": "input_audio_buffer.commit"})
     r.send({"type": "response.create"})
     done = r.event(r.wait("response.done", at, timeout=120))
-    assert done["response"]["status"] == "completed"
+    assert done["response"]["status"] in WHOLE
     return done["response"]["usage"]["input_tokens"]
 
 
@@ -82,7 +83,7 @@ def test_an_open_microphone_in_a_quiet_room_streams_for_minutes(omniray, model_n
         r.append(speech("What is the weather like in Paris today?") + bytes(PCM_RATE * 2))
         started = r.event(r.wait("input_audio_buffer.speech_started", at))
         done = r.event(r.wait("response.done", at, timeout=120))
-        assert done["response"]["status"] == "completed"
+        assert done["response"]["status"] in WHOLE
         assert seconds * 1000 <= started["audio_start_ms"] <= seconds * 1000 + 500
         assert _kinds(r, "error") == []
     reference = _reference_tokens(omniray, model_name, 0.5)
@@ -96,7 +97,7 @@ def test_a_conversation_longer_than_its_window_is_still_answered(omniray, model_
         r.wait("session.created")
         _update(r, MANUAL)
         done = [_turn(r, _tone(0.5, 150 + 20 * k)) for k in range(7)]
-        assert [d["response"]["status"] for d in done] == ["completed"] * 7
+        assert len(done) == 7 and all(d["response"]["status"] in WHOLE for d in done)
         tokens = [d["response"]["usage"]["input_tokens"] for d in done]
         assert tokens[0] < tokens[1] < tokens[2] < tokens[3] and tokens[4] < tokens[3], tokens
         assert _kinds(r, "error") == []
@@ -116,7 +117,7 @@ def test_a_conversation_at_the_context_length_is_still_answered(omniray, model_n
         _update(r, {**MANUAL, "instructions": "hello " * 700})
         done = [_turn(r, _tone(14.0, 150 + 20 * k)) for k in range(6)]
         assert _kinds(r, "error") == []
-        assert [d["response"]["status"] for d in done] == ["completed"] * 6
+        assert len(done) == 6 and all(d["response"]["status"] in WHOLE for d in done)
         tokens = [d["response"]["usage"]["input_tokens"] for d in done]
         assert tokens[0] < tokens[1] < tokens[2] and tokens[3] < tokens[2], tokens
         assert all(t + 16 <= 4096 for t in tokens), tokens
