@@ -6,17 +6,21 @@ cache, not recomputed. Another tenant cannot resume it; an unknown id is a clear
 from __future__ import annotations
 
 import base64
+import json
 import math
 import struct
 import threading
 
 import pytest
+from omni.v1 import omni_pb2, omni_pb2_grpc
 
 from loadtest.realtime_client import RealtimeClient
 from services import runtime
 from services.app import DEPLOYMENT_NAMES
 from services.realtime.codecs import PCM_RATE
-from tests.conftest import new_tenant
+from services.realtime.server_events import WHOLE
+from tests.conftest import grpc_channel, new_tenant, until
+from tests.e2e.test_grpc import _Outbox
 
 
 def _url(omniray, model_name, session_id: str | None = None) -> str:
@@ -33,7 +37,7 @@ def _respond(r: RealtimeClient) -> dict:
     at = r.mark()
     r.send({"type": "response.create"})
     done = r.event(r.wait("response.done", at))["response"]
-    assert done["status"] == "completed", done
+    assert done["status"] in WHOLE, done
     return done
 
 
@@ -75,6 +79,17 @@ def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
     assert not first.malformed and not second.malformed
 
 
+def _roll_gateway(omniray) -> threading.Thread:
+    """A new gateway version applied, on a thread: Serve starts its replica and drains the old one."""
+    config = runtime.applied(omniray)
+    (app,) = config["applications"]
+    gateway = next(d for d in app["deployments"] if d["name"] == DEPLOYMENT_NAMES["gateway"])
+    gateway["ray_actor_options"]["num_cpus"] = round(gateway["ray_actor_options"]["num_cpus"] + 0.01, 3)
+    rolling = threading.Thread(target=runtime.apply, args=(omniray, config), daemon=True)
+    rolling.start()
+    return rolling
+
+
 def test_a_session_survives_its_gateway_replica_drain(omniray, model_name):
     """A rolling update of the gateway (its replica drained): the session moves at its turn
     boundary — `omniray.session.migrate`, close 1012 — and its client, reconnecting with the id,
@@ -91,12 +106,7 @@ def test_a_session_survives_its_gateway_replica_drain(omniray, model_name):
         _respond(first)
         items = [first.event(i)["item"]["id"] for i, (_, e) in enumerate(first.events)
                  if e["type"] == "conversation.item.done"]  # fmt: skip
-        config = runtime.applied(omniray)
-        (app,) = config["applications"]
-        gateway = next(d for d in app["deployments"] if d["name"] == DEPLOYMENT_NAMES["gateway"])
-        gateway["ray_actor_options"]["num_cpus"] = round(gateway["ray_actor_options"]["num_cpus"] + 0.01, 3)
-        rolling = threading.Thread(target=runtime.apply, args=(omniray, config), daemon=True)
-        rolling.start()  # a new gateway version: Serve starts its replica and drains the old one
+        rolling = _roll_gateway(omniray)
         moved = first.event(first.wait("omniray.session.migrate", timeout=240))
         assert moved["session_id"] == sid and moved["reason"] == "server_draining"
         assert first.wait_closed(10) == 1012
@@ -116,6 +126,44 @@ def test_a_session_survives_its_gateway_replica_drain(omniray, model_name):
     finally:
         second.close()
     assert not first.malformed and not second.malformed
+
+
+def test_a_grpc_session_survives_its_gateway_replica_drain(omniray, model_name):
+    """The same over `Omni.Realtime`: `omniray.session.migrate`, then the stream ends with OK; a new
+    call with `x-omniray-session-id` goes on with the conversation on the new replica."""
+    channel = grpc_channel(omniray.grpc_target)
+    stub, metadata = omni_pb2_grpc.OmniStub(channel), [("x-omniray-model", model_name)]
+    out, seen = _Outbox(), []
+    events = stub.Realtime(iter(out), timeout=400, metadata=metadata)
+    try:
+        sid = json.loads(until(events, "session.created", seen).json)["session"]["id"]
+        out.put(session_update=omni_pb2.RealtimeSessionUpdate(
+            max_output_tokens=4, output_modalities=["text"], turn_detection=omni_pb2.TurnDetection(disabled=True)))  # fmt: skip
+        until(events, "session.updated", seen)
+        out.put(input_audio_buffer_append=omni_pb2.InputAudioBufferAppend(audio=_tone(0.5)))
+        out.put(input_audio_buffer_commit=omni_pb2.InputAudioBufferCommit())
+        out.put(response_create=omni_pb2.ResponseCreate())
+        assert until(events, "response.done", seen).response_status in WHOLE
+        rolling = _roll_gateway(omniray)
+        moved = json.loads(until(events, "omniray.session.migrate", seen).json)
+        assert moved["session_id"] == sid and moved["reason"] == "server_draining"
+        assert [e.type for e in events] == []  # the stream ends there, with OK (an error would raise)
+        rolling.join(300)
+        assert not rolling.is_alive()
+    finally:
+        out.queue.put(None)
+        events.cancel()
+    out, seen = _Outbox(), []
+    events = stub.Realtime(iter(out), timeout=180, metadata=[*metadata, ("x-omniray-session-id", sid)])
+    try:
+        items = json.loads(until(events, "omniray.session.resumed", seen).json)["items"]
+        assert [i["role"] for i in items] == ["user", "assistant"]
+        out.put(response_create=omni_pb2.ResponseCreate())
+        assert until(events, "response.done", seen).response_status in WHOLE
+    finally:
+        out.queue.put(None)
+        events.cancel()
+        channel.close()
 
 
 def test_resuming_a_live_session_ends_the_old_connection(omniray, model_name):
