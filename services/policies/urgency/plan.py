@@ -65,9 +65,11 @@ class UrgencyPlan:
         self.policy, self.identify, self.progress = policy, identify, progress
         self.refresh_s, self.tokens_per_round = refresh_s, max(1, tokens_per_round)
         self._entries: dict[Any, _Entry] = {}
-        self._members: set = set()  # the entries' requests (set operations on membership deltas)
         self._by_session: dict[Hashable, set] = {}
-        self._sorted: list[tuple] = []  # entries' items, most urgent first; held ones not in it
+        # Entries' items, most urgent first, held ones not in it; `_order` is their requests, mended
+        # at the same index (a round hands it out without building it).
+        self._sorted: list[tuple] = []
+        self._order: list = []
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
         self._seq = itertools.count()
@@ -76,7 +78,6 @@ class UrgencyPlan:
         self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
         self._views: dict | None = None
-        self._order: list = []
         self._returned: list = []  # what the last round handed back, in order (held last)
         self.classified = 0  # classifications in the last round (benchmarks, tests)
 
@@ -98,25 +99,27 @@ class UrgencyPlan:
         is a fresh copy; the plan keeps its own."""
         self._round += 1
         dirty: set = set()
-        moved = requests != self._returned
-        if moved:
-            dirty |= self._membership(requests)
+        if requests != self._returned:
+            self._membership(requests, dirty)
         if views is not self._views:
             self._changed_views(views, dirty)
-        self._views = views
-        self._expired(self._timers, now, dirty)
+            self._views = views
+        timers, releases, checks = self._timers, self._releases, self._checks
+        if timers and timers[0][0] <= now:
+            self._expired(timers, now, dirty)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
-            dirty |= self._members
+            dirty.update(self._entries)
         self.classified = len(dirty)
         if dirty:
             self._classify(dirty, views, now, occupancy)
-        moved |= self._paced(self._releases, now, now)
-        moved |= self._paced(self._checks, self._round, now)
-        if dirty or moved:
-            self._order = [item[2] for item in self._sorted]
+        # Heads looked at here: most rounds release and check nothing.
+        if releases and releases[0][0] <= now:
+            self._paced(releases, now, now)
+        if checks and checks[0][0] <= self._round:
+            self._paced(checks, self._round, now)
         held = list(self._held)
         self._returned = self._order + held
-        return list(self._order), held
+        return self._order[:], held
 
     def _changed_views(self, views: dict, dirty: set) -> None:
         last = self._views
@@ -125,11 +128,15 @@ class UrgencyPlan:
             changes = views.changes_since(last.epoch)
         view_free, refill_free = self.policy.view_free, self.policy.refill_free
         if changes is not None:  # the reader's log: only the requests of sessions that changed
-            free_of_refill = view_free | refill_free
-            for session in changes.changed & self._by_session.keys():
-                free = free_of_refill if session in changes.refilled else view_free
-                for request in self._by_session[session]:
-                    classified = self._entries[request].classified
+            free_of_refill, refilled = view_free | refill_free, changes.refilled
+            by_session, entries = self._by_session, self._entries
+            for session in changes.changed:
+                requests = by_session.get(session)
+                if requests is None:
+                    continue
+                free = free_of_refill if session in refilled else view_free
+                for request in requests:
+                    classified = entries[request].classified
                     if classified is not None and classified.cls not in free:  # new: classified anyway
                         dirty.add(request)
             return
@@ -144,17 +151,31 @@ class UrgencyPlan:
             else:
                 dirty.add(request)
 
-    def _membership(self, requests: list) -> set:
-        current = set(requests)
-        for gone in self._members - current:
-            self._drop(gone)
-        new = current - self._members
-        self._members = current
+    def _membership(self, requests: list, dirty: set) -> None:
+        """Take in the requests new to the plan (into `dirty`), drop the ones not handed in. The
+        usual delta is a few arrivals and a few finished: one lookup per request, a set only when
+        some are gone."""
+        entries = self._entries
+        new = [request for request in requests if request not in entries]
+        if len(requests) - len(new) < len(entries):
+            current = set(requests)
+            for gone in [request for request in entries if request not in current]:
+                self._drop(gone)
         for request in new:
             session, arrival = self.identify(request)
-            self._entries[request] = _Entry(session, arrival)
+            entries[request] = _Entry(session, arrival)
             self._by_session.setdefault(session, set()).add(request)
-        return new
+        dirty.update(new)
+
+    def _place(self, item: tuple) -> None:
+        i = bisect.bisect_right(self._sorted, item)
+        self._sorted.insert(i, item)
+        self._order.insert(i, item[2])
+
+    def _displace(self, item: tuple) -> None:
+        i = bisect.bisect_left(self._sorted, item)
+        del self._sorted[i]
+        del self._order[i]
 
     def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
         """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
@@ -164,7 +185,7 @@ class UrgencyPlan:
         else:
             self._classes[entry.classified.cls] -= 1
             if sorted_too:
-                del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
+                self._displace(entry.item)
 
     def _drop(self, request: Any) -> None:
         entry = self._entries.pop(request)
@@ -195,8 +216,8 @@ class UrgencyPlan:
             self._entries,
             self._seq.__next__,
         )
-        unplace, pace, insort, push = self._unplace, self._pace, bisect.insort, heapq.heappush
-        held_now, classes, sorted_, timers = self._held, self._classes, self._sorted, self._timers
+        unplace, pace, place, push = self._unplace, self._pace, self._place, heapq.heappush
+        held_now, classes, timers = self._held, self._classes, self._timers
         refreshed, refresh_at = self.policy.refreshed, now + self.refresh_s
         for request in dirty:
             entry = entries[request]
@@ -213,12 +234,13 @@ class UrgencyPlan:
             else:
                 classes[c.cls] += 1
                 if not rebuild:
-                    insort(sorted_, entry.item)
+                    place(entry.item)
             until = min(c.until, refresh_at) if c.cls in refreshed else c.until
             if until != NEVER:
                 push(timers, (until, seq, request))
         if rebuild:
             self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
+            self._order = [item[2] for item in self._sorted]
         if len(timers) + len(self._releases) + len(self._checks) > 4 * len(entries) + 64:
             self._compact()
 
@@ -234,9 +256,8 @@ class UrgencyPlan:
         heapq.heappush(self._checks, (self._round + rounds, seq, request))
         return False
 
-    def _paced(self, heap: list, due: float, now: float) -> bool:
-        """Hold or release the paced requests whose check is due; whether the order changed."""
-        changed = False
+    def _paced(self, heap: list, due: float, now: float) -> None:
+        """Hold or release the paced requests whose check is due."""
         entries, held_now, classes = self._entries, self._held, self._classes
         while heap and heap[0][0] <= due:
             _, seq, request = heapq.heappop(heap)
@@ -246,16 +267,14 @@ class UrgencyPlan:
             held = self._pace(request, entry, self.progress(request)[1], now)
             if held != (request in held_now):  # its class and key stay: only held or not
                 if held:
-                    del self._sorted[bisect.bisect_left(self._sorted, entry.item)]
+                    self._displace(entry.item)
                     held_now[request] = None
                 else:
                     del held_now[request]
-                    bisect.insort(self._sorted, entry.item)
+                    self._place(entry.item)
                 cls = entry.classified.cls
                 classes[cls] += -1 if held else 1
                 classes[HELD] += 1 if held else -1
-                changed = True
-        return changed
 
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""
