@@ -152,6 +152,22 @@ def test_realtime_session_over_grpc(stub, model_name):
         events.cancel()
 
 
+def resumes_and_answers(stub, metadata: list, session_id: str) -> None:
+    """A new `Omni.Realtime` call with `x-omniray-session-id`: the session's question and answer
+    come back, and its next response is answered."""
+    out, seen = _Outbox(), []
+    events = stub.Realtime(iter(out), timeout=180, metadata=[*metadata, ("x-omniray-session-id", session_id)])
+    try:
+        assert json.loads(until(events, "session.created", seen).json)["session"]["id"] == session_id
+        items = json.loads(until(events, "omniray.session.resumed", seen).json)["items"]
+        assert [i["role"] for i in items] == ["user", "assistant"]
+        out.put(response_create=omni_pb2.ResponseCreate())
+        assert until(events, "response.done", seen).response_status in WHOLE
+    finally:
+        out.queue.put(None)
+        events.cancel()
+
+
 def test_a_realtime_session_resumes_over_grpc(stub, model_name):
     """A gRPC client that reconnects with `x-omniray-session-id` gets its conversation back."""
     out = _Outbox()
@@ -170,18 +186,7 @@ def test_a_realtime_session_resumes_over_grpc(stub, model_name):
     finally:
         out.queue.put(None)
         events.cancel()
-    out, seen = _Outbox(), []
-    metadata = [("x-omniray-model", model_name), ("x-omniray-session-id", session_id)]
-    events = stub.Realtime(iter(out), timeout=180, metadata=metadata)
-    try:
-        assert json.loads(until(events, "session.created", seen).json)["session"]["id"] == session_id
-        items = json.loads(until(events, "omniray.session.resumed", seen).json)["items"]
-        assert [i["role"] for i in items] == ["user", "assistant"]
-        out.put(response_create=omni_pb2.ResponseCreate())
-        assert until(events, "response.done", seen).response_status in WHOLE
-    finally:
-        out.queue.put(None)
-        events.cancel()
+    resumes_and_answers(stub, [("x-omniray-model", model_name)], session_id)
     gone = stub.Realtime(iter([]), timeout=30, metadata=[("x-omniray-session-id", "sess_nothere")])
     with pytest.raises(grpc.RpcError) as refused:
         next(iter(gone))

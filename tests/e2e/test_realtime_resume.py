@@ -20,7 +20,7 @@ from services.app import DEPLOYMENT_NAMES
 from services.realtime.codecs import PCM_RATE
 from services.realtime.server_events import WHOLE
 from tests.conftest import grpc_channel, new_tenant, until
-from tests.e2e.test_grpc import _Outbox
+from tests.e2e.test_grpc import _Outbox, resumes_and_answers
 
 
 def _url(omniray, model_name, session_id: str | None = None) -> str:
@@ -153,16 +153,9 @@ def test_a_grpc_session_survives_its_gateway_replica_drain(omniray, model_name):
     finally:
         out.queue.put(None)
         events.cancel()
-    out, seen = _Outbox(), []
-    events = stub.Realtime(iter(out), timeout=180, metadata=[*metadata, ("x-omniray-session-id", sid)])
     try:
-        items = json.loads(until(events, "omniray.session.resumed", seen).json)["items"]
-        assert [i["role"] for i in items] == ["user", "assistant"]
-        out.put(response_create=omni_pb2.ResponseCreate())
-        assert until(events, "response.done", seen).response_status in WHOLE
+        resumes_and_answers(stub, metadata, sid)
     finally:
-        out.queue.put(None)
-        events.cancel()
         channel.close()
 
 
