@@ -66,11 +66,12 @@ run: models
 stop:
 	-$(PY) -m services.cli stop
 
+# The slowest tests are listed at the end (--durations): CI has to stay well under 40 minutes.
 test: setup
 	$(PY) -m services.models.build --profile tiny
 	$(PY) -m services.models.build --profile small
 	$(PY) -m services.models.build --profile qwen3-omni-tiny
-	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -m "not image" tests
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra --durations=40 -m "not image" tests
 
 # The container image (docker/Dockerfile; ENGINE=gpu for the CUDA one): built here with a local
 # Debian base (docker/build.sh installs docker.io and mmdebstrap where missing). `test-image` runs it
