@@ -46,6 +46,7 @@ from loadtest.speech import SENTENCES, speech
 from services import runtime
 from services.realtime.server_events import WHOLE
 
+REPLY_TOKENS = (30, 300)  # replies' lengths are drawn log-uniform in this range (WORKLOADS.md)
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
@@ -75,7 +76,7 @@ class Client:
     """One voice session: the shared realtime client (loadtest/realtime_client.py) collects server
     events; the main thread speaks, plays and barges in."""
 
-    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int] = (30, 300),
+    def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int] = REPLY_TOKENS,
                  session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
         # Reply lengths and gaps: their own stream, so they do not depend on the barge-in draws.
@@ -297,8 +298,8 @@ def main() -> None:
                     help="the engines' seats (0 = the profile's): fewer seats than sessions make the engine the "
                          "scarce resource the scheduler arbitrates, as a GPU's KV memory does")  # fmt: skip
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--min-tokens", type=int, default=30, help="shortest reply (tokens)")
-    ap.add_argument("--max-tokens", type=int, default=300, help="longest reply (tokens)")
+    ap.add_argument("--min-tokens", type=int, default=REPLY_TOKENS[0], help="shortest reply (tokens)")
+    ap.add_argument("--max-tokens", type=int, default=REPLY_TOKENS[1], help="longest reply (tokens)")
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
     ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=list(POLICY_SETS),
                     help="policy sets to run (ratios need both)")  # fmt: skip
