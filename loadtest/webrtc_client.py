@@ -17,6 +17,7 @@ from collections.abc import Callable
 import av
 import httpx
 import numpy as np
+import openai
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
@@ -34,6 +35,20 @@ class CallRefused(Exception):
     def __init__(self, status: int, body: dict):
         super().__init__(status, body)
         self.status, self.body = status, body
+
+
+def _sdk_call(http_url: str, api_key: str, model: str | None, offer: str, session: dict, timeout: float):
+    """The OpenAI SDK's call creation (its HTTP response, errors included)."""
+    client = openai.OpenAI(base_url=f"{http_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
+    try:
+        raw = client.realtime.calls.with_raw_response.create(
+            sdp=offer, session=session, extra_query={"model": model} if model else None
+        )
+    except openai.APIStatusError as e:
+        return e.response
+    finally:
+        client.close()
+    return raw.http_response
 
 
 class Microphone(MediaStreamTrack):
@@ -63,8 +78,12 @@ class WebRtcClient(ServerEventLog):
         model: str | None = None,
         on_event: Callable[[dict], None] | None = None,
         timeout: float = 120,
+        session: dict | None = None,
     ):
-        """`http_url`: the gateway (http://host:port). Raises CallRefused when the offer is refused."""
+        """`http_url`: the gateway (http://host:port). `session`: settings to open the session with,
+        sent as an application does, through the OpenAI SDK (`realtime.calls.create`: OpenAI's
+        multipart form); without them the offer is the body, as a browser sends it. Raises
+        CallRefused when the offer is refused."""
         super().__init__(on_event, timeout)
         self.heard: list[tuple[float, int]] = []  # (arrival, peak |sample|) of each received frame
         self.loop = asyncio.new_event_loop()
@@ -74,13 +93,16 @@ class WebRtcClient(ServerEventLog):
         self.call_url: str | None = None
         try:
             offer = self._run(self._offer())
-            answer = httpx.post(
-                f"{http_url}/v1/realtime/calls",
-                params={"model": model} if model else None,
-                content=offer.encode(),
-                headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/sdp"},
-                timeout=timeout,
-            )
+            if session is None:
+                answer = httpx.post(
+                    f"{http_url}/v1/realtime/calls",
+                    params={"model": model} if model else None,
+                    content=offer.encode(),
+                    headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/sdp"},
+                    timeout=timeout,
+                )
+            else:
+                answer = _sdk_call(http_url, api_key, model, offer, session, timeout)
             if answer.status_code != 201:
                 raise CallRefused(answer.status_code, answer.json())
             self.call_url = http_url + answer.headers["location"]

@@ -6,24 +6,21 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from omni.v1 import omni_pb2, stages_pb2
 from pydantic import Field
 from starlette.datastructures import Headers, UploadFile
-from starlette.formparsers import MultiPartException, MultiPartParser
 
 from services.common.errors import bad_request
 from services.gateway.audio_files import SPEED_RANGE
-from services.gateway.openai_api import MAX_NAME_CHARS, Name, _Loose, validated
+from services.gateway.openai_api import MAX_NAME_CHARS, Name, _Loose, parse_form, validated
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.pipeline import MAX_SPEECH_CHARS, MAX_TRANSCRIPTION_PROMPT_CHARS
 from services.pipeline.turn import SpeechTurn, TranscriptionTurn
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
-MAX_FORM_FIELDS = 16
 
 
 class SpeechBody(_Loose):
@@ -83,25 +80,13 @@ class TranscriptionBody(_Loose):
 
 
 async def read_form(body: bytes, headers: Headers, limits: LimitsSpec) -> tuple[TranscriptionBody, bytes]:
-    """The multipart form (Starlette's parser over the body already read within its limit)."""
-
-    async def stream() -> AsyncIterator[bytes]:
-        yield body
-
+    """The transcription form: its audio and its fields."""
     if not headers.get("content-type", "").startswith("multipart/form-data"):
         raise bad_request(
             "send the audio as multipart/form-data with a 'file' field", code="invalid_content_type"
         )
-    try:
-        form = await MultiPartParser(
-            headers,
-            stream(),
-            max_files=1,
-            max_fields=MAX_FORM_FIELDS,
-            max_part_size=4 * MAX_TRANSCRIPTION_PROMPT_CHARS,  # fields: UTF-8 of a whole prompt
-        ).parse()
-    except MultiPartException as e:
-        raise bad_request(f"multipart form: {str(e)[:200]}", code="invalid_form") from None
+    # fields: at most the UTF-8 of a whole prompt
+    form = await parse_form(body, headers, max_files=1, max_part_size=4 * MAX_TRANSCRIPTION_PROMPT_CHARS)
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise bad_request("the form has no audio 'file'", param="file")

@@ -6,10 +6,13 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal, TypeVar
 
 from omni.v1 import common_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.datastructures import FormData, Headers
+from starlette.formparsers import MultiPartException, MultiPartParser
 
 from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, too_large
@@ -25,6 +28,7 @@ INT32_MAX = 2**31 - 1
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
 MAX_DESCRIPTION_CHARS = 4096
 MAX_ARGUMENTS_CHARS = 65_536
+MAX_FORM_FIELDS = 16
 IMAGE_DETAILS = ("auto", "low", "high")
 M = TypeVar("M", bound=BaseModel)
 
@@ -172,6 +176,21 @@ def parse_body(raw: bytes) -> Any:
         return untrusted_json.loads(raw)
     except untrusted_json.JsonLimitError as e:
         raise bad_request(f"request body: {e.message}", code=e.code) from None
+
+
+async def parse_form(body: bytes, headers: Headers, *, max_files: int, max_part_size: int) -> FormData:
+    """A multipart form (Starlette's parser over the body already read within its limit); the
+    caller closes it."""
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield body
+
+    try:
+        return await MultiPartParser(
+            headers, stream(), max_files=max_files, max_fields=MAX_FORM_FIELDS, max_part_size=max_part_size
+        ).parse()
+    except MultiPartException as e:
+        raise bad_request(f"multipart form: {str(e)[:200]}", code="invalid_form") from None
 
 
 def validated(model: type[M], body: Any) -> M:

@@ -1,6 +1,7 @@
 """How a browser authenticates to realtime: ephemeral client secrets (`POST
 /v1/realtime/client_secrets`, OpenAI's request and answer) and the key carried in a WebSocket
-subprotocol (a browser's WebSocket cannot send an `Authorization` header)."""
+subprotocol (a browser's WebSocket cannot send an `Authorization` header); the session settings sent
+ahead of a session (a secret's, a WebRTC call form's) and how they are checked."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.common.errors import OmniError
 from services.models.profile import Profile
 from services.quota.client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S
 from services.realtime import events as ev
+from services.realtime.session import unserved
 
 # OpenAI's browser WebSocket: `new WebSocket(url, ["realtime", "openai-insecure-api-key." + key])`;
 # the server answers with the `realtime` subprotocol.
@@ -34,38 +36,25 @@ class ClientSecretRequest(BaseModel):
     session: dict = Field(default_factory=dict)
 
 
-def secret_settings(request: ClientSecretRequest, profile: Profile) -> ev.SessionConfig:
-    """The session settings a secret fixes, checked now (a 422 naming the field) rather than when
-    the browser opens its session: their shape, size, model, voice and token cap (tools and input
-    transcription are checked when the session opens, as a `session.update`'s)."""
-    if len(json.dumps(request.session)) > MAX_SESSION_BYTES:  # kept in Redis for the secret's life
+def session_settings(session: dict, profile: Profile) -> ev.SessionConfig:
+    """Session settings sent ahead of the session (a client secret's, a WebRTC call form's),
+    checked now (a 422 naming the field) rather than when the session opens: their shape, size,
+    model, voice and token cap (tools and input transcription are checked when the session opens,
+    as a `session.update`'s)."""
+    if len(json.dumps(session)) > MAX_SESSION_BYTES:  # a secret's stay in Redis for its life
         raise OmniError(413, f"session settings are larger than {MAX_SESSION_BYTES} bytes",
                         code="request_too_large", param="session")  # fmt: skip
     try:
-        config = ev.SessionConfig.model_validate(request.session)
+        config = ev.SessionConfig.model_validate(session)
     except ValidationError as e:
         first = e.errors()[0]
         param = ".".join(["session", *(str(p) for p in first["loc"])])
         raise OmniError(422, f"{param}: {first['msg']}", code="invalid_value", param=param) from None
-    if config.model is not None and not profile.serves(config.model):
+    if refused := unserved(config, profile):  # the first, as a validation error names one
+        field, why = refused[0]
+        param = ".".join(["session", *field])
         raise OmniError(
-            422,
-            f"model {config.model[:64]!r} is not served here",
-            code="model_not_found",
-            param="session.model",
-        )
-    voice = config.audio.output.voice
-    if voice is not None and profile.voice(voice) is None:
-        raise OmniError(
-            422,
-            f"unknown voice {voice[:64]!r}; available: {profile.voice_names()}",
-            code="invalid_value",
-            param="session.audio.output.voice",
-        )
-    cap = profile.limits.max_tokens_cap
-    if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
-        raise OmniError(
-            422, f"must be at most {cap}", code="invalid_value", param="session.max_output_tokens"
+            422, why, code="model_not_found" if field == ("model",) else "invalid_value", param=param
         )
     return config
 

@@ -476,7 +476,7 @@ class Gateway:
             tenant,
         ):
             asked = openai_api.validated(realtime_auth.ClientSecretRequest, await self._read_json(request))
-            config = realtime_auth.secret_settings(asked, self.profile)
+            config = realtime_auth.session_settings(asked.session, self.profile)
             value, expires_at = await self.quota.mint_secret(
                 tenant, asked.session, asked.expires_after.seconds
             )
@@ -486,17 +486,19 @@ class Gateway:
 
     @api.post("/v1/realtime/calls")
     async def realtime_call(self, request: Request):
-        """OpenAI Realtime over WebRTC: an SDP offer in, the answer out (201, `Location` names the
-        call); the session then runs on the peer connection (services/gateway/webrtc.py)."""
+        """OpenAI Realtime over WebRTC: an SDP offer in (with session settings, in OpenAI's form),
+        the answer out (201, `Location` names the call); the session then runs on the peer
+        connection (services/gateway/webrtc.py)."""
         try:
-            offer = webrtc.check_offer(
-                await self._read_body(request), request.headers.get("content-type", "")
-            )
+            offer, session = await webrtc.read_offer(await self._read_body(request), request.headers)
+            if session is not None:
+                realtime_auth.session_settings(session, self.profile)
             call, answer = await self.calls.answer(
                 offer,
                 bearer_token(request.headers.get("authorization")),
                 request.query_params.get("model"),
                 request.query_params.get(RESUME_PARAM),
+                session,
             )
         except OmniError as e:
             self.metrics.requests.inc(tags={"api": "webrtc", "code": str(e.status)})

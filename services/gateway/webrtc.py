@@ -24,10 +24,14 @@ from collections.abc import Callable
 import av
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from starlette.datastructures import Headers, UploadFile
 
+from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, internal_error
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
+from services.gateway.openai_api import parse_form
+from services.gateway.realtime_auth import MAX_SESSION_BYTES
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
@@ -38,6 +42,7 @@ from services.realtime.session import RealtimeSession
 log = logging.getLogger(__name__)
 
 MAX_SDP_BYTES = 64 * 1024  # browsers' offers are a few KiB
+FORM_FIELDS = ("sdp", "session")  # OpenAI's call form
 CONNECT_TIMEOUT_S = 30.0  # a peer not connected (ICE + DTLS) by then: the call ends
 FRAME_SAMPLES = PCM_RATE // 50  # 20 ms: Opus's usual packet
 INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this many ms at a time
@@ -211,7 +216,7 @@ class Call:
             self._emit(se.OutputAudioBufferCleared(response_id=cut))
 
     def _pcm16(self, response_id: str, audio: bytes) -> bytes:
-        fmt = self.session.config.audio.output.format.type if self.session else "audio/pcm"
+        fmt = self.session.config.audio.output.format.type  # audio comes from a response: opened
         if fmt == "audio/pcm":
             return audio
         decoder = self._decoders.setdefault(response_id, InputAudio(fmt))
@@ -358,10 +363,41 @@ class Call:
             self.over.set()
 
 
-def check_offer(body: bytes, content_type: str) -> str:
-    if content_type.split(";")[0].strip().lower() != "application/sdp":
-        raise OmniError(415, "send the SDP offer as the body, with Content-Type: application/sdp",
-                        code="unsupported_media_type")  # fmt: skip
+async def read_offer(body: bytes, headers: Headers) -> tuple[str, dict | None]:
+    """A call's SDP offer and the session settings sent with it (None: none sent): the offer as
+    the body (`application/sdp`, as a browser sends it), or OpenAI's form (`multipart/form-data`:
+    `sdp`, and `session` as JSON, as the OpenAI SDK's `realtime.calls.create` sends it)."""
+    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/sdp":
+        return check_offer(body), None
+    if media_type != "multipart/form-data":
+        raise OmniError(415, "send the SDP offer as the body (Content-Type: application/sdp) or as the "
+                        "'sdp' field of a multipart/form-data form", code="unsupported_media_type")  # fmt: skip
+    form = await parse_form(body, headers, max_files=len(FORM_FIELDS), max_part_size=MAX_SESSION_BYTES)
+    try:
+        fields: dict[str, bytes] = {}
+        for name, value in form.multi_items():
+            if name not in FORM_FIELDS:
+                raise bad_request(
+                    f"unknown form field {name[:64]!r}", code="unknown_parameter", param=name[:64]
+                )
+            fields[name] = await value.read() if isinstance(value, UploadFile) else value.encode()
+    finally:
+        await form.close()
+    if "sdp" not in fields:
+        raise bad_request("the form has no 'sdp' field (the SDP offer)", param="sdp")
+    session = None
+    if "session" in fields:
+        try:
+            session = untrusted_json.loads(fields["session"])
+        except untrusted_json.JsonLimitError as e:
+            raise bad_request(f"session: {e.message}", code=e.code, param="session") from None
+        if not isinstance(session, dict):
+            raise bad_request("session must be a JSON object", param="session")
+    return check_offer(fields["sdp"]), session
+
+
+def check_offer(body: bytes) -> str:
     if len(body) > MAX_SDP_BYTES:
         raise OmniError(413, f"SDP offer is larger than {MAX_SDP_BYTES} bytes", code="request_too_large")
     try:
@@ -383,12 +419,21 @@ class Calls:
         self.metrics = _Metrics()
 
     async def answer(
-        self, offer: str, api_key: str | None, model: str | None, resume: str | None
+        self,
+        offer: str,
+        api_key: str | None,
+        model: str | None,
+        resume: str | None,
+        settings: dict | None = None,
     ) -> tuple[Call, str]:
-        """Open a session for the offer: the call and the SDP answer. A bad offer is a 400 before
-        the key is looked at (a client secret is not used up on it); a refused session is the
-        WebSocket path's refusal as an HTTP error."""
-        if not is_client_secret(api_key):  # a peer connection only for a known key (a secret: at open)
+        """Open a session for the offer, with `settings` (checked) if the caller sent them: the call
+        and the SDP answer. A bad offer is a 400 before the key is looked at (a client secret is not
+        used up on it); a refused session is the WebSocket path's refusal as an HTTP error."""
+        if is_client_secret(api_key):
+            if settings is not None:  # the server that minted it fixed them; the browser may not
+                raise bad_request("a client secret's session settings are fixed when it is minted: "
+                                  "send the offer alone", code="invalid_request", param="session")  # fmt: skip
+        else:  # a peer connection only for a known key (a secret: at open)
             await self.hub.quota.authenticate(api_key)
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))  # host candidates only
         call = Call(pc, self.metrics)
@@ -403,7 +448,7 @@ class Calls:
                     "the SDP offer could not be parsed or negotiated", code="invalid_sdp"
                 ) from None
             try:
-                call.session = await self.hub.open(api_key, model, call.send, resume)
+                call.session = await self.hub.open(api_key, model, call.send, resume, settings)
             except Refused as refused:
                 e = refused.event.error
                 raise OmniError(REFUSAL_STATUS[refused.reason], e.message, code=e.code, type=e.type) from None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from services.common.errors import OmniError
 from services.common.redis_config import UNAVAILABLE
 from services.quota.buckets import AdmitResult, Buckets, BucketState
-from services.quota.client_secrets import ClientSecrets
+from services.quota.client_secrets import AtCap, ClientSecrets
 from services.quota.tenants import MODALITIES, SloClass, Tenants, TenantSpec
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,15 @@ class QuotaService:
         except UNAVAILABLE as e:
             self._redis_failed("client_secret", e)
             raise unavailable() from None
+        except AtCap as e:
+            self._reject(tenant, "none", "client_secrets", "realtime")
+            raise OmniError(
+                429,
+                f"tenant {tenant.id!r} has {e.outstanding} client secrets outstanding (minted, neither used "
+                "nor expired), its limit",
+                code="rate_limit_exceeded",
+                headers={"retry-after": str(max(1, math.ceil(e.free_at - time.time())))},
+            ) from None
 
     async def redeem_secret(self, value: str) -> tuple[TenantSpec, dict]:
         """The tenant (as it is now) and session settings of a client secret, taken out of the

@@ -55,6 +55,9 @@ class RealtimeLimits(_Strict):
     # Seconds of committed user audio per minute, all sessions together; the bucket holds one
     # minute of it (a turn longer than that is refused).
     audio_seconds_per_minute: float | None = Field(default=None, gt=0)
+    # Client secrets outstanding at once (minted, neither used nor expired): each keeps up to 256 KiB
+    # in Redis for up to two hours. Bounded by default; None: no cap.
+    max_client_secrets: int | None = Field(default=1000, ge=1)
 
 
 class TenantSpec(_Strict):

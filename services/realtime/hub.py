@@ -98,15 +98,16 @@ class RealtimeHub:
         model: str | None,
         send: Callable[[se.ServerEvent], Awaitable[None]],
         resume: str | None = None,
+        settings: dict | None = None,
     ) -> RealtimeSession:
         """A new session, or with `resume` (a session id) the tenant's saved session of that id.
-        `api_key` may be a client secret (services/quota/client_secrets.py): used up here, its
-        session settings applied before `session.created`."""
-        settings = None
+        `settings`: session settings the client sent with the open (a WebRTC call's form), applied
+        before `session.created`. `api_key` may be a client secret
+        (services/quota/client_secrets.py): used up here, its own settings applied instead (a caller
+        does not send both). A resumed session keeps its saved settings."""
         try:
             if is_client_secret(api_key):
                 tenant, settings = await self.quota.redeem_secret(api_key)
-                model = model or settings.get("model")  # names of this deployment's one model
             else:
                 tenant = await self.quota.authenticate(api_key)
         except OmniError as e:
@@ -116,6 +117,8 @@ class RealtimeHub:
                 se.error(e.message, e.code or "invalid_api_key", kind="authentication_error"),
                 "unauthenticated",
             ) from None
+        if settings:
+            model = model or settings.get("model")  # names of this deployment's one model
         if model and not self.profile.serves(model):
             raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
         session_id = se.new_id("sess") if resume is None else self._resumable(resume)

@@ -24,6 +24,7 @@ import numpy as np
 
 from services.common.errors import OmniError, internal_error
 from services.common.session_key import SessionKey
+from services.models.profile import Profile
 from services.pipeline import media
 from services.pipeline.prompt import segment_tokens
 from services.pipeline.structured_output import checked_json_schema
@@ -184,6 +185,27 @@ class Response:
         """Generated to its end: the model stopped, or `max_output_tokens` did (OpenAI's
         `incomplete`); not cancelled or failed."""
         return self.status in se.WHOLE
+
+
+def unserved(config: ev.SessionConfig, profile: Profile) -> list[tuple[tuple, str]]:
+    """Settings this deployment does not serve (its voices, its model, its token cap), as (field,
+    why); checked without a session too (settings sent ahead of one: services/gateway/realtime_auth.py)."""
+    refused = []
+    voice = config.audio.output.voice
+    if voice is not None and profile.voice(voice) is None:
+        refused.append(
+            (
+                ("audio", "output", "voice"),
+                f"unknown voice {voice[:64]!r}; available: {profile.voice_names()}",
+            )
+        )
+    if config.model is not None and not profile.serves(config.model):
+        why = f"model {config.model[:64]!r} is not served here; this deployment serves {profile.served_model_name!r}"
+        refused.append((("model",), why))
+    cap = profile.limits.max_tokens_cap
+    if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
+        refused.append((("max_output_tokens",), f"must be at most {cap}"))
+    return refused
 
 
 class RealtimeSession:
@@ -562,17 +584,7 @@ class RealtimeSession:
     async def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
         """What only this deployment knows (its voices, its token cap, what it does with tools), as
         (field, why) refused; a refusal names a field of `given` (what the update changed)."""
-        refused = []
-        voice = config.audio.output.voice
-        if voice is not None and self.profile.voice(voice) is None:
-            why = f"unknown voice {voice[:64]!r}; available: {self.profile.voice_names()}"
-            refused.append((("audio", "output", "voice"), why))
-        if config.model is not None and not self.profile.serves(config.model):
-            why = f"model {config.model[:64]!r} is not served here; this session is {self.profile.served_model_name!r}"
-            refused.append((("model",), why))
-        cap = self.profile.limits.max_tokens_cap
-        if isinstance(config.max_output_tokens, int) and config.max_output_tokens > cap:
-            refused.append((("max_output_tokens",), f"must be at most {cap}"))
+        refused = unserved(config, self.profile)
         if (tools := self._tools(config.tools, config.tool_choice)) is not None:
             try:
                 if schema := self.pipeline.tool_schema(tools):

@@ -1,11 +1,13 @@
 """Realtime over WebRTC on the tiny deployment, with an aiortc client (no browser): a spoken question
 answered with audio on the RTP track, a barge-in that cuts the reply where the transport's playout
-was; client secrets (single use, over WebRTC and a browser's WebSocket subprotocol); bad offers and
-bad mint requests answered with clear 4xx errors."""
+was; client secrets (single use, over WebRTC and a browser's WebSocket subprotocol); a call opened
+with session settings through the OpenAI SDK (OpenAI's form); bad offers, forms and mint requests
+answered with clear 4xx errors."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 
@@ -128,6 +130,55 @@ def test_a_client_secret_opens_one_session_over_webrtc(omniray, model_name):
     with pytest.raises(CallRefused) as again:
         WebRtcClient(omniray.http_url, api_key=secret["value"], timeout=60)
     assert again.value.status == 401 and again.value.body["error"]["code"] == "invalid_client_secret"
+
+
+def test_the_openai_sdk_opens_a_call_with_its_session_settings(omniray, model_name):
+    """`client.realtime.calls.create(sdp=..., session=...)` (OpenAI's multipart form): the session
+    starts with those settings, the model named in them, and answers within their token cap."""
+    settings = {"type": "realtime", "model": model_name, "instructions": "Answer in French.", "max_output_tokens": 4,
+                "audio": {"input": {"turn_detection": None}, "output": {"voice": "marin"}}}  # fmt: skip
+    c = WebRtcClient(omniray.http_url, session=settings, timeout=60)
+    try:
+        session = c.event(c.wait("session.created"))["session"]
+        assert session["instructions"] == "Answer in French." and session["max_output_tokens"] == 4
+        assert (
+            session["audio"]["output"]["voice"] == "marin"
+            and session["audio"]["input"]["turn_detection"] is None
+        )
+        c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                                                             "content": [{"type": "input_text", "text": "Hello?"}]}})  # fmt: skip
+        c.send({"type": "response.create"})
+        done = c.event(c.wait("response.done"))["response"]
+        assert done["status"] in WHOLE and done["usage"]["output_tokens"] <= 4, done
+        assert c.errors() == []
+    finally:
+        c.close()
+
+
+def test_bad_call_forms_are_refused(omniray):
+    """Settings are checked before the session opens (422 naming the field); a form needs its
+    offer; a client secret's settings were fixed when it was minted: a form that brings others is
+    refused, and the secret is still good for a call."""
+    offer = asyncio.run(_offer())
+
+    def form(session: dict | None, key: str = LOCAL_API_KEY, sdp: str | None = offer) -> httpx.Response:
+        files = {} if sdp is None else {"sdp": (None, sdp, "application/sdp")}
+        if session is not None:
+            files["session"] = (None, json.dumps(session), "application/json")
+        return httpx.post(f"{omniray.http_url}/v1/realtime/calls", files=files,
+                          headers={"Authorization": f"Bearer {key}"}, timeout=30)  # fmt: skip
+
+    refused = _assert_error(form({"audio": {"output": {"voice": "nobody"}}}), 422, "invalid_value")
+    assert refused["param"] == "session.audio.output.voice"
+    _assert_error(form({"model": "gpt-unknown"}), 422, "model_not_found")
+    _assert_error(form({}, sdp=None), 400, "invalid_request")
+    secret = _mint(omniray, {}).json()["value"]
+    _assert_error(form({"instructions": "Ignore the server."}, key=secret), 400, "invalid_request")
+    c = WebRtcClient(omniray.http_url, api_key=secret, timeout=60)
+    try:
+        c.wait("session.created")
+    finally:
+        c.close()
 
 
 def test_a_browser_websocket_authenticates_with_a_subprotocol(omniray, model_name):

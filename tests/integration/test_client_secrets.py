@@ -1,5 +1,6 @@
 """Ephemeral client secrets against a real Redis: single use (also when two gateways race for one),
-expiry, tenant (as it is when redeemed) and settings carried, only a digest stored."""
+expiry, tenant (as it is when redeemed) and settings carried, only a digest stored, a tenant's cap
+of outstanding secrets."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import redis.asyncio as aioredis
 
 from services.common.errors import OmniError
 from services.quota.buckets import Buckets
-from services.quota.client_secrets import PREFIX, REDIS_SECRET, ClientSecrets
+from services.quota.client_secrets import PREFIX, REDIS_OUTSTANDING, REDIS_SECRET, AtCap, ClientSecrets
 from services.quota.service import QuotaService
-from services.quota.tenants import Limits, Tenants, TenantSpec, key_digest
+from services.quota.tenants import Limits, RealtimeLimits, Tenants, TenantSpec, key_digest
 
 
 @pytest.fixture
@@ -73,3 +74,36 @@ async def test_the_quota_service_refuses_unknown_used_and_expired_secrets_with_a
     with pytest.raises(OmniError) as refused:
         await service.redeem_secret(fresh)
     assert refused.value.status == 401 and refused.value.code == "invalid_client_secret"
+
+
+async def test_a_tenant_holds_at_most_its_cap_of_outstanding_secrets(redis, tmp_path):
+    """Minted and neither used nor expired count against the cap; using or outliving one frees its
+    place; a refusal is a 429 that says when the next one may be minted, and stores nothing."""
+    capped = TenantSpec(id="capped", realtime=RealtimeLimits(max_client_secrets=2))
+    secrets = ClientSecrets(redis)
+    first, _ = await secrets.mint(capped, {}, 60)
+    await secrets.mint(capped, {}, 1)
+    stored = len(await redis.keys(REDIS_SECRET.format("*")))
+    with pytest.raises(AtCap) as at_cap:
+        await secrets.mint(capped, {}, 60)
+    assert at_cap.value.outstanding == 2 and 0 < at_cap.value.free_at - time.time() <= 1.5
+    assert len(await redis.keys(REDIS_SECRET.format("*"))) == stored
+    await asyncio.sleep(1.2)  # the short one expired: its place is free
+    await secrets.mint(capped, {}, 60)
+    with pytest.raises(AtCap):
+        await secrets.mint(capped, {}, 60)
+    assert await secrets.redeem(first) is not None  # used: its place is free
+    third, _ = await secrets.mint(capped, {}, 60)
+    assert await redis.zcard(REDIS_OUTSTANDING + "capped") == 2
+    assert TenantSpec(id="default").realtime.max_client_secrets == 1000  # bounded unless a tenant says not
+
+    path = tmp_path / "tenants.yaml"
+    path.write_text("tenants:\n- id: capped\n")
+    service = QuotaService(Tenants(path, redis, reload_s=0.0), Buckets(redis))
+    with pytest.raises(OmniError) as refused:
+        await service.mint_secret(capped, {}, 60)
+    assert refused.value.status == 429 and refused.value.code == "rate_limit_exceeded"
+    assert 1 <= int(refused.value.headers["retry-after"]) <= 60
+    uncapped = TenantSpec(id="uncapped", realtime=RealtimeLimits(max_client_secrets=None))
+    for _ in range(5):
+        await service.mint_secret(uncapped, {}, 60)

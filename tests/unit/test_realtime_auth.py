@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.common.errors import OmniError
-from services.gateway.realtime_auth import ClientSecretRequest, secret_settings, subprotocol_key
+from services.gateway.realtime_auth import ClientSecretRequest, session_settings, subprotocol_key
 from services.models.profile import load_profile
 
 
@@ -30,8 +30,7 @@ def test_defaults_and_bounds():
 
 
 def test_settings_are_checked_when_minted(profile):
-    ok = secret_settings(ClientSecretRequest(session={"instructions": "hi", "audio": {"output": {"voice": "alloy"}}}),
-                         profile)  # fmt: skip
+    ok = session_settings({"instructions": "hi", "audio": {"output": {"voice": "alloy"}}}, profile)
     assert ok.instructions == "hi"
     for session, param in (
         ({"audio": {"output": {"voice": "nobody"}}}, "session.audio.output.voice"),
@@ -40,5 +39,5 @@ def test_settings_are_checked_when_minted(profile):
         ({"output_modalities": ["video"]}, "session.output_modalities.0"),
     ):
         with pytest.raises(OmniError) as refused:
-            secret_settings(ClientSecretRequest(session=session), profile)
+            session_settings(session, profile)
         assert refused.value.status == 422 and refused.value.param == param, refused.value.message

@@ -1,16 +1,19 @@
 """The WebRTC transport's playout track (services/gateway/webrtc.py), frame by frame: answers are
 paced out in 20 ms frames with silence between them, their progress reported as played, started /
-stopped / cleared as the data channel tells them; and the offer checks before any parsing."""
+stopped / cleared as the data channel tells them; and how an offer is read (its body, or OpenAI's
+form with session settings) and checked before any parsing."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 import pytest
+from starlette.datastructures import Headers
 
 from services.common.errors import OmniError
-from services.gateway.webrtc import FRAME_SAMPLES, Call, Playout, check_offer
+from services.gateway.webrtc import FRAME_SAMPLES, Call, Playout, read_offer
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE
 
@@ -101,28 +104,59 @@ async def test_clearing_an_item_drops_what_was_not_played(playout):
     )
 
 
+def _form(*parts: tuple[str, str | None, bytes, str]) -> tuple[bytes, Headers]:
+    """A multipart body of (name, filename, data, content type) parts, as the OpenAI SDK sends one."""
+    boundary = "omniray-test-boundary"
+    body = b""
+    for name, filename, data, content_type in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        body += (f"--{boundary}\r\nContent-Disposition: {disposition}\r\n"
+                 f"Content-Type: {content_type}\r\n\r\n").encode() + data + b"\r\n"  # fmt: skip
+    body += f"--{boundary}--\r\n".encode()
+    return body, Headers({"content-type": f"multipart/form-data; boundary={boundary}"})
+
+
+OFFER = b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+
+
+def _sdp(content_type: str, body: bytes = OFFER) -> tuple[bytes, Headers]:
+    return body, Headers({"content-type": content_type})
+
+
 @pytest.mark.parametrize(
-    ("body", "content_type", "status", "code"),
+    ("request_", "status", "code"),
     [
-        (b"v=0\r\nm=audio 9 x\r\n", "text/plain", 415, "unsupported_media_type"),
-        (b"v=0\r\nm=audio " + b"x" * 70_000, "application/sdp", 413, "request_too_large"),
-        (b"\xff\xfe", "application/sdp", 400, "invalid_sdp"),
-        (
-            b"v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n",
-            "application/sdp",
-            400,
-            "invalid_sdp",
-        ),
+        (_sdp("text/plain"), 415, "unsupported_media_type"),
+        (_sdp("application/sdp", b"v=0\r\nm=audio " + b"x" * 70_000), 413, "request_too_large"),
+        (_sdp("application/sdp", b"\xff\xfe"), 400, "invalid_sdp"),
+        (_sdp("application/sdp", b"v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n"), 400, "invalid_sdp"),
+        (_form(("session", None, b"{}", "application/json")), 400, "invalid_request"),
+        (_form(("sdp", None, OFFER, "application/sdp"), ("session", None, b"{nope", "application/json")), 400, "invalid_json"),
+        (_form(("sdp", None, OFFER, "application/sdp"), ("session", None, b"[1]", "application/json")), 400, "invalid_request"),
+        (_form(("sdp", None, OFFER, "application/sdp"), ("voice", None, b"marin", "text/plain")), 400, "unknown_parameter"),
+        (_form(("sdp", None, b"v=0\r\n", "application/sdp")), 400, "invalid_sdp"),
+        ((b"--x\r\nContent-Disposition: form-data\r\n\r\nno name\r\n--x--\r\n", Headers({"content-type": "multipart/form-data; boundary=x"})), 400, "invalid_form"),
+        (_form(("session", None, b"x" * (300 * 1024), "application/json")), 400, "invalid_form"),
     ],
-)
-def test_offers_refused_before_parsing(body, content_type, status, code):
+)  # fmt: skip
+def test_offers_refused_before_parsing(request_, status, code):
     with pytest.raises(OmniError) as refused:
-        check_offer(body, content_type)
+        asyncio.run(read_offer(*request_))
     assert (refused.value.status, refused.value.code) == (status, code)
 
 
-def test_an_offer_with_audio_passes_with_any_content_type_parameters():
-    assert check_offer(b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n", "application/SDP; charset=utf-8")
+def test_an_offer_comes_as_its_body_or_in_openais_form():
+    assert asyncio.run(read_offer(*_sdp("application/SDP; charset=utf-8"))) == (OFFER.decode(), None)
+    settings = b'{"type": "realtime", "instructions": "Be brief."}'
+    for sdp_filename in (None, "offer.sdp"):  # a field (the SDK's) or a file (curl -F sdp=@offer.sdp)
+        body, headers = _form(
+            ("sdp", sdp_filename, OFFER, "application/sdp"), ("session", None, settings, "application/json")
+        )
+        assert asyncio.run(read_offer(body, headers)) == (
+            OFFER.decode(),
+            {"type": "realtime", "instructions": "Be brief."},
+        )
+    assert asyncio.run(read_offer(*_form(("sdp", None, OFFER, "application/sdp")))) == (OFFER.decode(), None)
 
 
 class _Channel:
