@@ -57,13 +57,13 @@ def one_session(url: str, utterances: list[bytes], instructions: str, ahead: boo
                              "omniray": {"speculative_prefill": ahead}})  # fmt: skip
     ttfp = []
     try:
-        client._wait("session.updated", 0)
+        client.wait("session.updated", 0)
         for turn in range(turns):
             mark = client.rt.mark()
             client.say(utterances[turn % len(utterances)])
-            stopped, t_stop = client._wait("input_audio_buffer.speech_stopped", mark)
-            _, t_audio = client._wait("response.output_audio.delta", stopped)
-            client._wait("response.done", stopped)
+            stopped, t_stop = client.wait("input_audio_buffer.speech_stopped", mark)
+            _, t_audio = client.wait("response.output_audio.delta", stopped)
+            client.wait("response.done", stopped)
             ttfp.append(t_audio - t_stop)
     finally:
         client.rt.close()

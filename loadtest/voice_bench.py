@@ -116,7 +116,8 @@ class Client:
         """An utterance at real-time pace, then 0.7 s of silence (server VAD ends the turn after 0.5 s)."""
         self.rt.say(pcm + bytes(RATE * 2 * 7 // 10))
 
-    def _wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
+    def wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:
+        """(index, arrival time) of the first `kind` event at `after` or later."""
         i = self.rt.wait(kind, after, timeout)
         return i, self.rt.at(i)
 
@@ -162,8 +163,8 @@ class Client:
                 )
                 mark = self.rt.mark()
                 self.say(self.utterances[turn % len(self.utterances)])
-                stopped, t_stop = self._wait("input_audio_buffer.speech_stopped", mark)
-                created, t_created = self._wait("response.created", stopped)
+                stopped, t_stop = self.wait("input_audio_buffer.speech_stopped", mark)
+                created, t_created = self.wait("response.created", stopped)
                 rid = self.rt.event(created)["response"]["id"]
                 # Drawn whatever the reply turns out to be (a silent one too), so that both arms'
                 # sessions make the same draws turn by turn. Anchored at first audio, a sample of
@@ -191,7 +192,7 @@ class Client:
                 if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply
                 else:
-                    self._wait("response.done", stopped)
+                    self.wait("response.done", stopped)
                     time.sleep(gap_s)
         except Exception as e:  # a session that breaks is reported, not hidden
             self.stats.errors.append(repr(e))

@@ -20,6 +20,7 @@ from loadtest.realtime_client import RATE
 from loadtest.speech import speech
 from loadtest.webrtc_client import HEARD_LEVEL, CallRefused, WebRtcClient
 from services.gateway.webrtc import CONNECT_TIMEOUT_S
+from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.quota.tenants import RealtimeLimits
 from services.realtime.server_events import WHOLE
@@ -102,6 +103,23 @@ def test_a_call_is_hung_up_and_the_session_closed(omniray, model_name):
         _assert_error(other, 404, "call_not_found")
         assert httpx.post(f"{c.call_url}/hangup", headers=AUTH, timeout=10).status_code == 200
         c.wait_closed(timeout=15)  # the data channel closes with the call
+    finally:
+        c.close()
+
+
+def test_a_call_whose_microphone_stops_is_told_and_ended_when_idle(omniray, model_name):
+    """A peer that sends no audio frame and no event (its microphone track ended, the page frozen)
+    for the profile's `realtime.idle_timeout_s`: an `error` `session_idle_timeout`, then the call ends."""
+    idle_s = load_profile("tiny").realtime.idle_timeout_s
+    c = WebRtcClient(omniray.http_url, model=model_name, timeout=60)
+    try:
+        c.wait("session.created")
+        c.loop.call_soon_threadsafe(c.mic.stop)  # no more RTP from the client
+        stopped = time.monotonic()
+        told = c.event(c.wait("error", timeout=idle_s + 30))["error"]
+        assert told["code"] == "session_idle_timeout", told
+        assert idle_s - 1 <= time.monotonic() - stopped <= idle_s + 15
+        c.wait_closed(timeout=15)
     finally:
         c.close()
 
@@ -223,6 +241,21 @@ def test_client_secrets_need_an_api_key(omniray):
     not_json = httpx.post(f"{omniray.http_url}/v1/realtime/client_secrets", content=b"{nope",
                           headers=AUTH, timeout=30)  # fmt: skip
     assert not_json.status_code == 400
+
+
+def test_a_tenant_mints_at_most_its_cap_of_outstanding_secrets(omniray):
+    key = new_tenant(omniray, realtime=RealtimeLimits(max_client_secrets=2))
+    secret = _mint(omniray, {}, key=key).json()["value"]
+    assert _mint(omniray, {}, key=key).status_code == 200
+    full = _mint(omniray, {}, key=key)
+    _assert_error(full, 429, "rate_limit_exceeded")
+    assert 1 <= int(full.headers["retry-after"]) <= 600  # when the first expires (the default 600 s)
+    c = WebRtcClient(omniray.http_url, api_key=secret, timeout=60)  # used: its place is free
+    try:
+        c.wait("session.created")
+    finally:
+        c.close()
+    assert _mint(omniray, {}, key=key).status_code == 200
 
 
 @pytest.mark.parametrize(
