@@ -43,7 +43,7 @@ return {1}
 """
 # KEYS: the secret. ARGV: its digest, REDIS_OUTSTANDING. The record, taken out and no longer counted
 # against its tenant; nil when there is none. The tenant's set is named from the record, in the
-# script: one Redis (as the buckets' scripts), not a cluster.
+# script: one Redis, not a cluster.
 REDEEM = """
 local raw = redis.call('GETDEL', KEYS[1])
 if not raw then return false end
