@@ -1,5 +1,5 @@
-"""Shared fixtures. `omniray` starts the real local runtime (Redis, Ray, Serve, vLLM) once per
-session on free ports with the `tiny` profile, exactly as `make run` does."""
+"""Shared fixtures and helpers. The shared `tiny` cluster (`omniray`) is tests/e2e's: started once for
+that package and stopped when it is done (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -62,33 +62,8 @@ def otlp_receiver():
 
 
 @pytest.fixture(scope="session")
-def omniray(otlp_receiver):
-    with local_cluster(
-        "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
-    ) as cluster:
-        yield cluster
-
-
-@pytest.fixture(scope="session")
-def ray_driver(omniray):
-    """This process joined to the test cluster (for Serve handles and status)."""
-    import ray
-
-    ray.init(address=omniray.ray_address, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="session")
 def model_name() -> str:
     return "omniray-tiny"
-
-
-@pytest.fixture(scope="session")
-def openai_client(omniray):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{omniray.http_url}/v1", api_key=LOCAL_API_KEY, timeout=120, max_retries=0)
 
 
 def png_bytes(width: int = 64, height: int = 48, seed: int = 0) -> bytes:

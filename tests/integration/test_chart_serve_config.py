@@ -111,4 +111,4 @@ def test_chart_serve_config_serves_on_pool_nodes(tmp_path):
                 want[name] += units * replicas
         assert held == want
     finally:
-        runtime.stop(tmp_path)
+        runtime.stop(tmp_path, graceful=False)
