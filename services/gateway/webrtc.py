@@ -381,6 +381,8 @@ async def read_offer(body: bytes, headers: Headers) -> tuple[str, dict | None]:
                 raise bad_request(
                     f"unknown form field {name[:64]!r}", code="unknown_parameter", param=name[:64]
                 )
+            if name in fields:
+                raise bad_request(f"form field {name!r} is given twice", param=name)
             fields[name] = await value.read() if isinstance(value, UploadFile) else value.encode()
     finally:
         await form.close()
@@ -404,7 +406,7 @@ def check_offer(body: bytes) -> str:
         sdp = body.decode()
     except UnicodeDecodeError:
         raise bad_request("SDP offer is not UTF-8 text", code="invalid_sdp") from None
-    if "m=audio" not in sdp:
+    if not any(line.startswith("m=audio ") for line in sdp.splitlines()):
         raise bad_request("the SDP offer has no audio (m=audio): the call needs a microphone track",
                           code="invalid_sdp")  # fmt: skip
     return sdp
@@ -453,7 +455,10 @@ class Calls:
                 e = refused.event.error
                 raise OmniError(REFUSAL_STATUS[refused.reason], e.message, code=e.code, type=e.type) from None
             pc.addTrack(call.playout)
-            await pc.setLocalDescription(await pc.createAnswer())
+            try:
+                await pc.setLocalDescription(await pc.createAnswer())
+            except Exception:  # an offer aiortc parsed but cannot answer (no usable audio section)
+                raise bad_request("the SDP offer could not be negotiated", code="invalid_sdp") from None
         except BaseException:
             if call.session is not None:
                 await self.hub.close(call.session)

@@ -193,12 +193,8 @@ def unserved(config: ev.SessionConfig, profile: Profile) -> list[tuple[tuple, st
     refused = []
     voice = config.audio.output.voice
     if voice is not None and profile.voice(voice) is None:
-        refused.append(
-            (
-                ("audio", "output", "voice"),
-                f"unknown voice {voice[:64]!r}; available: {profile.voice_names()}",
-            )
-        )
+        why = f"unknown voice {voice[:64]!r}; available: {profile.voice_names()}"
+        refused.append((("audio", "output", "voice"), why))
     if config.model is not None and not profile.serves(config.model):
         why = f"model {config.model[:64]!r} is not served here; this deployment serves {profile.served_model_name!r}"
         refused.append((("model",), why))

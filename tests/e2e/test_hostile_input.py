@@ -651,6 +651,57 @@ def test_rest_generated_upload_bytes(http, model_name, body):
     _assert_client_error(r, 400)
 
 
+# ---- WebRTC call offers in OpenAI's form (/v1/realtime/calls) ------------------------------------
+
+# Passes the checks before parsing (size, UTF-8, m=audio) and fails aiortc's: no session is opened.
+_OFFER = b"v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\n"
+
+
+def _call_form(http, files) -> httpx.Response:
+    TALLY["rest_call_form_cases"] += 1
+    return http.post("/v1/realtime/calls", files=files)
+
+
+def _with_session(raw: bytes) -> list:
+    return [("sdp", (None, _OFFER, "application/sdp")), ("session", (None, raw, "application/json"))]
+
+
+CALL_FORM_CASES = {
+    "no_sdp": ([("session", (None, b"{}", "application/json"))], 400),
+    "sdp_not_utf8": ([("sdp", (None, b"\xff\xfe m=audio", "application/sdp"))], 400),
+    "sdp_huge": ([("sdp", ("o.sdp", _OFFER + b"a=x\r\n" * 20_000, "application/sdp"))], 413),
+    "sdp_unparsable": ([("sdp", (None, _OFFER, "application/sdp"))], 400),
+    "unknown_field": ([("sdp", (None, _OFFER, "application/sdp")), ("voice", (None, b"marin", "text/plain"))], 400),
+    "three_files": ([(name, ("f", _OFFER, "application/sdp")) for name in ("sdp", "sdp", "session")], 400),
+    "session_not_json": (_with_session(b"{nope"), 400),
+    "session_an_array": (_with_session(b"[1, 2]"), 400),
+    "session_deep": (_with_session(b"[" * 10_000), 400),
+    "session_part_huge": (_with_session(b'{"instructions": "' + b"x" * 300_000 + b'"}'), 400),
+    "session_unknown_field": (_with_session(b'{"tempo": 3}'), 400),  # ignored, as OpenAI's; the offer is not
+    "session_voice_unicode": (_with_session('{"audio": {"output": {"voice": "\u202e\u00e9\U0001f600"}}}'.encode()), 422),
+    "session_lone_surrogate": (_with_session(b'{"instructions": "\\ud800"}'), 400),
+    "session_tokens_huge": (_with_session(b'{"max_output_tokens": 1e300}'), 422),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(CALL_FORM_CASES))
+def test_rest_call_form_catalog(http, case):
+    files, status = CALL_FORM_CASES[case]
+    _assert_client_error(_call_form(http, files), status)
+
+
+@FUZZ
+@given(body=st.binary(max_size=400))
+def test_rest_generated_call_form_bytes(http, body):
+    """Any bytes as a multipart body: a 4xx, never a session."""
+    r = http.post(
+        "/v1/realtime/calls",
+        content=b"--b\r\n" + body,
+        headers={"content-type": "multipart/form-data; boundary=b"},
+    )
+    _assert_client_error(r)
+
+
 def test_rest_still_healthy(http, model_name):
     _assert_healthy(http, model_name)
 

@@ -135,6 +135,8 @@ def _sdp(content_type: str, body: bytes = OFFER) -> tuple[bytes, Headers]:
         (_form(("sdp", None, OFFER, "application/sdp"), ("session", None, b"[1]", "application/json")), 400, "invalid_request"),
         (_form(("sdp", None, OFFER, "application/sdp"), ("voice", None, b"marin", "text/plain")), 400, "unknown_parameter"),
         (_form(("sdp", None, b"v=0\r\n", "application/sdp")), 400, "invalid_sdp"),
+        (_form(("sdp", None, OFFER, "application/sdp"), ("sdp", None, OFFER, "application/sdp")), 400, "invalid_request"),
+        (_form(("sdp", None, b"\xff\xfe m=audio 9 x", "application/sdp")), 400, "invalid_sdp"),  # no m= line
         ((b"--x\r\nContent-Disposition: form-data\r\n\r\nno name\r\n--x--\r\n", Headers({"content-type": "multipart/form-data; boundary=x"})), 400, "invalid_form"),
         (_form(("session", None, b"x" * (300 * 1024), "application/json")), 400, "invalid_form"),
     ],
