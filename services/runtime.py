@@ -356,11 +356,31 @@ def processes(run_id: str) -> list:
     return procs
 
 
-def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
-    """End every process of this run (`ray stop` would end every Ray on the machine)."""
+SHM_DIR = "/dev/shm/"
+
+
+def shared_memory(procs: list) -> set[str]:
+    """The POSIX shared memory (files in /dev/shm, not yet unlinked) the processes map: vLLM's
+    queues between an engine core and its workers (psm_*: `multiprocessing.shared_memory`) and
+    their semaphores (sem.*). A process that is killed, or ended before vLLM's own cleanup, leaves
+    them behind."""
+    found: set[str] = set()
+    for proc in procs:
+        try:
+            with open(f"/proc/{proc.pid}/maps") as f:
+                for line in f:  # address perms offset dev inode [path]
+                    path = line.rstrip("\n").split(maxsplit=5)[-1]
+                    if path.startswith(SHM_DIR) and not path.endswith(" (deleted)"):
+                        found.add(path)
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def _kill_tagged(procs: list, grace_s: float = 5.0) -> None:
+    """End these processes: SIGTERM, SIGKILL after `grace_s`, and wait until they are gone."""
     import psutil
 
-    procs = processes(run_id)
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.terminate()
@@ -368,6 +388,7 @@ def _kill_tagged(run_id: str, grace_s: float = 5.0) -> None:
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> None:
@@ -377,6 +398,8 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> N
     if cluster is None:
         log("[omniray] nothing to stop")
         return
+    # Only the run's processes map these: once they are gone, nothing else will.
+    segments = shared_memory(processes(cluster.run_id))
     if graceful:
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
@@ -387,7 +410,11 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> N
                 timeout=60,
                 check=False,
             )
-    _kill_tagged(cluster.run_id)
+    # `ray stop` would end every Ray on the machine: the run's processes only (engines included)
+    _kill_tagged(processes(cluster.run_id))
+    for path in segments:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     if cluster.redis_pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(cluster.redis_pid, signal.SIGTERM)

@@ -1,0 +1,77 @@
+"""`runtime.stop` ends every process of its run, and only those, and unlinks the POSIX shared memory
+they mapped: vLLM's engine-core ↔ worker queues (psm_*) outlived every stop before, ~1.5 MiB of
+/dev/shm each."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from multiprocessing import shared_memory
+
+import psutil
+import pytest
+
+from services import runtime
+
+# What vLLM's MessageQueue does in an engine process: a segment it will unlink only if it exits
+# cleanly (here, no resource tracker does it for it either).
+HOLDER = """
+import sys, time
+from multiprocessing import resource_tracker, shared_memory
+shm = shared_memory.SharedMemory(create=True, size=1 << 16)
+resource_tracker.unregister(shm._name, "shared_memory")
+print(shm.name, flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(run_id: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, runtime.RUN_ID_ENV: run_id}
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE, text=True)
+    name = proc.stdout.readline().strip()
+    assert name, "the holder did not create its segment"
+    return proc, name
+
+
+@pytest.mark.skipif(not os.path.isdir(runtime.SHM_DIR), reason="no /dev/shm")
+def test_stop_ends_the_runs_processes_and_unlinks_their_shared_memory(tmp_path):
+    run_id, other_run = uuid.uuid4().hex, uuid.uuid4().hex
+    ours, our_segment = _holder(run_id)
+    theirs, their_segment = _holder(other_run)  # another run on the same machine
+    kept = shared_memory.SharedMemory(create=True, size=4096)  # this process's, not the run's
+    try:
+        assert runtime.shared_memory(runtime.processes(run_id)) == {runtime.SHM_DIR + our_segment}
+        runtime.LocalCluster(
+            run_dir=tmp_path,
+            http_port=0,
+            grpc_port=0,
+            gcs_port=0,
+            dashboard_port=0,
+            redis_port=0,
+            run_id=run_id,
+        ).save()
+        runtime.stop(tmp_path, log=lambda *_: None, graceful=False)
+
+        assert ours.wait(timeout=10) is not None
+        assert not os.path.exists(runtime.SHM_DIR + our_segment)
+        assert theirs.poll() is None and os.path.exists(runtime.SHM_DIR + their_segment)
+        assert os.path.exists(runtime.SHM_DIR + kept.name)
+        assert not (tmp_path / "state.json").exists()
+    finally:
+        for proc in (ours, theirs):
+            proc.kill()
+            proc.wait(timeout=10)
+        for name in (our_segment, their_segment):
+            if os.path.exists(runtime.SHM_DIR + name):
+                os.unlink(runtime.SHM_DIR + name)
+        kept.close()
+        kept.unlink()
+
+
+def test_a_process_gone_meanwhile_maps_nothing():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = psutil.Process(proc.pid)
+    proc.wait(timeout=10)
+    assert runtime.shared_memory([gone]) == set()
