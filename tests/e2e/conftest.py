@@ -1,7 +1,7 @@
 """The shared cluster: the real local runtime (Redis, Ray, Serve, vLLM) on free ports with the `tiny`
-profile, exactly as `make run` starts it. Package-scoped (`__init__.py` makes tests/e2e a package): started for the first test here that needs
-it and stopped when this package is done, so the rest of the suite does not share two cores with its
-idle engines."""
+profile, exactly as `make run` starts it. Package-scoped (`__init__.py` makes tests/e2e a package):
+started for the first test here that needs it and stopped when this package is done, so the rest of
+the suite does not share two cores with its idle engines."""
 
 from __future__ import annotations
 

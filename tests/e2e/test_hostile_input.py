@@ -666,28 +666,32 @@ def _with_session(raw: bytes) -> list:
     return [("sdp", (None, _OFFER, "application/sdp")), ("session", (None, raw, "application/json"))]
 
 
+# (the form, the status, the error code): the code says which check refused it.
 CALL_FORM_CASES = {
-    "no_sdp": ([("session", (None, b"{}", "application/json"))], 400),
-    "sdp_not_utf8": ([("sdp", (None, b"\xff\xfe m=audio", "application/sdp"))], 400),
-    "sdp_huge": ([("sdp", ("o.sdp", _OFFER + b"a=x\r\n" * 20_000, "application/sdp"))], 413),
-    "sdp_unparsable": ([("sdp", (None, _OFFER, "application/sdp"))], 400),
-    "unknown_field": ([("sdp", (None, _OFFER, "application/sdp")), ("voice", (None, b"marin", "text/plain"))], 400),
-    "three_files": ([(name, ("f", _OFFER, "application/sdp")) for name in ("sdp", "sdp", "session")], 400),
-    "session_not_json": (_with_session(b"{nope"), 400),
-    "session_an_array": (_with_session(b"[1, 2]"), 400),
-    "session_deep": (_with_session(b"[" * 10_000), 400),
-    "session_part_huge": (_with_session(b'{"instructions": "' + b"x" * 300_000 + b'"}'), 400),
-    "session_unknown_field": (_with_session(b'{"tempo": 3}'), 400),  # ignored, as OpenAI's; the offer is not
-    "session_voice_unicode": (_with_session('{"audio": {"output": {"voice": "\u202e\u00e9\U0001f600"}}}'.encode()), 422),
-    "session_lone_surrogate": (_with_session(b'{"instructions": "\\ud800"}'), 400),
-    "session_tokens_huge": (_with_session(b'{"max_output_tokens": 1e300}'), 422),
+    "no_sdp": ([("session", (None, b"{}", "application/json"))], 400, "invalid_request"),
+    "sdp_not_utf8": ([("sdp", (None, b"\xff\xfe m=audio", "application/sdp"))], 400, "invalid_sdp"),
+    "sdp_huge": ([("sdp", ("o.sdp", _OFFER + b"a=x\r\n" * 20_000, "application/sdp"))], 413, "request_too_large"),
+    "sdp_unparsable": ([("sdp", (None, _OFFER, "application/sdp"))], 400, "invalid_sdp"),
+    "unknown_field": ([("sdp", (None, _OFFER, "application/sdp")), ("voice", (None, b"marin", "text/plain"))], 400, "unknown_parameter"),
+    "three_files": ([(name, ("f", _OFFER, "application/sdp")) for name in ("sdp", "sdp", "session")], 400, "invalid_form"),
+    "session_not_json": (_with_session(b"{nope"), 400, "invalid_json"),
+    "session_an_array": (_with_session(b"[1, 2]"), 400, "invalid_request"),
+    "session_deep": (_with_session(b"[" * 10_000), 400, "invalid_json"),
+    "session_part_huge": (_with_session(b'{"instructions": "' + b"x" * 300_000 + b'"}'), 400, "invalid_form"),
+    # ignored, as OpenAI's: the offer is what fails
+    "session_unknown_field": (_with_session(b'{"tempo": 3}'), 400, "invalid_sdp"),
+    "session_voice_unicode": (_with_session('{"audio": {"output": {"voice": "\u202e\u00e9\U0001f600"}}}'.encode()), 422, "invalid_value"),
+    "session_lone_surrogate": (_with_session(b'{"instructions": "\\ud800"}'), 400, "invalid_unicode"),
+    "session_tokens_huge": (_with_session(b'{"max_output_tokens": 1e300}'), 422, "invalid_value"),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(CALL_FORM_CASES))
 def test_rest_call_form_catalog(http, case):
-    files, status = CALL_FORM_CASES[case]
-    _assert_client_error(_call_form(http, files), status)
+    files, status, code = CALL_FORM_CASES[case]
+    r = _call_form(http, files)
+    _assert_client_error(r, status)
+    assert r.json()["error"]["code"] == code, r.text[:300]
 
 
 @FUZZ

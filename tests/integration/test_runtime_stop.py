@@ -1,6 +1,6 @@
 """`runtime.stop` ends every process of its run, and only those, and unlinks the POSIX shared memory
-they mapped: vLLM's engine-core ↔ worker queues (psm_*) outlived every stop before, ~1.5 MiB of
-/dev/shm each."""
+they mapped: vLLM's engine-core ↔ worker queues (psm_*, 4 per `tiny` run) outlived every stop
+before."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from services import runtime
 # What vLLM's MessageQueue does in an engine process: a segment it will unlink only if it exits
 # cleanly (here, no resource tracker does it for it either).
 HOLDER = """
-import sys, time
+import time
 from multiprocessing import resource_tracker, shared_memory
 shm = shared_memory.SharedMemory(create=True, size=1 << 16)
 resource_tracker.unregister(shm._name, "shared_memory")
