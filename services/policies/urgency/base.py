@@ -24,13 +24,16 @@ class Candidate(NamedTuple):  # a tuple: built for every classified request
 class Pace(NamedTuple):
     """Generation paced to playback. `ahead` = generated tokens × `ms_per_token` − what the client has
     played (`origin_ms` + now × 1000: it plays in real time). More than `hold_ms` ahead, the request
-    is held (sits rounds out); a plan releases it when it is `resume_ms` below `hold_ms`, so it runs
-    in batches of tokens rather than one per round."""
+    is held (sits rounds out). A plan releases it when it is `resume_ms` below `hold_ms`, so it runs
+    in batches of tokens rather than one per round — or earlier, from `release_by` (wall time) on, as
+    soon as it is back within `hold_ms`: its client's buffer is then about to run low, and a refill
+    must be on its way before it does."""
 
     ms_per_token: float
     origin_ms: float
     hold_ms: float
     resume_ms: float
+    release_by: float = NEVER
 
     def ahead(self, generated: int, now: float) -> float:
         return generated * self.ms_per_token - self.origin_ms - now * 1000
@@ -38,10 +41,11 @@ class Pace(NamedTuple):
     def holds(self, generated: int, now: float) -> bool:
         return self.ahead(generated, now) > self.hold_ms
 
-    def release_after_s(self, ahead: float) -> float:
-        """How long a held request `ahead` takes to be `resume_ms` below `hold_ms` (it generates
-        nothing; playback catches up in real time)."""
-        return (ahead - self.hold_ms + self.resume_ms) / 1000
+    def release_at(self, ahead: float, now: float) -> float:
+        """When a request held at `now`, `ahead`, is released (it generates nothing meanwhile;
+        playback catches up in real time)."""
+        batch = now + (ahead - self.hold_ms + self.resume_ms) / 1000
+        return min(batch, max(self.release_by, now + (ahead - self.hold_ms) / 1000))
 
     def tokens_to_hold(self, ahead: float) -> int:
         """Tokens after which a running request `ahead` may be over `hold_ms` (playback only

@@ -6,12 +6,18 @@
 - U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
   thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
   scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
-  A U2 request is paced (`Pace`): while its generation is more than `hold_ms` ahead of playback —
-  generated tokens × the session's audio per token (measured on its earlier responses, else
-  `ms_per_token`) minus what the client has played — it is held back; a plan releases it when it is
-  `resume_ms` below `hold_ms`, so it runs in batches of tokens. Never U0 or U1: a request whose
-  audio has not started or runs low may need more tokens before any audio comes (a text piece
-  waiting for its end), and holding it would stall its own playback for good.
+  A U2 request is paced (`Pace`) to its session's lead: the time audio takes through decode,
+  talker and vocoder, longer under load — the session's reply gap (end of speech → first audio, a
+  moving average), at least `lead_ms`. While its generation is more than `hold_ms` + the lead ahead
+  of playback — generated tokens × the session's audio per token (measured on its earlier
+  responses, else `ms_per_token`) minus what the client has played — it is held back (the pipeline
+  holds more in flight when it is slower, so the hold grows with it). A plan releases it when it is
+  `resume_ms` below that, so it runs in batches of tokens; or earlier, once back within it, from
+  when its client's buffer is projected to be the lead above `safe_ms`. So a refill is under way,
+  as U2, before the buffer runs low, rather than coming as U0 and outranking new turns (U1) at every
+  stage. Never U0 or U1: a request whose audio has not started or runs low may need more tokens
+  before any audio comes (a text piece waiting for its end), and holding it would stall its own
+  playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
 does it: services/extensions/vllm/scheduler.py).
 No view (not a realtime session, or stale telemetry: the board reader drops it) is U1. A U2
@@ -35,6 +41,8 @@ class LiveServeParams(BaseModel):
     # A held request is released when playback has caught up this much below hold_ms (a batch of
     # tokens per release, not one per round).
     resume_ms: float = Field(default=1500.0, ge=0)
+    # The lead until a session has measured a longer reply gap (the pipeline's latency).
+    lead_ms: float = Field(default=250.0, ge=0)
     # Audio per generated token until a session has measured its own.
     ms_per_token: float = Field(default=150.0, gt=0)
 
@@ -51,8 +59,9 @@ class LiveServe(UrgencyPolicy):
     name = "liveserve"
 
     preemptible = frozenset({"U2", HELD})
-    # More audio reaching a well-buffered session's client moves none of what a U2 request
-    # was classified on but its switch to U0, which only comes later than its `until`.
+    # More audio reaching a well-buffered session's client moves none of what a U2 request was
+    # classified on but its switch to U0 and its early release, which only come later than
+    # classified (a release early by a refill is still paced by hold_ms).
     refill_free = frozenset({"U2"})
     refreshed = frozenset({"U2"})  # its score: the request's KV and the pool's occupancy
 
@@ -75,7 +84,11 @@ class LiveServe(UrgencyPolicy):
         # Only a well-buffered request waits: audio is flowing and the client has plenty, so the
         # tokens it still needs (a text piece waiting for its end) cannot stall its own playback.
         # Until it falls to U0 the client plays in real time: played = played_ms + (now − at).
-        pace = Pace(v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, p.hold_ms, p.resume_ms)
+        lead_ms = max(p.lead_ms, v.reply_gap_ms or 0.0)
+        hold_ms, release_by = p.hold_ms + lead_ms, to_u0 - lead_ms / 1000
+        pace = Pace(
+            v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by
+        )
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
         return Classified("U2", (2, -score, c.arrival), to_u0, pace)
 

@@ -250,7 +250,7 @@ class UrgencyPlan:
         pace, seq = entry.classified.pace, entry.item[1]
         ahead = pace.ahead(generated, now)
         if ahead > pace.hold_ms:
-            heapq.heappush(self._releases, (now + pace.release_after_s(ahead), seq, request))
+            heapq.heappush(self._releases, (pace.release_at(ahead, now), seq, request))
             return True
         rounds = max(1, pace.tokens_to_hold(ahead) // self.tokens_per_round)
         heapq.heappush(self._checks, (self._round + rounds, seq, request))

@@ -55,16 +55,40 @@ def test_generation_ahead_of_playback_is_held_until_playback_catches_up():
 
 
 def test_a_well_buffered_request_is_paced_to_playback():
-    policy = urgency.create(
-        "liveserve", {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100}
-    )
+    params = {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100, "lead_ms": 0}
+    policy = urgency.create("liveserve", params)
     c = policy.classify(cand(1, view(9000), generated=60), NOW, 0.0)  # 6 s generated, nothing played
     assert c.cls == "U2" and c.until == pytest.approx(NOW + 8.0)  # its buffer falls to safe_ms
     pace = c.pace
-    assert pace.holds(60, NOW) and pace.release_after_s(pace.ahead(60, NOW)) == pytest.approx(3.0)  # 1 s + 2
+    assert pace.holds(60, NOW) and pace.release_at(pace.ahead(60, NOW), NOW) == pytest.approx(NOW + 3.0)
     assert (
         not pace.holds(60, NOW + 3.0) and pace.tokens_to_hold(pace.ahead(60, NOW + 3.0)) == 21
     )  # 2 s of tokens
+
+
+def with_gap(v: BoardView, reply_gap_ms: float) -> BoardView:
+    return BoardView(**{**v.__dict__, "reply_gap_ms": reply_gap_ms})
+
+
+def test_a_held_request_is_released_before_its_buffer_runs_low():
+    policy = urgency.create(
+        "liveserve",
+        {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100, "lead_ms": 250},
+    )
+    # 6 s generated, 3 s of it at the client; held over hold_ms + lead_ms (5.25 s). Its buffer
+    # reaches safe_ms in 2 s, before it falls resume_ms below that (in 2.75 s): it is released
+    # lead_ms before its buffer gets there
+    c = policy.classify(cand(1, view(3000), generated=60), NOW, 0.0)
+    assert c.until == pytest.approx(NOW + 2.0) and c.pace.holds(60, NOW)
+    assert c.pace.release_at(c.pace.ahead(60, NOW), NOW) == pytest.approx(NOW + 1.75)
+    # a session whose audio takes 1.5 s to come through (its reply gap) has more in flight: it may
+    # run 1.5 s further ahead, and is released as soon as it is back within that
+    slow = policy.classify(cand(1, with_gap(view(3000), 1500), generated=60), NOW, 0.0)
+    assert not slow.pace.holds(60, NOW) and slow.pace.holds(66, NOW)
+    assert slow.pace.release_at(slow.pace.ahead(80, NOW), NOW) == pytest.approx(NOW + 1.5)
+    # a reply gap shorter than lead_ms does not shorten it
+    fast = policy.classify(cand(1, with_gap(view(3000), 50), generated=60), NOW, 0.0)
+    assert fast.pace.release_at(fast.pace.ahead(60, NOW), NOW) == pytest.approx(NOW + 1.75)
 
 
 def test_buffer_drains_in_real_time_between_views():
@@ -85,7 +109,14 @@ def test_u2_prefers_big_kv_holders_when_memory_is_scarce_and_rare_barge_ins():
 
 @pytest.mark.parametrize(
     "params",
-    [{"safe_ms": 5000, "hold_ms": 100}, {"alpha": -1}, {"resume_ms": 3000}, {"resume_ms": -1}, {"nope": 1}],
+    [
+        {"safe_ms": 5000, "hold_ms": 100},
+        {"alpha": -1},
+        {"resume_ms": 3000},
+        {"resume_ms": -1},
+        {"lead_ms": -1},
+        {"nope": 1},
+    ],
 )
 def test_bad_parameters_are_refused(params):
     with pytest.raises((ValueError, TypeError)):

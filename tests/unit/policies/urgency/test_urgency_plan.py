@@ -91,7 +91,8 @@ def test_the_plan_orders_as_a_full_ranking_would(seed, name, occupancy):
         full = policy.rank(candidates, world.now, occupancy)
         for i, r in enumerate(world.requests):
             mine = plan.class_of(r)
-            # a held request stays held until playback is resume_ms below hold_ms (hysteresis)
+            # a held request stays held until playback is resume_ms below hold_ms, or its buffer
+            # nears safe_ms (hysteresis)
             assert mine == full.classes[i] or (mine == "held" and full.classes[i] == "U2"), (
                 mine,
                 full.classes[i],
@@ -130,3 +131,19 @@ def test_only_classes_whose_keys_read_kv_or_occupancy_are_refreshed():
     order, _ = full.arrange(requests, buffered, 1000.0, 0.5)
     full.arrange(order, buffered, 1000.1, 0.5)
     assert full.classified == 2  # refresh_s 0: every request every round (the benchmarks' baseline)
+
+
+def test_a_held_request_runs_again_as_u2_before_its_buffer_runs_low():
+    params = {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "lead_ms": 250}
+    plan = UrgencyPlan(urgency.create("liveserve", params), lambda r: (r.session, r.arrival),
+                       lambda r: (KV, r.generated))  # fmt: skip
+    # 6 s generated (100 ms a token), 3 s of it at the client: the buffer reaches safe_ms at 1002.0
+    views = decode({"s": json.dumps(asdict(_view("s", 0.0, 3000.0, True, 0, 1000.0)))}, None, 1000.0)
+    request = Req("s", 1.0)
+    request.generated = 60
+    _, held = plan.arrange([request], views, 1000.0, 0.5)
+    assert held == [request]
+    _, held = plan.arrange([request], views, 1001.7, 0.5)
+    assert held == [request]
+    order, held = plan.arrange([request], views, 1001.76, 0.5)  # lead_ms before: released, not reclassified
+    assert order == [request] and not held and plan.class_of(request) == "U2" and plan.classified == 0
