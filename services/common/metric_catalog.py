@@ -286,6 +286,11 @@ def _declared() -> list[Metric]:
             ("urgency",),
         ),
         Metric(
+            "omniray_scheduler_yielded_total",
+            c,
+            "Running requests that sat a round out for a new realtime turn (LiveServe's yield_to_turns: well-buffered, refill not yet due), summed over rounds.",
+        ),
+        Metric(
             "omniray_scheduler_prompt_tokens_computed_total",
             c,
             "Prompt tokens the engine computed, streaming-input chunks included (vLLM's prompt_tokens_by_source counts a request's first prefill only): with session KV, a turn's new tokens.",

@@ -188,6 +188,27 @@ def test_an_urgent_arrival_preempts_the_least_urgent_well_buffered_request(urgen
     assert dict((tuple(k), v) for k, v in stats["preempted"])[("U1",)] == [1]
 
 
+def test_well_buffered_requests_sit_out_while_a_new_turn_runs(urgent):
+    """A new turn in the queues: a well-buffered request whose refill is not due (a minute of audio
+    at its client) sits the round out, keeping its seat; one whose buffer nears safe_ms (due) runs.
+    Once the turn has its first audio, everything runs again."""
+    s, views = urgent
+    now = time.time()
+    for rid, session, age in (("calm", "t/a", 3), ("due", "t/b", 2), ("turn", "t/c", 1)):
+        s.add_request(_request(rid, session, now - age))
+    _run_prefill(s)
+    # t/b: 1.7 s buffered reaches safe_ms (1.5 s) in 0.2 s, within the lead (0.25 s): its refill is due
+    views.update({"t/a": _view(60_000.0), "t/b": _view(1_700.0), "t/c": _view(0.0, first_audio=False)})
+    out = s.schedule()
+    assert list(out.num_scheduled_tokens) == ["turn", "due"] and not out.preempted_req_ids
+    assert {r.request_id for r in s.running} == {"calm", "due", "turn"}  # a seat kept
+    assert engine_metrics.detach(s.make_stats())["yielded"] == [([], [1])]
+    (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    heard = {**views, "t/c": _view(2_000.0)}  # the turn's first audio (a new poll of the board)
+    order.views = lambda: heard
+    assert "calm" in s.schedule().num_scheduled_tokens
+
+
 def test_held_requests_keep_their_seats(urgent):
     """A held request sits a round out but keeps its seat: a waiting request no more urgent than it
     (well buffered too) is not admitted in its place (the workers' batch is sized for the seats)."""

@@ -31,13 +31,14 @@ ENGINE_SPEC: store_metrics.Spec = {
         ("decision", "omniray_scheduler_decision_seconds"),
         ("frame", "omniray_scheduler_frame_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
+        ("yielded", "omniray_scheduler_yielded_total"),
         ("fault", "omniray_scheduler_urgency_faults_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
         ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}
-ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)], "fault": [()]}
+ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)], "fault": [()], "yielded": [()]}
 ENGINE_KEY = "omniray_engine"
 
 

@@ -8,7 +8,9 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   this round out (keeping their seats). The waiting queue is put in the same order, so when the seats
   (max_num_seqs) are full the one that frees goes to the most urgent waiting request (a new turn
   before resumed well-buffered work), and an urgent arrival that finds no seat preempts a held or
-  well-buffered one. The order is an incremental plan (services/policies/urgency/plan.py): a round
+  well-buffered one. While a new realtime turn is in either queue, the requests the policy says yield
+  to it (LiveServe: well-buffered, refill not yet due) sit the round out too, so that the turn's
+  steps are short. The order is an incremental plan (services/policies/urgency/plan.py): a round
   classifies only the requests that arrived, whose session's view changed or whose class ran out.
   With no telemetry (no board) the order is vLLM's (FCFS). A fault in the policy's bookkeeping (a
   bug) is logged and costs a round's order, not the engine core: the plans start over.
@@ -96,8 +98,13 @@ class UrgencyOrder:
         held: list = []
         try:
             scheduler.running, held = self.running.arrange(scheduler.running, views, now, occupancy)
-            if isinstance(scheduler.waiting, collections.deque) and scheduler.waiting:
-                self._order_waiting(scheduler, views, now, occupancy, held)
+            ordered = isinstance(scheduler.waiting, collections.deque) and bool(scheduler.waiting)
+            if ordered:
+                waiting = self.waiting.arrange(list(scheduler.waiting), views, now, occupancy)
+            if self.policy.yields_from is not None and (self.running.turns or ordered and self.waiting.turns):
+                self._yield(scheduler, held)
+            if ordered:
+                self._order_waiting(scheduler, views, now, occupancy, held, waiting)
         except Exception:
             # A fault of the policy's bookkeeping must not take the engine down, and every session
             # on it: this round runs in vLLM's order (what was held runs too), the plans start over.
@@ -114,13 +121,23 @@ class UrgencyOrder:
                 self.recorder.record("ranked", (cls,), n)
         return held
 
+    def _yield(self, scheduler: OmnirayScheduler, held: list) -> None:
+        """A turn is in the queues: the running requests that yield to it (the end of the order)
+        sit this round out beside the held ones, keeping their seats."""
+        cut = self.running.yielding_from()
+        if cut < len(scheduler.running):
+            yielded = scheduler.running[cut:]
+            del scheduler.running[cut:]
+            held.extend(reversed(yielded))  # least urgent first: the first a waiting turn preempts
+            self.recorder.record("yielded", (), len(yielded))
+
     def _order_waiting(self, scheduler: OmnirayScheduler, views: dict, now: float, occupancy: float,
-                       held: list) -> None:  # fmt: skip
-        """vLLM's FCFS waiting queue (a deque) in urgency order, so the seat that frees goes to the
-        most urgent; what the policy would hold waits last (admission is not a round to sit out).
-        With the seats full, an urgent arrival takes a preemptible one's seat. A priority queue
-        keeps its own order."""
-        order, last = self.waiting.arrange(list(scheduler.waiting), views, now, occupancy)
+                       held: list, arranged: tuple[list, list]) -> None:  # fmt: skip
+        """vLLM's FCFS waiting queue (a deque) in urgency order (`arranged` by the waiting plan this
+        round), so the seat that frees goes to the most urgent; what the policy would hold waits last
+        (admission is not a round to sit out). With the seats full, an urgent arrival takes a
+        preemptible one's seat. A priority queue keeps its own order."""
+        order, last = arranged
         if self._preempt_for(scheduler, order, held):
             order, last = self.waiting.arrange(list(scheduler.waiting), views, now, occupancy)
         scheduler.waiting.clear()

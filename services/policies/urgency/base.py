@@ -58,6 +58,7 @@ class Classified(NamedTuple):
     key: tuple  # sort key, most urgent lowest; the same for the same request and view at any later time
     until: float  # wall time (time.time()) from which the class or key may differ: classify again
     pace: Pace | None = None  # paced to playback: held (class HELD) while over its hold
+    turn: bool = False  # a realtime turn before its first audio: what `UrgencyPolicy.yields_from` yields to
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,10 @@ class UrgencyPolicy:
     # Classes whose keys read what no view change tells of (a request's KV, the pool's occupancy): a
     # plan classifies their requests again every `refresh_s`; the others only on a view or `until`.
     refreshed: frozenset[str] = frozenset()
+    # Keys at or above this sit rounds out while a turn (`Classified.turn`) is in the engine's
+    # queues, so that its steps are short; None: nothing yields. A class's key must say when its
+    # request may no longer yield (its class or key then changes at `until`).
+    yields_from: tuple | None = None
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         raise NotImplementedError

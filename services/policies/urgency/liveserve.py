@@ -15,7 +15,11 @@
   `resume_ms` below that, so it runs in batches of tokens; or earlier, once back within it, from
   when its client's buffer is projected to be the lead above `safe_ms`. So a refill is under way,
   as U2, before the buffer runs low, rather than coming as U0 and outranking new turns (U1) at every
-  stage. Never U0 or U1: a request whose audio has not started or runs low may need more tokens
+  stage. Until then (`release_by`) a U2 request also sits the engine's rounds out while a new turn
+  of a realtime session (U1 with a view) is in its queues (`yield_to_turns`): the turn's prefill and
+  first tokens run in small batches, on the cores the refill would take, which is what its first
+  audio waits on; a refill that is due no longer yields and goes first among U2 (and stays due
+  through later refills until classified again: it yields less, never more). Never U0 or U1: a request whose audio has not started or runs low may need more tokens
   before any audio comes (a text piece waiting for its end), and holding it would stall its own
   playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
@@ -45,6 +49,8 @@ class LiveServeParams(BaseModel):
     lead_ms: float = Field(default=250.0, ge=0)
     # Audio per generated token until a session has measured its own.
     ms_per_token: float = Field(default=150.0, gt=0)
+    # Well-buffered requests whose refill is not yet due sit rounds out while a new turn is there.
+    yield_to_turns: bool = True
 
     @model_validator(mode="after")
     def _hold_after_safe(self):
@@ -67,11 +73,13 @@ class LiveServe(UrgencyPolicy):
 
     def __init__(self, params: LiveServeParams):
         self.p = params
+        # U2 keys are (2, due, ...): 1 until the refill is due (its release_by), which yield
+        self.yields_from = (2, 1) if params.yield_to_turns else None
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         v, p = c.view, self.p
         if v is None or not v.first_audio:  # not a realtime session, stale telemetry, or no audio yet
-            return Classified("U1", (1, c.arrival), NEVER)  # until its view changes
+            return Classified("U1", (1, c.arrival), NEVER, turn=v is not None)  # until its view changes
         # BoardView.buffered_at, inlined (this runs for every classification): the buffer is at or
         # below safe_ms from `to_u0` on (a paused player counts as dry; a view stamped ahead of this
         # clock has drained nothing yet).
@@ -90,7 +98,9 @@ class LiveServe(UrgencyPolicy):
             v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by
         )
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
-        return Classified("U2", (2, -score, c.arrival), to_u0, pace)
+        if now >= release_by:  # its refill is due: first among U2, and it no longer yields
+            return Classified("U2", (2, 0, -score, c.arrival), to_u0, pace)
+        return Classified("U2", (2, 1, -score, c.arrival), release_by, pace)
 
 
 PARAMS = LiveServeParams

@@ -15,7 +15,9 @@ A paced request (`Classified.pace`) is held and released without classifying it 
 releases it when playback has caught up, a round count (tokens at most `tokens_per_round` a round)
 checks it again when it may be over its hold. Keys do not drift with time, so the rest keep their
 order without being looked at; a round with nothing to do is a list comparison and a copy. The
-sorted order is mended in place (bisect) for a few changes and rebuilt for many.
+sorted order is mended in place (bisect) for a few changes and rebuilt for many. The plan counts
+the turns in it (`Classified.turn`), and where the requests that would yield to them start in the
+order is one bisect (`yielding_from`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class UrgencyPlan:
         self._order: list = []
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
+        self._turns = 0
         self._seq = itertools.count()
         self._timers: list[tuple[float, int, Any]] = []  # (until, seq, request): classify again
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
@@ -85,6 +88,16 @@ class UrgencyPlan:
     def classes(self) -> Counter[str]:
         """How many requests are in each class now (HELD for paced requests sitting rounds out)."""
         return self._classes
+
+    @property
+    def turns(self) -> int:
+        """How many requests are realtime turns before their first audio (`Classified.turn`)."""
+        return self._turns
+
+    def yielding_from(self) -> int:
+        """Where, in the order the last round returned, the requests whose keys are at or above the
+        policy's `yields_from` start (its length if none)."""
+        return bisect.bisect_left(self._sorted, (self.policy.yields_from,))
 
     def class_of(self, request: Any) -> str:
         return HELD if request in self._held else self._entries[request].classified.cls
@@ -179,6 +192,7 @@ class UrgencyPlan:
 
     def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
         """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
+        self._turns -= entry.classified.turn
         if request in self._held:
             self._classes[HELD] -= 1
             del self._held[request]
@@ -228,6 +242,7 @@ class UrgencyPlan:
             c = classify(Candidate(entry.arrival, kv_tokens, generated, view), now, occupancy)
             seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
+            self._turns += c.turn
             if c.pace is not None and pace(request, entry, generated, now):
                 classes[HELD] += 1
                 held_now[request] = None
