@@ -122,13 +122,11 @@ class UrgencyOrder:
         return held
 
     def _yield(self, scheduler: OmnirayScheduler, held: list) -> None:
-        """A turn is in the queues: the running requests that yield to it (the end of the order)
-        sit this round out beside the held ones, keeping their seats."""
-        cut = self.running.yielding_from()
-        if cut < len(scheduler.running):
-            yielded = scheduler.running[cut:]
-            del scheduler.running[cut:]
-            held.extend(reversed(yielded))  # least urgent first: the first a waiting turn preempts
+        """A turn is in the queues: the running requests that yield to it sit this round out beside
+        the held ones, keeping their seats."""
+        yielded = self.running.yielding(scheduler.running)
+        if yielded:
+            held.extend(yielded)  # least urgent first: the first a waiting turn preempts
             self.recorder.record("yielded", (), len(yielded))
 
     def _order_waiting(self, scheduler: OmnirayScheduler, views: dict, now: float, occupancy: float,

@@ -59,6 +59,7 @@ class Classified(NamedTuple):
     until: float  # wall time (time.time()) from which the class or key may differ: classify again
     pace: Pace | None = None  # paced to playback: held (class HELD) while over its hold
     turn: bool = False  # a realtime turn before its first audio: what `UrgencyPolicy.yields_from` yields to
+    yields_until: float = 0.0  # wall time until which it yields to turns (its key at or above yields_from)
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class UrgencyPolicy:
     # Classes whose keys read what no view change tells of (a request's KV, the pool's occupancy): a
     # plan classifies their requests again every `refresh_s`; the others only on a view or `until`.
     refreshed: frozenset[str] = frozenset()
-    # Keys at or above this sit rounds out while a turn (`Classified.turn`) is in the engine's
-    # queues, so that its steps are short; None: nothing yields. A class's key must say when its
-    # request may no longer yield (its class or key then changes at `until`).
+    # Requests keyed at or above this sit rounds out while a turn (`Classified.turn`) is in the
+    # engine's queues, until their `Classified.yields_until`, so that the turn's steps are short;
+    # None: nothing yields.
     yields_from: tuple | None = None
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:

@@ -18,10 +18,10 @@
   stage. Until then (`release_by`) a U2 request also sits the engine's rounds out while a new turn
   of a realtime session (U1 with a view) is in its queues (`yield_to_turns`): the turn's prefill and
   first tokens run in small batches, on the cores the refill would take, which is what its first
-  audio waits on; a refill that is due no longer yields and goes first among U2 (and stays due
-  through later refills until classified again: it yields less, never more). Never U0 or U1: a request whose audio has not started or runs low may need more tokens
-  before any audio comes (a text piece waiting for its end), and holding it would stall its own
-  playback for good.
+  audio waits on; from `release_by` on its refill is due and it no longer yields (a refill after
+  that leaves it due until it is classified again: it yields less, never more). Never U0 or U1: a
+  request whose audio has not started or runs low may need more tokens before any audio comes (a
+  text piece waiting for its end), and holding it would stall its own playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
 does it: services/extensions/vllm/scheduler.py).
 No view (not a realtime session, or stale telemetry: the board reader drops it) is U1. A U2
@@ -73,8 +73,7 @@ class LiveServe(UrgencyPolicy):
 
     def __init__(self, params: LiveServeParams):
         self.p = params
-        # U2 keys are (2, due, ...): 1 until the refill is due (its release_by), which yield
-        self.yields_from = (2, 1) if params.yield_to_turns else None
+        self.yields_from = (2,) if params.yield_to_turns else None  # U2, until its refill is due
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         v, p = c.view, self.p
@@ -98,9 +97,7 @@ class LiveServe(UrgencyPolicy):
             v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by
         )
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
-        if now >= release_by:  # its refill is due: first among U2, and it no longer yields
-            return Classified("U2", (2, 0, -score, c.arrival), to_u0, pace)
-        return Classified("U2", (2, 1, -score, c.arrival), release_by, pace)
+        return Classified("U2", (2, -score, c.arrival), to_u0, pace, yields_until=release_by)
 
 
 PARAMS = LiveServeParams

@@ -16,8 +16,8 @@ releases it when playback has caught up, a round count (tokens at most `tokens_p
 checks it again when it may be over its hold. Keys do not drift with time, so the rest keep their
 order without being looked at; a round with nothing to do is a list comparison and a copy. The
 sorted order is mended in place (bisect) for a few changes and rebuilt for many. The plan counts
-the turns in it (`Classified.turn`), and where the requests that would yield to them start in the
-order is one bisect (`yielding_from`).
+the turns in it (`Classified.turn`); the requests that would yield to them are the end of the order
+(one bisect) less the few whose yield ran out (a timer each, like a release: `yielding`).
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ class UrgencyPlan:
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
         self._turns = 0
+        self._yields: list[tuple[float, int, Any]] = []  # (until, seq, request): yields no more
+        self._due: set = set()  # requests keyed at or above yields_from that yield no more
         self._seq = itertools.count()
         self._timers: list[tuple[float, int, Any]] = []  # (until, seq, request): classify again
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
@@ -94,10 +96,19 @@ class UrgencyPlan:
         """How many requests are realtime turns before their first audio (`Classified.turn`)."""
         return self._turns
 
-    def yielding_from(self) -> int:
-        """Where, in the order the last round returned, the requests whose keys are at or above the
-        policy's `yields_from` start (its length if none)."""
-        return bisect.bisect_left(self._sorted, (self.policy.yields_from,))
+    def yielding(self, order: list) -> list:
+        """Take the requests that yield to a turn out of `order` (what the last round returned, as
+        it is) and return them, least urgent first: the end of it from the policy's `yields_from`,
+        less those whose `yields_until` has passed (they stay, at the end)."""
+        cut = bisect.bisect_left(self._sorted, (self.policy.yields_from,))
+        tail = order[cut:]
+        del order[cut:]
+        due = self._due
+        if not due:
+            tail.reverse()
+            return tail
+        order += [r for r in tail if r in due]
+        return [r for r in reversed(tail) if r not in due]
 
     def class_of(self, request: Any) -> str:
         return HELD if request in self._held else self._entries[request].classified.cls
@@ -120,6 +131,8 @@ class UrgencyPlan:
         timers, releases, checks = self._timers, self._releases, self._checks
         if timers and timers[0][0] <= now:
             self._expired(timers, now, dirty)
+        if self._yields and self._yields[0][0] <= now:
+            self._yields_ran_out(now)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
             dirty.update(self._entries)
         self.classified = len(dirty)
@@ -193,6 +206,7 @@ class UrgencyPlan:
     def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
         """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
         self._turns -= entry.classified.turn
+        self._due.discard(request)
         if request in self._held:
             self._classes[HELD] -= 1
             del self._held[request]
@@ -213,6 +227,7 @@ class UrgencyPlan:
             self._timers.clear()
             self._releases.clear()
             self._checks.clear()
+            self._yields.clear()
 
     def _expired(self, heap: list, now: float, dirty: set) -> None:
         while heap and heap[0][0] <= now:
@@ -220,6 +235,14 @@ class UrgencyPlan:
             entry = self._entries.get(request)
             if entry is not None and entry.item[1] == seq:  # not classified again since
                 dirty.add(request)
+
+    def _yields_ran_out(self, now: float) -> None:
+        heap, entries = self._yields, self._entries
+        while heap and heap[0][0] <= now:
+            _, seq, request = heapq.heappop(heap)
+            entry = entries.get(request)
+            if entry is not None and entry.item[1] == seq:  # not classified again since
+                self._due.add(request)
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
@@ -233,6 +256,7 @@ class UrgencyPlan:
         unplace, pace, place, push = self._unplace, self._pace, self._place, heapq.heappush
         held_now, classes, timers = self._held, self._classes, self._timers
         refreshed, refresh_at = self.policy.refreshed, now + self.refresh_s
+        yields_from = self.policy.yields_from
         for request in dirty:
             entry = entries[request]
             if entry.classified is not None:
@@ -243,6 +267,11 @@ class UrgencyPlan:
             seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
             self._turns += c.turn
+            if yields_from is not None and c.key >= yields_from:
+                if c.yields_until > now:
+                    push(self._yields, (c.yields_until, seq, request))
+                else:
+                    self._due.add(request)
             if c.pace is not None and pace(request, entry, generated, now):
                 classes[HELD] += 1
                 held_now[request] = None
@@ -256,7 +285,7 @@ class UrgencyPlan:
         if rebuild:
             self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
             self._order = [item[2] for item in self._sorted]
-        if len(timers) + len(self._releases) + len(self._checks) > 4 * len(entries) + 64:
+        if len(timers) + len(self._releases) + len(self._checks) + len(self._yields) > 4 * len(entries) + 64:
             self._compact()
 
     def _pace(self, request: Any, entry: _Entry, generated: int, now: float) -> bool:
@@ -294,7 +323,7 @@ class UrgencyPlan:
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""
         live = {e.item[1] for e in self._entries.values()}
-        for name in ("_timers", "_releases", "_checks"):
+        for name in ("_timers", "_releases", "_checks", "_yields"):
             heap = [t for t in getattr(self, name) if t[1] in live]
             heapq.heapify(heap)
             setattr(self, name, heap)
