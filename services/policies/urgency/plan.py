@@ -132,7 +132,7 @@ class UrgencyPlan:
         if timers and timers[0][0] <= now:
             self._expired(timers, now, dirty)
         if self._yields and self._yields[0][0] <= now:
-            self._yields_ran_out(now)
+            self._expired(self._yields, now, self._due)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
             dirty.update(self._entries)
         self.classified = len(dirty)
@@ -229,20 +229,14 @@ class UrgencyPlan:
             self._checks.clear()
             self._yields.clear()
 
-    def _expired(self, heap: list, now: float, dirty: set) -> None:
+    def _expired(self, heap: list, now: float, into: set) -> None:
+        """The requests of `heap`'s timers that ran out, into `into` (to classify again; or whose
+        yield ran out)."""
         while heap and heap[0][0] <= now:
             _, seq, request = heapq.heappop(heap)
             entry = self._entries.get(request)
             if entry is not None and entry.item[1] == seq:  # not classified again since
-                dirty.add(request)
-
-    def _yields_ran_out(self, now: float) -> None:
-        heap, entries = self._yields, self._entries
-        while heap and heap[0][0] <= now:
-            _, seq, request = heapq.heappop(heap)
-            entry = entries.get(request)
-            if entry is not None and entry.item[1] == seq:  # not classified again since
-                self._due.add(request)
+                into.add(request)
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
