@@ -124,10 +124,9 @@ class UrgencyOrder:
     def _yield(self, scheduler: OmnirayScheduler, held: list) -> None:
         """A turn is in the queues: the running requests that yield to it sit this round out beside
         the held ones, keeping their seats."""
-        yielded = self.running.yielding(scheduler.running)
+        yielded = self.running.yielding(scheduler.running, held)  # least urgent first: preempted first
         if yielded:
-            held.extend(yielded)  # least urgent first: the first a waiting turn preempts
-            self.recorder.record("yielded", (), len(yielded))
+            self.recorder.record("yielded", (), yielded)
 
     def _order_waiting(self, scheduler: OmnirayScheduler, views: dict, now: float, occupancy: float,
                        held: list, arranged: tuple[list, list]) -> None:  # fmt: skip

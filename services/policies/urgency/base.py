@@ -59,7 +59,9 @@ class Classified(NamedTuple):
     until: float  # wall time (time.time()) from which the class or key may differ: classify again
     pace: Pace | None = None  # paced to playback: held (class HELD) while over its hold
     turn: bool = False  # a realtime turn before its first audio: what `UrgencyPolicy.yields_from` yields to
-    yields_until: float = 0.0  # wall time until which it yields to turns (its key at or above yields_from)
+    # (wall time, key): from then on the request is keyed so, without a classification — a key that
+    # changes at a known time and reads nothing new (a yield running out: `UrgencyPolicy.yields_from`)
+    rekey: tuple[float, tuple] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,8 @@ class UrgencyPolicy:
     # plan classifies their requests again every `refresh_s`; the others only on a view or `until`.
     refreshed: frozenset[str] = frozenset()
     # Requests keyed at or above this sit rounds out while a turn (`Classified.turn`) is in the
-    # engine's queues, until their `Classified.yields_until`, so that the turn's steps are short;
-    # None: nothing yields.
+    # engine's queues, so that the turn's steps are short (a `Classified.rekey` below it ends the
+    # yield); they are the end of the order. None: nothing yields.
     yields_from: tuple | None = None
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:

@@ -3,9 +3,10 @@
 - U0: the session is playing and its client buffer is at or below `safe_ms`: it runs first, the
   emptiest buffer first (a gap in playback is the worst outcome) — keyed by when it runs dry.
 - U1: no first audio yet (a new response, or not a realtime session): by age, oldest first.
-- U2: well buffered: ordered by β·K·R_occ − α·C_barge, highest first — K the request's KV in
-  thousands of tokens, R_occ the pool's occupancy (finishing big holders frees memory when it is
-  scarce), C_barge the session's barge-in rate (tokens likely to be thrown away are worth less).
+- U2: well buffered: refills that are due first, then by β·K·R_occ − α·C_barge, highest first — K
+  the request's KV in thousands of tokens, R_occ the pool's occupancy (finishing big holders frees
+  memory when it is scarce), C_barge the session's barge-in rate (tokens likely to be thrown away
+  are worth less).
   A U2 request is paced (`Pace`) to its session's lead: the time audio takes through decode,
   talker and vocoder, longer under load — the session's reply gap (end of speech → first audio, a
   moving average), at least `lead_ms`. While its generation is more than `hold_ms` + the lead ahead
@@ -18,8 +19,9 @@
   stage. Until then (`release_by`) a U2 request also sits the engine's rounds out while a new turn
   of a realtime session (U1 with a view) is in its queues (`yield_to_turns`): the turn's prefill and
   first tokens run in small batches, on the cores the refill would take, which is what its first
-  audio waits on; from `release_by` on its refill is due and it no longer yields (a refill after
-  that leaves it due until it is classified again: it yields less, never more). Never U0 or U1: a
+  audio waits on; from `release_by` on its refill is due: it goes first among U2 and no longer
+  yields (its key changes then without a classification: `Classified.rekey`; a refill after that
+  leaves it due until it is classified again: it yields less, never more). Never U0 or U1: a
   request whose audio has not started or runs low may need more tokens before any audio comes (a
   text piece waiting for its end), and holding it would stall its own playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
@@ -73,7 +75,8 @@ class LiveServe(UrgencyPolicy):
 
     def __init__(self, params: LiveServeParams):
         self.p = params
-        self.yields_from = (2,) if params.yield_to_turns else None  # U2, until its refill is due
+        # U2 keys are (2, 1, ...) until the refill is due (its release_by), (2, 0, ...) from then on
+        self.yields_from = (2, 1) if params.yield_to_turns else None
 
     def classify(self, c: Candidate, now: float, occupancy: float) -> Classified:
         v, p = c.view, self.p
@@ -97,7 +100,10 @@ class LiveServe(UrgencyPolicy):
             v.ms_per_token or p.ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by
         )
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
-        return Classified("U2", (2, -score, c.arrival), to_u0, pace, yields_until=release_by)
+        due = (2, 0, -score, c.arrival)
+        if now >= release_by or not p.yield_to_turns:
+            return Classified("U2", due, to_u0, pace)
+        return Classified("U2", (2, 1, -score, c.arrival), to_u0, pace, rekey=(release_by, due))
 
 
 PARAMS = LiveServeParams

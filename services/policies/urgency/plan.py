@@ -17,7 +17,8 @@ checks it again when it may be over its hold. Keys do not drift with time, so th
 order without being looked at; a round with nothing to do is a list comparison and a copy. The
 sorted order is mended in place (bisect) for a few changes and rebuilt for many. The plan counts
 the turns in it (`Classified.turn`); the requests that would yield to them are the end of the order
-(one bisect) less the few whose yield ran out (a timer each, like a release: `yielding`).
+(one bisect: `yielding`). A key that changes at a known time (`Classified.rekey`: a yield running
+out) is moved then by a timer, like a release, without a classification.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ class UrgencyPlan:
         self._held: dict[Any, None] = {}  # insertion-ordered set
         self._classes: Counter[str] = Counter()
         self._turns = 0
-        self._yields: list[tuple[float, int, Any]] = []  # (until, seq, request): yields no more
-        self._due: set = set()  # requests keyed at or above yields_from that yield no more
+        self._rekeys: list[tuple[float, int, Any]] = []  # (time, seq, request): its key changes
         self._seq = itertools.count()
         self._timers: list[tuple[float, int, Any]] = []  # (until, seq, request): classify again
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
@@ -96,19 +96,17 @@ class UrgencyPlan:
         """How many requests are realtime turns before their first audio (`Classified.turn`)."""
         return self._turns
 
-    def yielding(self, order: list) -> list:
-        """Take the requests that yield to a turn out of `order` (what the last round returned, as
-        it is) and return them, least urgent first: the end of it from the policy's `yields_from`,
-        less those whose `yields_until` has passed (they stay, at the end)."""
+    def yielding(self, order: list, held: list) -> int:
+        """Move the requests that yield to a turn from `order` (what this round's `arrange` returned,
+        as it is) to `held` (what it held back), least urgent first: the end of the order from the
+        policy's `yields_from`. Returns how many."""
         cut = bisect.bisect_left(self._sorted, (self.policy.yields_from,))
         tail = order[cut:]
         del order[cut:]
-        due = self._due
-        if not due:
-            tail.reverse()
-            return tail
-        order += [r for r in tail if r in due]
-        return [r for r in reversed(tail) if r not in due]
+        tail.reverse()
+        held += tail
+        self._returned = order + held  # the round hands back what it returned: no membership change
+        return len(tail)
 
     def class_of(self, request: Any) -> str:
         return HELD if request in self._held else self._entries[request].classified.cls
@@ -131,8 +129,8 @@ class UrgencyPlan:
         timers, releases, checks = self._timers, self._releases, self._checks
         if timers and timers[0][0] <= now:
             self._expired(timers, now, dirty)
-        if self._yields and self._yields[0][0] <= now:
-            self._expired(self._yields, now, self._due)
+        if self._rekeys and self._rekeys[0][0] <= now:
+            self._rekeyed(now)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
             dirty.update(self._entries)
         self.classified = len(dirty)
@@ -178,14 +176,13 @@ class UrgencyPlan:
                 dirty.add(request)
 
     def _membership(self, requests: list, dirty: set) -> None:
-        """Take in the requests new to the plan (into `dirty`), drop the ones not handed in. The
-        usual delta is a few arrivals and a few finished: one lookup per request, a set only when
-        some are gone."""
+        """Take in the requests new to the plan (into `dirty`), drop the ones not handed in (set
+        differences: no Python loop over the requests that stay)."""
         entries = self._entries
-        new = [request for request in requests if request not in entries]
-        if len(requests) - len(new) < len(entries):
-            current = set(requests)
-            for gone in [request for request in entries if request not in current]:
+        current = set(requests)
+        new = current - entries.keys()
+        if len(current) - len(new) < len(entries):
+            for gone in entries.keys() - current:
                 self._drop(gone)
         for request in new:
             session, arrival = self.identify(request)
@@ -206,7 +203,6 @@ class UrgencyPlan:
     def _unplace(self, request: Any, entry: _Entry, sorted_too: bool = True) -> None:
         """Take a classified entry out of its place (`sorted_too` False: the order is rebuilt)."""
         self._turns -= entry.classified.turn
-        self._due.discard(request)
         if request in self._held:
             self._classes[HELD] -= 1
             del self._held[request]
@@ -227,11 +223,10 @@ class UrgencyPlan:
             self._timers.clear()
             self._releases.clear()
             self._checks.clear()
-            self._yields.clear()
+            self._rekeys.clear()
 
     def _expired(self, heap: list, now: float, into: set) -> None:
-        """The requests of `heap`'s timers that ran out, into `into` (to classify again; or whose
-        yield ran out)."""
+        """The requests of `heap`'s timers that ran out, into `into` (to classify again)."""
         while heap and heap[0][0] <= now:
             _, seq, request = heapq.heappop(heap)
             entry = self._entries.get(request)
@@ -250,7 +245,6 @@ class UrgencyPlan:
         unplace, pace, place, push = self._unplace, self._pace, self._place, heapq.heappush
         held_now, classes, timers = self._held, self._classes, self._timers
         refreshed, refresh_at = self.policy.refreshed, now + self.refresh_s
-        yields_from = self.policy.yields_from
         for request in dirty:
             entry = entries[request]
             if entry.classified is not None:
@@ -261,11 +255,8 @@ class UrgencyPlan:
             seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
             self._turns += c.turn
-            if yields_from is not None and c.key >= yields_from:
-                if c.yields_until > now:
-                    push(self._yields, (c.yields_until, seq, request))
-                else:
-                    self._due.add(request)
+            if c.rekey is not None:
+                push(self._rekeys, (c.rekey[0], seq, request))
             if c.pace is not None and pace(request, entry, generated, now):
                 classes[HELD] += 1
                 held_now[request] = None
@@ -279,8 +270,23 @@ class UrgencyPlan:
         if rebuild:
             self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
             self._order = [item[2] for item in self._sorted]
-        if len(timers) + len(self._releases) + len(self._checks) + len(self._yields) > 4 * len(entries) + 64:
+        if len(timers) + len(self._releases) + len(self._checks) + len(self._rekeys) > 4 * len(entries) + 64:
             self._compact()
+
+    def _rekeyed(self, now: float) -> None:
+        """Move the requests whose `Classified.rekey` time has come to their new key (a held one
+        takes it when it is released)."""
+        heap, entries, held_now = self._rekeys, self._entries, self._held
+        while heap and heap[0][0] <= now:
+            _, seq, request = heapq.heappop(heap)
+            entry = entries.get(request)
+            if entry is None or entry.item[1] != seq:  # gone, or classified again since
+                continue
+            item = (entry.classified.rekey[1], seq, request)
+            if request not in held_now:
+                self._displace(entry.item)
+                self._place(item)
+            entry.item = item
 
     def _pace(self, request: Any, entry: _Entry, generated: int, now: float) -> bool:
         """Whether the paced request is over its hold now; sets its next check: its release if it
@@ -317,7 +323,7 @@ class UrgencyPlan:
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""
         live = {e.item[1] for e in self._entries.values()}
-        for name in ("_timers", "_releases", "_checks", "_yields"):
+        for name in ("_timers", "_releases", "_checks", "_rekeys"):
             heap = [t for t in getattr(self, name) if t[1] in live]
             heapq.heapify(heap)
             setattr(self, name, heap)

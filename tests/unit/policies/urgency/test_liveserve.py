@@ -98,11 +98,17 @@ def test_well_buffered_requests_yield_to_new_turns_until_their_refill_is_due():
     assert not policy.classify(cand(1, None), NOW, 0.0).turn  # not a realtime session: no turn
     # 3 s buffered: safe_ms in 2 s, the refill due lead_ms before that
     calm = policy.classify(cand(1, view(3000), generated=10), NOW, 0.0)
-    assert calm.key >= policy.yields_from and calm.yields_until == pytest.approx(NOW + 1.75)
+    at, due = calm.rekey
+    assert calm.key >= policy.yields_from and at == pytest.approx(NOW + 1.75)
+    assert due < policy.yields_from and due[2:] == calm.key[2:]  # from then on: first among U2
     assert calm.until == pytest.approx(NOW + 2.0)  # U0 then
+    # classified once it is due: keyed so directly
+    late = policy.classify(cand(1, view(3000), generated=10), NOW + 1.8, 0.0)
+    assert late.key[:2] == (2, 0) and late.rekey is None
     for low in (view(1000), view(0, first_audio=False), None):  # U0, U1: never yield
         assert policy.classify(cand(1, low), NOW, 0.0).key < policy.yields_from
-    assert urgency.create("liveserve", {**params, "yield_to_turns": False}).yields_from is None
+    off = urgency.create("liveserve", {**params, "yield_to_turns": False})
+    assert off.yields_from is None and off.classify(cand(1, view(3000), generated=10), NOW, 0.0).rekey is None
     assert urgency.create("fcfs").yields_from is None
 
 

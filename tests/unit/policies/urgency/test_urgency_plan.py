@@ -99,14 +99,24 @@ def test_the_plan_orders_as_a_full_ranking_would(seed, name, occupancy):
             )
         held_ids = set(map(id, held))
         expected = [world.requests[i] for i in full.order if id(world.requests[i]) not in held_ids]
-        assert order == expected
+        assert set(map(id, order)) == set(map(id, expected))
+        keys = [plan.key_of(r) for r in order]
+        assert keys == sorted(keys)
+        for r in order:
+            i = world.requests.index(r)
+            mine, theirs = plan.key_of(r), policy.classify(candidates[i], world.now, occupancy).key
+            # a U2 request found due for its refill stays due through refills (U2 is refill_free)
+            # until classified again: it yields less, never more
+            assert mine == theirs or (mine[:2], theirs[:2], mine[2:]) == ((2, 0), (2, 1), theirs[2:])
         if policy.yields_from is not None:  # what yields to a turn: U2 whose refill is not yet due
-            yielded = plan.yielding(order)
-            assert sorted(map(id, order + yielded)) == sorted(map(id, expected))
+            ran = order[:]
+            assert plan.yielding(ran, held) == len(held) - len(held_ids)
+            yielded = held[len(held_ids) :]
+            assert ran + yielded[::-1] == order  # the end of the order, least urgent first
             for r in yielded:
                 i = world.requests.index(r)
                 c = policy.classify(candidates[i], world.now, occupancy)
-                assert c.cls == "U2" and c.yields_until > world.now
+                assert c.cls == "U2" and c.key >= policy.yields_from
         world.step(held)
     assert classified < 150 * 10  # not everything every round
 
@@ -155,7 +165,7 @@ def test_a_held_request_runs_again_as_u2_before_its_buffer_runs_low():
     # lead_ms before: released, not classified again; its refill is due: it no longer yields
     order, held = plan.arrange([request], views, 1001.76, 0.5)
     assert order == [request] and not held and plan.class_of(request) == "U2" and plan.classified == 0
-    assert plan.yielding(order) == [] and order == [request]
+    assert plan.yielding(order, held) == 0 and order == [request]
 
 
 def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_is_due():
@@ -171,13 +181,16 @@ def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_i
     turn, calm, soon, low, text = Req("t", 1.0), Req("b", 2.0), Req("c", 2.5), Req("d", 3.0), Req(None, 4.0)
     order, _ = plan.arrange([turn, calm, soon, low, text], views, 1000.0, 0.5)
     assert order == [low, turn, text, calm, soon] and plan.turns == 1  # a text request is no turn
-    assert plan.yielding(order) == [soon, calm] and order == [low, turn, text]  # least urgent first
-    # c's buffer reaches safe_ms (1.5 s) at 1001.5: its refill is due lead_ms (0.25 s) before
-    order, _ = plan.arrange([turn, calm, soon, low, text], views, 1001.3, 0.5)
-    assert plan.classified == 0 and plan.yielding(order) == [calm] and order == [low, turn, text, soon]
+    held: list = []
+    assert plan.yielding(order, held) == 2 and order == [low, turn, text] and held == [soon, calm]
+    # c's buffer reaches safe_ms (1.5 s) at 1001.5: its refill is due lead_ms (0.25 s) before, and
+    # it goes first among U2 then, without a classification
+    order, held = plan.arrange(order + held, views, 1001.3, 0.5)
+    assert plan.classified == 0 and order == [low, turn, text, soon, calm]
+    assert plan.yielding(order, held) == 1 and order == [low, turn, text, soon] and held == [calm]
     raw["t"] = _view("t", 0.0, 2000.0, True, 0, 1001.4)  # its first audio: no longer a turn
     views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, views, 1001.4)
     plan.arrange(order, views, 1001.4, 0.5)
     assert plan.turns == 0
     plan.arrange([], views, 1001.5, 0.5)
-    assert plan.turns == 0 and not plan.yielding([])
+    assert plan.turns == 0 and not plan.yielding([], [])
