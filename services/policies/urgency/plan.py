@@ -225,13 +225,19 @@ class UrgencyPlan:
             self._checks.clear()
             self._rekeys.clear()
 
+    def _due(self, heap: list, due: float):
+        """Pop `heap`'s timers (time or round, seq, request) up to `due`; yield (request, entry) of
+        those set at the request's current classification (not gone, not classified again since)."""
+        entries = self._entries
+        while heap and heap[0][0] <= due:
+            _, seq, request = heapq.heappop(heap)
+            entry = entries.get(request)
+            if entry is not None and entry.item[1] == seq:
+                yield request, entry
+
     def _expired(self, heap: list, now: float, into: set) -> None:
         """The requests of `heap`'s timers that ran out, into `into` (to classify again)."""
-        while heap and heap[0][0] <= now:
-            _, seq, request = heapq.heappop(heap)
-            entry = self._entries.get(request)
-            if entry is not None and entry.item[1] == seq:  # not classified again since
-                into.add(request)
+        into.update(request for request, _ in self._due(heap, now))
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
@@ -276,13 +282,9 @@ class UrgencyPlan:
     def _rekeyed(self, now: float) -> None:
         """Move the requests whose `Classified.rekey` time has come to their new key (a held one
         takes it when it is released)."""
-        heap, entries, held_now = self._rekeys, self._entries, self._held
-        while heap and heap[0][0] <= now:
-            _, seq, request = heapq.heappop(heap)
-            entry = entries.get(request)
-            if entry is None or entry.item[1] != seq:  # gone, or classified again since
-                continue
-            item = (entry.classified.rekey[1], seq, request)
+        held_now = self._held
+        for request, entry in self._due(self._rekeys, now):
+            item = (entry.classified.rekey[1], entry.item[1], request)
             if request not in held_now:
                 self._displace(entry.item)
                 self._place(item)
@@ -302,12 +304,8 @@ class UrgencyPlan:
 
     def _paced(self, heap: list, due: float, now: float) -> None:
         """Hold or release the paced requests whose check is due."""
-        entries, held_now, classes = self._entries, self._held, self._classes
-        while heap and heap[0][0] <= due:
-            _, seq, request = heapq.heappop(heap)
-            entry = entries.get(request)
-            if entry is None or entry.item[1] != seq:  # gone, or classified again since
-                continue
+        held_now, classes = self._held, self._classes
+        for request, entry in self._due(heap, due):
             held = self._pace(request, entry, self.progress(request)[1], now)
             if held != (request in held_now):  # its class and key stay: only held or not
                 if held:
