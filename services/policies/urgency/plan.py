@@ -128,7 +128,7 @@ class UrgencyPlan:
             self._views = views
         timers, releases, checks = self._timers, self._releases, self._checks
         if timers and timers[0][0] <= now:
-            self._expired(timers, now, dirty)
+            dirty.update(request for request, _ in self._fired(timers, now))
         if self._rekeys and self._rekeys[0][0] <= now:
             self._rekeyed(now)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
@@ -225,19 +225,15 @@ class UrgencyPlan:
             self._checks.clear()
             self._rekeys.clear()
 
-    def _due(self, heap: list, due: float):
-        """Pop `heap`'s timers (time or round, seq, request) up to `due`; yield (request, entry) of
+    def _fired(self, heap: list, upto: float):
+        """Pop `heap`'s timers (time or round, seq, request) up to `upto`; yield (request, entry) of
         those set at the request's current classification (not gone, not classified again since)."""
         entries = self._entries
-        while heap and heap[0][0] <= due:
+        while heap and heap[0][0] <= upto:
             _, seq, request = heapq.heappop(heap)
             entry = entries.get(request)
             if entry is not None and entry.item[1] == seq:
                 yield request, entry
-
-    def _expired(self, heap: list, now: float, into: set) -> None:
-        """The requests of `heap`'s timers that ran out, into `into` (to classify again)."""
-        into.update(request for request, _ in self._due(heap, now))
 
     def _classify(self, dirty: set, views: dict, now: float, occupancy: float) -> None:
         rebuild = len(dirty) > REBUILD_FRACTION * len(self._entries)
@@ -283,7 +279,7 @@ class UrgencyPlan:
         """Move the requests whose `Classified.rekey` time has come to their new key (a held one
         takes it when it is released)."""
         held_now = self._held
-        for request, entry in self._due(self._rekeys, now):
+        for request, entry in self._fired(self._rekeys, now):
             item = (entry.classified.rekey[1], entry.item[1], request)
             if request not in held_now:
                 self._displace(entry.item)
@@ -305,7 +301,7 @@ class UrgencyPlan:
     def _paced(self, heap: list, due: float, now: float) -> None:
         """Hold or release the paced requests whose check is due."""
         held_now, classes = self._held, self._classes
-        for request, entry in self._due(heap, due):
+        for request, entry in self._fired(heap, due):
             held = self._pace(request, entry, self.progress(request)[1], now)
             if held != (request in held_now):  # its class and key stay: only held or not
                 if held:
