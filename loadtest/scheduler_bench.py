@@ -8,7 +8,9 @@ loop brings, on a simulated clock:
   when the client has played what it has and the user has spoken (`--user-turn-s`, uniform up to
   twice the mean), or right after a barge-in's user turn: requests arrive and leave most rounds;
 - the client plays in real time; the talker's audio reaches it in chunks (`--chunk-tokens` tokens of
-  `--ms-per-token` each), so a generating session's view changes when a chunk lands;
+  `--ms-per-token` each), so a generating session's view changes when a chunk lands; what it has
+  played counts from its response's start, as the gateway's playback monitor counts it (a paced
+  request's lead over playback is then what its client has buffered);
 - a fraction of sessions barge in now and then (the view changes, the response ends);
 - the board is read every `--poll-ms` through the real decoder (views whose course did not change
   keep their object, as BoardReader does).
@@ -74,9 +76,12 @@ class _Loop:
         self.sched = SimpleNamespace(running=[], waiting=collections.deque(), kv_cache_manager=SimpleNamespace(usage=0.6),
                                      max_num_active_reqs=n, num_waiting_for_streaming_input=0)  # fmt: skip
         for s in self.sessions:
-            # mid-conversation: some audio already buffered, some tokens generated
-            s.buffered, s.first_audio = self.rng.uniform(0, 8000), True
-            self.sched.running.append(self._request(s, self.rng.randint(0, 150)))
+            # mid-response: some tokens generated, their audio sent, some of it played
+            generated = self.rng.randint(0, 150)
+            sent = generated * args.ms_per_token
+            s.buffered, s.first_audio = self.rng.uniform(0, min(8000, sent)), generated > 0
+            s.played = sent - s.buffered
+            self.sched.running.append(self._request(s, generated))
         self.turns: list = []  # (time, seq, session): next turns due
         self.seq = itertools.count()
         self.raw: dict[str, str] = {}
@@ -124,6 +129,7 @@ class _Loop:
         while self.turns and self.turns[0][0] <= self.now:
             s = heapq.heappop(self.turns)[2]
             s.view(self.now, a.ms_per_token)
+            s.played = 0.0  # a new response: the monitor counts its playback from its start
             self.sched.running.append(self._request(s))  # admitted
         if self.now >= self.next_poll:
             self.next_poll += a.poll_ms / 1000

@@ -13,12 +13,14 @@ A request is classified again only when:
   (what the plan saves: the baseline of loadtest/scheduler_bench.py).
 A paced request (`Classified.pace`) is held and released without classifying it again: a timer
 releases it when playback has caught up, a round count (tokens at most `tokens_per_round` a round)
-checks it again when it may be over its hold. Keys do not drift with time, so the rest keep their
-order without being looked at; a round with nothing to do is a list comparison and a copy. The
-sorted order is mended in place (bisect) for a few changes and rebuilt for many. The plan counts
-the turns in it (`Classified.turn`); the requests that would yield to them are the end of the order
-(one bisect: `yielding`). A key that changes at a known time (`Classified.rekey`: a yield running
-out) is moved then by a timer, like a release, without a classification.
+checks it again when it may be over its hold — for a request that yields to turns, a count of the
+rounds in which the yielding end of the order ran (it generates nothing while it yields). Keys do
+not drift with time, so the rest keep their order without being looked at; a round with nothing to
+do is a list comparison and a copy. The sorted order is mended in place (bisect) for a few changes
+and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the requests that would
+yield to them are the end of the order (one bisect: `yielding`). A key that changes at a known time
+(`Classified.rekey`: a yield running out) is moved then by a timer, like a release, without a
+classification.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ REBUILD_FRACTION = 0.125  # more classifications than this share of the plan: so
 
 
 class _Entry:
-    __slots__ = ("item", "classified", "view", "session", "arrival")
+    __slots__ = ("item", "classified", "view", "session", "arrival", "check")
 
     def __init__(self, session: Hashable, arrival: float):
         self.session, self.arrival = session, arrival
@@ -47,6 +49,7 @@ class _Entry:
         self.item: tuple = ((), -1, None)
         self.classified: Classified | None = None
         self.view: BoardView | None = None
+        self.check = 0  # a yielding request's pending check (UrgencyPlan._tail_round)
 
 
 class UrgencyPlan:
@@ -82,6 +85,12 @@ class UrgencyPlan:
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
         self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
+        # Checks of requests keyed to yield (at or above the policy's `yields_from`) count the rounds
+        # in which the order's yielding end ran: one that yields in most rounds is not checked in them.
+        self._tail_from = policy.yields_from
+        self._tail_checks: list[tuple[int, int, Any]] = []  # (tail round, seq, request)
+        self._tail_round = 0
+        self._tail_yielded = False  # the last round's yielding end sat out (`yielding`)
         self._views: dict | None = None
         self._returned: list = []  # what the last round handed back, in order (held last)
         self.classified = 0  # classifications in the last round (benchmarks, tests)
@@ -105,6 +114,7 @@ class UrgencyPlan:
         del order[cut:]
         tail.reverse()
         held += tail
+        self._tail_yielded = bool(tail)
         self._returned = order + held  # the round hands back what it returned: no membership change
         return len(tail)
 
@@ -120,13 +130,15 @@ class UrgencyPlan:
         """(the requests to run, most urgent first; the ones held back this round). The first list
         is a fresh copy; the plan keeps its own."""
         self._round += 1
+        self._tail_round += not self._tail_yielded
+        self._tail_yielded = False
         dirty: set = set()
         if requests != self._returned:
             self._membership(requests, dirty)
         if views is not self._views:
             self._changed_views(views, dirty)
             self._views = views
-        timers, releases, checks = self._timers, self._releases, self._checks
+        timers, releases, checks, tail_checks = self._timers, self._releases, self._checks, self._tail_checks
         if timers and timers[0][0] <= now:
             dirty.update(request for request, _ in self._fired(timers, now))
         if self._rekeys and self._rekeys[0][0] <= now:
@@ -141,6 +153,8 @@ class UrgencyPlan:
             self._paced(releases, now, now)
         if checks and checks[0][0] <= self._round:
             self._paced(checks, self._round, now)
+        if tail_checks and tail_checks[0][0] <= self._tail_round:
+            self._paced(tail_checks, self._tail_round, now)
         held = list(self._held)
         self._returned = self._order + held
         return self._order[:], held
@@ -223,6 +237,7 @@ class UrgencyPlan:
             self._timers.clear()
             self._releases.clear()
             self._checks.clear()
+            self._tail_checks.clear()
             self._rekeys.clear()
 
     def _fired(self, heap: list, upto: float):
@@ -272,18 +287,25 @@ class UrgencyPlan:
         if rebuild:
             self._sorted = sorted(e.item for r, e in entries.items() if r not in held_now)
             self._order = [item[2] for item in self._sorted]
-        if len(timers) + len(self._releases) + len(self._checks) + len(self._rekeys) > 4 * len(entries) + 64:
+        pending = (
+            len(timers) + len(self._releases) + len(self._checks) + len(self._tail_checks) + len(self._rekeys)
+        )
+        if pending > 4 * len(entries) + 64:
             self._compact()
 
     def _rekeyed(self, now: float) -> None:
         """Move the requests whose `Classified.rekey` time has come to their new key (a held one
-        takes it when it is released)."""
-        held_now = self._held
+        takes it when it is released). One that no longer yields has its check moved to the round
+        count: it runs every round now."""
+        held_now, tail_from = self._held, self._tail_from
         for request, entry in self._fired(self._rekeys, now):
             item = (entry.classified.rekey[1], entry.item[1], request)
             if request not in held_now:
                 self._displace(entry.item)
                 self._place(item)
+                if tail_from is not None and entry.item[0] >= tail_from > item[0]:
+                    rounds = max(0, entry.check - self._tail_round)
+                    heapq.heappush(self._checks, (self._round + rounds, item[1], request))
             entry.item = item
 
     def _pace(self, request: Any, entry: _Entry, generated: int, now: float) -> bool:
@@ -295,13 +317,19 @@ class UrgencyPlan:
             heapq.heappush(self._releases, (pace.release_at(ahead, now), seq, request))
             return True
         rounds = max(1, pace.tokens_to_hold(ahead) // self.tokens_per_round)
-        heapq.heappush(self._checks, (self._round + rounds, seq, request))
+        if self._tail_from is not None and entry.item[0] >= self._tail_from:
+            entry.check = self._tail_round + rounds
+            heapq.heappush(self._tail_checks, (entry.check, seq, request))
+        else:
+            heapq.heappush(self._checks, (self._round + rounds, seq, request))
         return False
 
     def _paced(self, heap: list, due: float, now: float) -> None:
         """Hold or release the paced requests whose check is due."""
-        held_now, classes = self._held, self._classes
+        held_now, classes, tail = self._held, self._classes, heap is self._tail_checks
         for request, entry in self._fired(heap, due):
+            if tail and entry.item[0] < self._tail_from:
+                continue  # it stopped yielding: its check was moved to the round count (_rekeyed)
             held = self._pace(request, entry, self.progress(request)[1], now)
             if held != (request in held_now):  # its class and key stay: only held or not
                 if held:
@@ -317,7 +345,7 @@ class UrgencyPlan:
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""
         live = {e.item[1] for e in self._entries.values()}
-        for name in ("_timers", "_releases", "_checks", "_rekeys"):
-            heap = [t for t in getattr(self, name) if t[1] in live]
+        # in place: a round in progress holds these lists (arrange)
+        for heap in (self._timers, self._releases, self._checks, self._tail_checks, self._rekeys):
+            heap[:] = [t for t in heap if t[1] in live]
             heapq.heapify(heap)
-            setattr(self, name, heap)

@@ -194,3 +194,43 @@ def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_i
     assert plan.turns == 0
     plan.arrange([], views, 1001.5, 0.5)
     assert plan.turns == 0 and not plan.yielding([], [])
+
+
+def test_a_yielding_request_is_checked_by_the_rounds_it_ran_and_by_every_round_once_due():
+    """While a turn is in the queues a well-buffered request sits rounds out and generates nothing:
+    its hold is not checked in those rounds. Once its refill is due it runs every round and is held
+    in the first round it is over its hold, as a full ranking would hold it."""
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000, "lead_ms": 250}
+    )
+    reads: list[Req] = []
+    plan = UrgencyPlan(
+        policy, lambda r: (r.session, r.arrival), lambda r: (reads.append(r), (KV, r.generated))[1]
+    )
+    raw = {  # t: a new turn; b: a minute buffered (yields throughout); c: 2 s buffered, due at 1000.75
+        "t": _view("t", 0.0, 0.0, False, 0, 1000.0),
+        "b": _view("b", 0.0, 60_000.0, True, 0, 1000.0),
+        "c": _view("c", 0.0, 2_000.0, True, 0, 1000.0),
+    }
+    views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, None, 1000.0)
+    turn, calm, soon = Req("t", 1.0), Req("b", 2.0), Req("c", 3.0)
+    soon.generated = 20  # 2 s of audio (100 ms a token), 13 tokens below its hold (3.25 s with the lead)
+    requests, rounds, yielded_rounds = [turn, calm, soon], 0, 0
+    while True:
+        now = 1000.0 + rounds / 100
+        order, held = plan.arrange(requests, views, now, 0.5)
+        candidates = [urgency.Candidate(r.arrival, KV, r.generated, views.get(r.session)) for r in requests]
+        full = policy.rank(candidates, now, 0.5)
+        assert (plan.class_of(soon) == "held") == (full.classes[requests.index(soon)] == "held")
+        if soon in held:
+            break
+        yielded = plan.yielding(order, held)
+        if soon in held:  # not yet due: it sits the round out
+            yielded_rounds += 1
+        else:
+            assert now >= 1000.75 and yielded == 1  # due: it runs; the minute-buffered one still yields
+            soon.generated += 1
+        requests, rounds = order + held, rounds + 1
+    assert yielded_rounds == 75 and now < 1001.0
+    # read at its classification and at its checks: none while it yielded, a few once it ran
+    assert reads.count(soon) <= 4
