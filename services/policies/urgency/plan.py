@@ -11,16 +11,18 @@ A request is classified again only when:
   reads what keys do not track (`UrgencyPolicy.refreshed`: a U2 score's KV and pool occupancy) —
   refreshes spread over rounds, not all at once. `refresh_s` 0 classifies every request every round
   (what the plan saves: the baseline of loadtest/scheduler_bench.py).
-A paced request (`Classified.pace`) is held and released without classifying it again: a timer
-releases it when playback has caught up, a round count (tokens at most `tokens_per_round` a round)
-checks it again when it may be over its hold — for a request that yields to turns, a count of the
-rounds in which the yielding end of the order ran (it generates nothing while it yields). Keys do
-not drift with time, so the rest keep their order without being looked at; a round with nothing to
-do is a list comparison and a copy. The sorted order is mended in place (bisect) for a few changes
-and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the requests that would
-yield to them are the end of the order (one bisect: `yielding`). A key that changes at a known time
-(`Classified.rekey`: a yield running out) is moved then by a timer, like a release, without a
-classification.
+A paced request (`Classified.pace`) is released without classifying it again: a timer releases it
+when playback has caught up, and a round count (tokens at most `tokens_per_round` a round) checks it
+again when it may be over its hold — for a request that yields to turns, a count of the rounds in
+which the yielding end of the order ran (it generates nothing while it yields). Found over its
+hold, it is classified again as it is held: its client's buffer has grown with what it generated,
+so its release and the time it could fall to a lower class are timed on the buffer it has now.
+Keys do not drift with time, so the rest keep their order without being looked at; a round with
+nothing to do is a list comparison and a copy. The sorted order is mended in place (bisect) for a
+few changes and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the
+requests that would yield to them are the end of the order (one bisect: `yielding`). A key that
+changes at a known time (`Classified.rekey`: a yield running out) is moved then by a timer, like a
+release, without a classification.
 """
 
 from __future__ import annotations
@@ -143,18 +145,18 @@ class UrgencyPlan:
             dirty.update(request for request, _ in self._fired(timers, now))
         if self._rekeys and self._rekeys[0][0] <= now:
             self._rekeyed(now)
+        # Heads looked at here: most rounds release and check nothing.
+        if releases and releases[0][0] <= now:
+            self._paced(releases, now, now)
+        if checks and checks[0][0] <= self._round:
+            self._paced(checks, self._round, now, dirty)
+        if tail_checks and tail_checks[0][0] <= self._tail_round:
+            self._paced(tail_checks, self._tail_round, now, dirty)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
             dirty.update(self._entries)
         self.classified = len(dirty)
         if dirty:
             self._classify(dirty, views, now, occupancy)
-        # Heads looked at here: most rounds release and check nothing.
-        if releases and releases[0][0] <= now:
-            self._paced(releases, now, now)
-        if checks and checks[0][0] <= self._round:
-            self._paced(checks, self._round, now)
-        if tail_checks and tail_checks[0][0] <= self._tail_round:
-            self._paced(tail_checks, self._tail_round, now)
         held = list(self._held)
         self._returned = self._order + held
         return self._order[:], held
@@ -324,14 +326,18 @@ class UrgencyPlan:
             heapq.heappush(self._checks, (self._round + rounds, seq, request))
         return False
 
-    def _paced(self, heap: list, due: float, now: float) -> None:
-        """Hold or release the paced requests whose check is due."""
+    def _paced(self, heap: list, due: float, now: float, dirty: set | None = None) -> None:
+        """Hold or release the paced requests whose check or release is due. A running one found
+        over its hold goes into `dirty` (checks): classified again as it is held, since what its
+        release is timed on (its client's buffer) has grown with the audio it generated."""
         held_now, classes, tail = self._held, self._classes, heap is self._tail_checks
         for request, entry in self._fired(heap, due):
             if tail and entry.item[0] < self._tail_from:
                 continue  # it stopped yielding: its check was moved to the round count (_rekeyed)
             held = self._pace(request, entry, self.progress(request)[1], now)
-            if held != (request in held_now):  # its class and key stay: only held or not
+            if held and dirty is not None:
+                dirty.add(request)
+            elif held != (request in held_now):  # its class and key stay: only held or not
                 if held:
                     self._displace(entry.item)
                     held_now[request] = None
