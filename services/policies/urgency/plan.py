@@ -92,7 +92,10 @@ class UrgencyPlan:
         self._tail_from = policy.yields_from
         self._tail_checks: list[tuple[int, int, Any]] = []  # (tail round, seq, request)
         self._tail_round = 0
-        self._tail_yielded = False  # the last round's yielding end sat out (`yielding`)
+        # Whether the yielding end sat out the last two rounds (`yielding`): a round counts on its
+        # clock if the end ran in either, since a token can land a round after it was scheduled
+        # (vLLM's async scheduling).
+        self._tail_yielded = (False, False)
         self._views: dict | None = None
         self._returned: list = []  # what the last round handed back, in order (held last)
         self.classified = 0  # classifications in the last round (benchmarks, tests)
@@ -116,7 +119,7 @@ class UrgencyPlan:
         del order[cut:]
         tail.reverse()
         held += tail
-        self._tail_yielded = bool(tail)
+        self._tail_yielded = (self._tail_yielded[0], bool(tail))
         self._returned = order + held  # the round hands back what it returned: no membership change
         return len(tail)
 
@@ -132,8 +135,9 @@ class UrgencyPlan:
         """(the requests to run, most urgent first; the ones held back this round). The first list
         is a fresh copy; the plan keeps its own."""
         self._round += 1
-        self._tail_round += not self._tail_yielded
-        self._tail_yielded = False
+        before, last = self._tail_yielded
+        self._tail_round += not (before and last)
+        self._tail_yielded = (last, False)
         dirty: set = set()
         if requests != self._returned:
             self._membership(requests, dirty)
@@ -305,7 +309,11 @@ class UrgencyPlan:
             if request not in held_now:
                 self._displace(entry.item)
                 self._place(item)
-                if tail_from is not None and entry.item[0] >= tail_from > item[0]:
+                if (
+                    tail_from is not None
+                    and entry.item[0] >= tail_from > item[0]
+                    and entry.classified.pace is not None
+                ):
                     rounds = max(0, entry.check - self._tail_round)
                     heapq.heappush(self._checks, (self._round + rounds, item[1], request))
             entry.item = item

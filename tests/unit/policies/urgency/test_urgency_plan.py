@@ -235,3 +235,38 @@ def test_a_yielding_request_is_checked_by_the_rounds_it_ran_and_by_every_round_o
     # read at its classifications (the first, and again as it is held) and at its checks: none
     # while it yielded, a few once it ran
     assert reads.count(soon) <= 5
+
+
+@given(st.integers(1, 20))
+@settings(max_examples=20, deadline=None)
+def test_a_token_that_lands_in_a_round_sat_out_counts_toward_the_hold(turn_round):
+    """vLLM's async scheduling: a round's token lands while the next round runs, and is seen the
+    round after. A well-buffered request that ran a round and then sat one out for a turn is checked
+    as if it had run in both, and held in the round a full ranking holds it."""
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000, "lead_ms": 250}
+    )
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated))
+    raw = {"t": _view("t", 0.0, 0.0, False, 0, 1000.0), "b": _view("b", 0.0, 60_000.0, True, 0, 1000.0)}
+    views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, None, 1000.0)
+    turn, calm = Req("t", 1.0), Req("b", 2.0)
+    calm.generated = 20  # 13 tokens below its hold, its refill far from due: it yields to turns
+    requests, in_flight = [calm], [0, 0]  # tokens scheduled one and two rounds ago
+    for rounds in range(40):
+        now = 1000.0 + rounds / 100
+        calm.generated += in_flight.pop()  # the token of two rounds ago is seen
+        if rounds == turn_round:
+            requests = [*requests, turn]
+        elif turn in requests:
+            requests = [r for r in requests if r is not turn]
+        order, held = plan.arrange(requests, views, now, 0.5)
+        candidate = urgency.Candidate(calm.arrival, KV, calm.generated, views.get("b"))
+        over = policy.rank([candidate], now, 0.5).classes == ["held"]
+        assert (calm in held) == over, rounds
+        if over:
+            return
+        if plan.turns:  # as the engine's scheduler yields: only while a turn is there
+            plan.yielding(order, held)
+        in_flight.insert(0, int(calm not in held))
+        requests = order + held
+    raise AssertionError("never held")
