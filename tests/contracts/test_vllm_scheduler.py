@@ -236,6 +236,28 @@ def test_without_telemetry_the_order_is_fcfs(urgent):
     assert list(s.schedule().num_scheduled_tokens) == ["r0", "r1", "r2"]
 
 
+def test_the_plans_start_over_when_telemetry_returns(urgent):
+    """Rounds without telemetry run in vLLM's order, uncounted by the plans while requests generate
+    (a paced request's hold check counts rounds): when views return, every request is classified
+    afresh."""
+    s, views = urgent
+    now = time.time()
+    for i in range(3):
+        s.add_request(_request(f"r{i}", f"t/{i}", now + i))
+    _run_prefill(s)
+    (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    seen = {f"t/{i}": _view(60_000.0) for i in range(3)}
+    views.update(seen)
+    s.schedule()
+    s.schedule()
+    assert order.running.classified == 0  # nothing changed
+    views.clear()
+    assert list(s.schedule().num_scheduled_tokens) == ["r0", "r1", "r2"]  # FCFS
+    views.update(seen)  # the same views back
+    s.schedule()
+    assert order.running.classified == 3
+
+
 def test_a_fault_of_the_urgency_order_leaves_the_engine_running_in_vllms_order(urgent, caplog):
     """A policy that raises (a bug) costs its order, not the engine core: the round runs every
     request in vLLM's order, held ones too, and the next round orders again."""

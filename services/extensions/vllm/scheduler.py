@@ -12,8 +12,9 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   to it (LiveServe: well-buffered, refill not yet due) sit the round out too, so that the turn's
   steps are short. The order is an incremental plan (services/policies/urgency/plan.py): a round
   classifies only the requests that arrived, whose session's view changed or whose class ran out.
-  With no telemetry (no board) the order is vLLM's (FCFS). A fault in the policy's bookkeeping (a
-  bug) is logged and costs a round's order, not the engine core: the plans start over.
+  With no telemetry (no board) the order is vLLM's (FCFS), and the plans start over when it
+  returns. A fault in the policy's bookkeeping (a bug) is logged and costs a round's order, not the
+  engine core: the plans start over.
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
 
@@ -77,6 +78,7 @@ class UrgencyOrder:
         self._plan = lambda: UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
         self.running, self.waiting = self._plan(), self._plan()
         self._fault_logged = -FAULT_LOG_S
+        self._unplanned = False  # rounds ran without telemetry, unseen by the plans
 
     @classmethod
     def of(cls, payload: UrgencyPayload, recorder: Recorder, tokens_per_round: int) -> UrgencyOrder:
@@ -92,7 +94,10 @@ class UrgencyOrder:
             return []
         views = self.views()
         if not views:  # no telemetry: vLLM's own order (FCFS)
+            self._unplanned = True
             return []
+        if self._unplanned:  # requests generated in rounds the plans did not count: they start over
+            self.running, self.waiting, self._unplanned = self._plan(), self._plan(), False
         started = time.perf_counter()
         now, occupancy = self.clock(), scheduler.kv_cache_manager.usage
         held: list = []
