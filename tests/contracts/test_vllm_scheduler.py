@@ -236,16 +236,22 @@ def test_without_telemetry_the_order_is_fcfs(urgent):
     assert list(s.schedule().num_scheduled_tokens) == ["r0", "r1", "r2"]
 
 
-def test_the_plans_start_over_when_telemetry_returns(urgent):
-    """Rounds without telemetry run in vLLM's order, uncounted by the plans while requests generate
-    (a paced request's hold check counts rounds): when views return, every request is classified
-    afresh."""
-    s, views = urgent
+def _three_decoding(s) -> scheduler.UrgencyOrder:
+    """Three requests of sessions t/0..t/2 past their prefill; the scheduler's urgency hook."""
     now = time.time()
     for i in range(3):
         s.add_request(_request(f"r{i}", f"t/{i}", now + i))
     _run_prefill(s)
     (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    return order
+
+
+def test_the_plans_start_over_when_telemetry_returns(urgent):
+    """Rounds without telemetry run in vLLM's order, uncounted by the plans while requests generate
+    (a paced request's hold check counts rounds): when views return, every request is classified
+    afresh."""
+    s, views = urgent
+    order = _three_decoding(s)
     seen = {f"t/{i}": _view(60_000.0) for i in range(3)}
     views.update(seen)
     s.schedule()
@@ -262,16 +268,12 @@ def test_a_fault_of_the_urgency_order_leaves_the_engine_running_in_vllms_order(u
     """A policy that raises (a bug) costs its order, not the engine core: the round runs every
     request in vLLM's order, held ones too, and the next round orders again."""
     s, views = urgent
-    now = time.time()
-    for i in range(3):
-        s.add_request(_request(f"r{i}", f"t/{i}", now + i))
-    _run_prefill(s)
-    (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
+    order = _three_decoding(s)
     views.update({f"t/{i}": _view(60_000.0 if i == 0 else 100.0, ms_per_token=5_000.0) for i in range(3)})
     assert set(s.schedule().num_scheduled_tokens) == {"r1", "r2"}  # r0 well ahead of playback: held
     classify = order.policy.classify
     order.policy.classify = lambda *a: 1 / 0
-    s.add_request(_request("r3", "t/3", now + 3))  # a new request: a classification, which fails
+    s.add_request(_request("r3", "t/3", time.time() + 3))  # a new request: a classification, which fails
     assert set(s.schedule().num_scheduled_tokens) == {"r0", "r1", "r2", "r3"}
     assert "urgency order failed" in caplog.text
     assert order.recorder.drain()["fault"] == [
