@@ -47,10 +47,14 @@ class Pace(NamedTuple):
         batch = now + (ahead - self.hold_ms + self.resume_ms) / 1000
         return min(batch, max(self.release_by, now + (ahead - self.hold_ms) / 1000))
 
-    def tokens_to_hold(self, ahead: float) -> int:
-        """Tokens after which a running request `ahead` may be over `hold_ms` (playback only
-        lowers it)."""
-        return math.floor((self.hold_ms - ahead) / self.ms_per_token) + 1
+    def rounds_to_hold(self, ahead: float, tokens_per_round: int, round_s: float) -> int:
+        """Rounds after which a running request `ahead` may be over `hold_ms`, if it generates at
+        most `tokens_per_round` a round and playback moves on at least `round_s` a round (at
+        least 1)."""
+        gain = tokens_per_round * self.ms_per_token
+        if gain > round_s * 1000:  # else it may not gain on playback at all: what tokens alone bound
+            gain -= round_s * 1000
+        return max(1, math.floor((self.hold_ms - ahead) / gain) + 1)
 
 
 class Classified(NamedTuple):

@@ -12,11 +12,13 @@ A request is classified again only when:
   refreshes spread over rounds, not all at once. `refresh_s` 0 classifies every request every round
   (what the plan saves: the baseline of loadtest/scheduler_bench.py).
 A paced request (`Classified.pace`) is released without classifying it again: a timer releases it
-when playback has caught up, and a round count (tokens at most `tokens_per_round` a round) checks it
-again when it may be over its hold — for a request that yields to turns, a count of the rounds in
-which the yielding end of the order ran (it generates nothing while it yields). Found over its
-hold, it is classified again as it is held: its client's buffer has grown with what it generated,
-so its release and the time it could fall to a lower class are timed on the buffer it has now.
+when playback has caught up, and a round count checks it again when it may be over its hold — it
+gains at most `tokens_per_round` tokens a round on playback, which moves on at least the shortest
+round of late (a round that is shorter than that, by a sudden speed-up, can make a hold a token or
+two late). For a request that yields to turns, the count is of the rounds in which the yielding end
+of the order ran (it generates nothing while it yields). Found over its hold, it is classified
+again as it is held: its client's buffer has grown with what it generated, so its release and the
+time it could fall to a lower class are timed on the buffer it has now.
 Keys do not drift with time, so the rest keep their order without being looked at; a round with
 nothing to do is a list comparison and a copy. The sorted order is mended in place (bisect) for a
 few changes and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the
@@ -38,6 +40,7 @@ from services.playback.board import BoardView, BoardViews
 from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, UrgencyPolicy
 
 REBUILD_FRACTION = 0.125  # more classifications than this share of the plan: sort it anew
+ROUND_S_RISE = 1 / 64
 
 
 class _Entry:
@@ -87,6 +90,10 @@ class UrgencyPlan:
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
         self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
+        # A round's shortest duration of late (seconds): it falls to a shorter round at once and
+        # rises a little each round (ROUND_S_RISE of the difference) toward longer ones. A check
+        # counts on playback moving on that much a round.
+        self._round_s, self._now = NEVER, None  # NEVER: none measured yet
         # Checks of requests keyed to yield (at or above the policy's `yields_from`) count the rounds
         # in which the order's yielding end ran: one that yields in most rounds is not checked in them.
         self._tail_from = policy.yields_from
@@ -135,6 +142,13 @@ class UrgencyPlan:
         """(the requests to run, most urgent first; the ones held back this round). The first list
         is a fresh copy; the plan keeps its own."""
         self._round += 1
+        if self._now is not None:
+            elapsed, shortest = now - self._now, self._round_s
+            if elapsed < shortest:
+                self._round_s = max(0.0, elapsed)
+            else:
+                self._round_s += (elapsed - shortest) * ROUND_S_RISE
+        self._now = now
         before, last = self._tail_yielded
         self._tail_round += not (before and last)
         self._tail_yielded = (last, False)
@@ -151,11 +165,11 @@ class UrgencyPlan:
             self._rekeyed(now)
         # Heads looked at here: most rounds release and check nothing.
         if releases and releases[0][0] <= now:
-            self._paced(releases, now, now)
+            self._released(now)
         if checks and checks[0][0] <= self._round:
-            self._paced(checks, self._round, now, dirty)
+            self._checked(checks, self._round, now, dirty)
         if tail_checks and tail_checks[0][0] <= self._tail_round:
-            self._paced(tail_checks, self._tail_round, now, dirty)
+            self._checked(tail_checks, self._tail_round, now, dirty)
         if self.refresh_s <= 0:  # the full classification this plan saves (benchmarks' baseline)
             dirty.update(self._entries)
         self.classified = len(dirty)
@@ -278,8 +292,6 @@ class UrgencyPlan:
             seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
             self._turns += c.turn
-            if c.rekey is not None:
-                push(self._rekeys, (c.rekey[0], seq, request))
             if c.pace is not None and pace(request, entry, generated, now):
                 classes[HELD] += 1
                 held_now[request] = None
@@ -287,6 +299,8 @@ class UrgencyPlan:
                 classes[c.cls] += 1
                 if not rebuild:
                     place(entry.item)
+                if c.rekey is not None:  # a held one's waits for its release (_released)
+                    push(self._rekeys, (c.rekey[0], seq, request))
             until = min(c.until, refresh_at) if c.cls in refreshed else c.until
             if until != NEVER:
                 push(timers, (until, seq, request))
@@ -301,32 +315,40 @@ class UrgencyPlan:
 
     def _rekeyed(self, now: float) -> None:
         """Move the requests whose `Classified.rekey` time has come to their new key (a held one
-        takes it when it is released). One that no longer yields has its check moved to the round
-        count: it runs every round now."""
+        takes it when it is released: _released). One that no longer yields has its check moved to
+        the round count: it runs every round now."""
         held_now, tail_from = self._held, self._tail_from
         for request, entry in self._fired(self._rekeys, now):
-            item = (entry.classified.rekey[1], entry.item[1], request)
-            if request not in held_now:
-                self._displace(entry.item)
-                self._place(item)
-                if (
-                    tail_from is not None
-                    and entry.item[0] >= tail_from > item[0]
-                    and entry.classified.pace is not None
-                ):
-                    rounds = max(0, entry.check - self._tail_round)
-                    heapq.heappush(self._checks, (self._round + rounds, item[1], request))
+            key = entry.classified.rekey[1]
+            if request in held_now or entry.item[0] is key:
+                continue
+            item = (key, entry.item[1], request)
+            self._displace(entry.item)
+            self._place(item)
+            if (
+                tail_from is not None
+                and entry.item[0] >= tail_from > key
+                and entry.classified.pace is not None
+            ):
+                rounds = max(0, entry.check - self._tail_round)
+                heapq.heappush(self._checks, (self._round + rounds, item[1], request))
             entry.item = item
 
-    def _pace(self, request: Any, entry: _Entry, generated: int, now: float) -> bool:
-        """Whether the paced request is over its hold now; sets its next check: its release if it
-        is, else the round it may be."""
+    def _pace(
+        self, request: Any, entry: _Entry, generated: int, now: float, dirty: set | None = None
+    ) -> bool:
+        """Whether the paced request is over its hold now. If it is, its release is timed — or,
+        given `dirty`, it goes there to be classified again (which times it); if not, its next
+        check is set: the round it may be over."""
         pace, seq = entry.classified.pace, entry.item[1]
         ahead = pace.ahead(generated, now)
         if ahead > pace.hold_ms:
-            heapq.heappush(self._releases, (pace.release_at(ahead, now), seq, request))
+            if dirty is None:
+                heapq.heappush(self._releases, (pace.release_at(ahead, now), seq, request))
+            else:
+                dirty.add(request)
             return True
-        rounds = max(1, pace.tokens_to_hold(ahead) // self.tokens_per_round)
+        rounds = pace.rounds_to_hold(ahead, self.tokens_per_round, self._round_s)
         if self._tail_from is not None and entry.item[0] >= self._tail_from:
             entry.check = self._tail_round + rounds
             heapq.heappush(self._tail_checks, (entry.check, seq, request))
@@ -334,27 +356,34 @@ class UrgencyPlan:
             heapq.heappush(self._checks, (self._round + rounds, seq, request))
         return False
 
-    def _paced(self, heap: list, due: float, now: float, dirty: set | None = None) -> None:
-        """Hold or release the paced requests whose check or release is due. A running one found
-        over its hold goes into `dirty` (checks): classified again as it is held, since what its
-        release is timed on (its client's buffer) has grown with the audio it generated."""
-        held_now, classes, tail = self._held, self._classes, heap is self._tail_checks
+    def _released(self, now: float) -> None:
+        """Release the held requests whose release is due, on their key from then (a rekey waits
+        for it). One over its hold again (a token that landed late) stays held: its release is
+        timed anew."""
+        held_now, classes, rekeys = self._held, self._classes, self._rekeys
+        for request, entry in self._fired(self._releases, now):
+            rekey = entry.classified.rekey
+            if rekey is not None and rekey[0] <= now:
+                entry.item = (rekey[1], entry.item[1], request)
+            if self._pace(request, entry, self.progress(request)[1], now):
+                continue
+            del held_now[request]
+            self._place(entry.item)
+            classes[entry.classified.cls] += 1
+            classes[HELD] -= 1
+            if rekey is not None and rekey[0] > now:
+                heapq.heappush(rekeys, (rekey[0], entry.item[1], request))
+
+    def _checked(self, heap: list, due: int, now: float, dirty: set) -> None:
+        """Check the running paced requests whose check is due (`heap`: on the round count or the
+        yielding end's). One found over its hold goes into `dirty`: classified again as it is
+        held, since what its release is timed on (its client's buffer) has grown with the audio it
+        generated."""
+        tail = heap is self._tail_checks
         for request, entry in self._fired(heap, due):
             if tail and entry.item[0] < self._tail_from:
                 continue  # it stopped yielding: its check was moved to the round count (_rekeyed)
-            held = self._pace(request, entry, self.progress(request)[1], now)
-            if held and dirty is not None:
-                dirty.add(request)
-            elif held != (request in held_now):  # its class and key stay: only held or not
-                if held:
-                    self._displace(entry.item)
-                    held_now[request] = None
-                else:
-                    del held_now[request]
-                    self._place(entry.item)
-                cls = entry.classified.cls
-                classes[cls] += -1 if held else 1
-                classes[HELD] += 1 if held else -1
+            self._pace(request, entry, self.progress(request)[1], now, dirty)
 
     def _compact(self) -> None:
         """Drop the timers of requests gone or classified again since they were set."""

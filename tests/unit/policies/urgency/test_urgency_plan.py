@@ -168,6 +168,51 @@ def test_a_held_request_runs_again_as_u2_before_its_buffer_runs_low():
     assert plan.yielding(order, held) == 0 and order == [request]
 
 
+def _paced_run(period_s: float, rounds: int, shortened_from: int | None = None):
+    """One well-buffered request run round by round (a token a round unless held), against a full
+    ranking: yields (round, held by the plan, held by a full ranking, requests read so far)."""
+    params = {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000, "lead_ms": 250}
+    policy = urgency.create("liveserve", params)
+    reads: list[Req] = []
+    plan = UrgencyPlan(
+        policy, lambda r: (r.session, r.arrival), lambda r: (reads.append(r), (KV, r.generated))[1]
+    )
+    # a minute buffered at the client (its refill far from due); 1 s generated ahead of playback
+    views = decode({"s": json.dumps(asdict(_view("s", 0.0, 60_000.0, True, 0, 1000.0)))}, None, 1000.0)
+    request, now = Req("s", 1.0), 1000.0
+    request.generated = 10
+    for i in range(rounds):
+        _, held = plan.arrange([request], views, now, 0.5)
+        candidate = urgency.Candidate(request.arrival, KV, request.generated, views.get("s"))
+        yield i, request in held, policy.rank([candidate], now, 0.5).held == [0], len(reads)
+        request.generated += request not in held
+        now += period_s if shortened_from is None or i < shortened_from else period_s / 2.5
+
+
+def test_a_running_request_is_checked_once_on_its_way_to_its_hold():
+    """Playback moves on while a request runs: its next check counts on the rounds' shortest
+    period of late, so a request released with resume_ms to its hold is read twice after its
+    release (at one check, and as it is held), and held in the round a full ranking holds it."""
+    cycles, released_at = [], None
+    for i, mine, full, reads in _paced_run(0.025, 400):
+        assert mine == full or (mine and not full), i  # never late (released with hysteresis)
+        if not mine and released_at is None:
+            released_at = reads
+        elif mine and released_at is not None:
+            cycles.append(reads - released_at)
+            released_at = None
+    # the first cycle counts on no period yet
+    assert len(cycles) >= 3 and set(cycles[1:]) == {2}, cycles
+
+
+def test_rounds_that_get_shorter_hold_a_request_a_few_rounds_late_once():
+    """A check counts on rounds at least as long as the shortest of late: when they get 2.5 times
+    shorter just after a release (round 71), the hold comes two rounds (tokens) late; the next
+    cycles count on the new period."""
+    late = [i for i, mine, full, _ in _paced_run(0.025, 400, shortened_from=73) if full and not mine]
+    assert late == [83, 84]
+
+
 def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_is_due():
     plan = UrgencyPlan(urgency.create("liveserve", {}), lambda r: (r.session, r.arrival),
                        lambda r: (KV, r.generated))  # fmt: skip
