@@ -14,11 +14,11 @@ A request is classified again only when:
 A paced request (`Classified.pace`) is released without classifying it again: a timer releases it
 when playback has caught up, and a round count checks it again when it may be over its hold — it
 gains at most `tokens_per_round` tokens a round on playback, which moves on at least the shortest
-round of late (a round that is shorter than that, by a sudden speed-up, can make a hold a token or
-two late). For a request that yields to turns, the count is of the rounds in which the yielding end
-of the order ran (it generates nothing while it yields). Found over its hold, it is classified
-again as it is held: its client's buffer has grown with what it generated, so its release and the
-time it could fall to a lower class are timed on the buffer it has now.
+of the last rounds (rounds that get much shorter at once can make a hold a token or two late).
+For a request that yields to turns, the count is of the rounds in which the yielding end of the
+order ran (it generates nothing while it yields). Found over its hold, it is classified again as
+it is held: its client's buffer has grown with what it generated, so its release and the time it
+could fall to a lower class are timed on the buffer it has now.
 Keys do not drift with time, so the rest keep their order without being looked at; a round with
 nothing to do is a list comparison and a copy. The sorted order is mended in place (bisect) for a
 few changes and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the
@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -40,7 +40,7 @@ from services.playback.board import BoardView, BoardViews
 from services.policies.urgency.base import HELD, NEVER, Candidate, Classified, UrgencyPolicy
 
 REBUILD_FRACTION = 0.125  # more classifications than this share of the plan: sort it anew
-ROUND_S_RISE = 1 / 64
+ROUND_WINDOW = 64
 
 
 class _Entry:
@@ -90,10 +90,11 @@ class UrgencyPlan:
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
         self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
-        # A round's shortest duration of late (seconds): it falls to a shorter round at once and
-        # rises a little each round (ROUND_S_RISE of the difference) toward longer ones. A check
-        # counts on playback moving on that much a round.
-        self._round_s, self._now = NEVER, None  # NEVER: none measured yet
+        # The shortest of the last ROUND_WINDOW rounds (seconds; NEVER: none measured yet): a check
+        # counts on playback moving on that much a round (an engine that sat idle between two
+        # rounds does not stretch it).
+        self._round_s, self._now = NEVER, None
+        self._periods: deque[tuple[int, float]] = deque()  # (round, period)
         # Checks of requests keyed to yield (at or above the policy's `yields_from`) count the rounds
         # in which the order's yielding end ran: one that yields in most rounds is not checked in them.
         self._tail_from = policy.yields_from
@@ -143,11 +144,14 @@ class UrgencyPlan:
         is a fresh copy; the plan keeps its own."""
         self._round += 1
         if self._now is not None:
-            elapsed, shortest = now - self._now, self._round_s
-            if elapsed < shortest:
-                self._round_s = max(0.0, elapsed)
-            else:
-                self._round_s += (elapsed - shortest) * ROUND_S_RISE
+            # the window's minimum: periods increasing from its oldest round on
+            elapsed, periods = max(0.0, now - self._now), self._periods
+            while periods and periods[-1][1] >= elapsed:
+                periods.pop()
+            periods.append((self._round, elapsed))
+            if periods[0][0] <= self._round - ROUND_WINDOW:
+                periods.popleft()
+            self._round_s = periods[0][1]
         self._now = now
         before, last = self._tail_yielded
         self._tail_round += not (before and last)

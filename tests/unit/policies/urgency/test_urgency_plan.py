@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import asdict
 
 from hypothesis import given, settings
@@ -168,9 +169,10 @@ def test_a_held_request_runs_again_as_u2_before_its_buffer_runs_low():
     assert plan.yielding(order, held) == 0 and order == [request]
 
 
-def _paced_run(period_s: float, rounds: int, shortened_from: int | None = None):
-    """One well-buffered request run round by round (a token a round unless held), against a full
-    ranking: yields (round, held by the plan, held by a full ranking, requests read so far)."""
+def _paced_run(period_s: Callable[[int], float], rounds: int):
+    """One well-buffered request run round by round (a token a round unless held; round i lasts
+    `period_s(i)`), against a full ranking: yields (round, held by the plan, held by a full
+    ranking, requests read so far)."""
     params = {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000, "lead_ms": 250}
     policy = urgency.create("liveserve", params)
     reads: list[Req] = []
@@ -186,7 +188,7 @@ def _paced_run(period_s: float, rounds: int, shortened_from: int | None = None):
         candidate = urgency.Candidate(request.arrival, KV, request.generated, views.get("s"))
         yield i, request in held, policy.rank([candidate], now, 0.5).held == [0], len(reads)
         request.generated += request not in held
-        now += period_s if shortened_from is None or i < shortened_from else period_s / 2.5
+        now += period_s(i)
 
 
 def test_a_running_request_is_checked_once_on_its_way_to_its_hold():
@@ -194,7 +196,7 @@ def test_a_running_request_is_checked_once_on_its_way_to_its_hold():
     period of late, so a request released with resume_ms to its hold is read twice after its
     release (at one check, and as it is held), and held in the round a full ranking holds it."""
     cycles, released_at = [], None
-    for i, mine, full, reads in _paced_run(0.025, 400):
+    for i, mine, full, reads in _paced_run(lambda i: 0.025, 400):
         assert mine == full or (mine and not full), i  # never late (released with hysteresis)
         if not mine and released_at is None:
             released_at = reads
@@ -209,8 +211,15 @@ def test_rounds_that_get_shorter_hold_a_request_a_few_rounds_late_once():
     """A check counts on rounds at least as long as the shortest of late: when they get 2.5 times
     shorter just after a release (round 71), the hold comes two rounds (tokens) late; the next
     cycles count on the new period."""
-    late = [i for i, mine, full, _ in _paced_run(0.025, 400, shortened_from=73) if full and not mine]
-    assert late == [83, 84]
+    rounds = _paced_run(lambda i: 0.025 if i < 73 else 0.01, 400)
+    assert [i for i, mine, full, _ in rounds if full and not mine] == [83, 84]
+
+
+def test_an_engine_idle_between_two_rounds_does_not_make_holds_late():
+    """Half a second between two rounds while the request is held (rounds 110–111): the next
+    rounds are as short as before, and its checks count on them."""
+    rounds = _paced_run(lambda i: 0.5 if i == 110 else 0.025, 400)
+    assert all(mine or not full for _, mine, full, _ in rounds)
 
 
 def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_is_due():
