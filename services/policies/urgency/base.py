@@ -12,6 +12,7 @@ from services.playback.board import BoardView
 
 HELD = "held"  # the class of a paced request not to run this round
 NEVER = math.inf
+PLAYBACK_CREDIT = 0.25  # Pace.rounds_to_hold
 
 
 class Candidate(NamedTuple):  # a tuple: built for every classified request
@@ -50,10 +51,11 @@ class Pace(NamedTuple):
     def rounds_to_hold(self, ahead: float, tokens_per_round: int, round_s: float) -> int:
         """Rounds after which a running request `ahead` may be over `hold_ms`, if it generates at
         most `tokens_per_round` a round and playback moves on at least `round_s` a round (at
-        least 1)."""
+        least 1). Playback counts for at most PLAYBACK_CREDIT of what the tokens gain: should
+        rounds get much shorter than `round_s`, the request is held at most that share of the
+        way late (a third of `hold_ms` − `ahead` of audio, were rounds to take no time at all)."""
         gain = tokens_per_round * self.ms_per_token
-        if gain > round_s * 1000:  # else it may not gain on playback at all: what tokens alone bound
-            gain -= round_s * 1000
+        gain -= min(round_s * 1000, gain * PLAYBACK_CREDIT)
         return max(1, math.floor((self.hold_ms - ahead) / gain) + 1)
 
 

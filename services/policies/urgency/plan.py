@@ -14,11 +14,12 @@ A request is classified again only when:
 A paced request (`Classified.pace`) is released without classifying it again: a timer releases it
 when playback has caught up, and a round count checks it again when it may be over its hold — it
 gains at most `tokens_per_round` tokens a round on playback, which moves on at least the shortest
-of the last rounds (rounds that get much shorter at once can make a hold a token or two late).
-For a request that yields to turns, the count is of the rounds in which the yielding end of the
-order ran (it generates nothing while it yields). Found over its hold, it is classified again as
-it is held: its client's buffer has grown with what it generated, so its release and the time it
-could fall to a lower class are timed on the buffer it has now.
+of the last rounds, counted for at most a quarter of what the tokens gain (`Pace.rounds_to_hold`:
+rounds that get much shorter at once make a hold late by at most a third of the audio it had to
+go). For a request that yields to turns, the count is of the rounds in which the yielding end of
+the order ran (it generates nothing while it yields). Found over its hold, it is classified again
+as it is held: its client's buffer has grown with what it generated, so its release and the time
+it could fall to a lower class are timed on the buffer it has now.
 Keys do not drift with time, so the rest keep their order without being looked at; a round with
 nothing to do is a list comparison and a copy. The sorted order is mended in place (bisect) for a
 few changes and rebuilt for many. The plan counts the turns in it (`Classified.turn`); the
@@ -90,10 +91,10 @@ class UrgencyPlan:
         self._releases: list[tuple[float, int, Any]] = []  # (time, seq, request): release a held one
         self._checks: list[tuple[int, int, Any]] = []  # (round, seq, request): hold a running one?
         self._round = 0
-        # The shortest of the last ROUND_WINDOW rounds (seconds; NEVER: none measured yet): a check
+        # The shortest of the last ROUND_WINDOW rounds (seconds; 0 until one is measured): a check
         # counts on playback moving on that much a round (an engine that sat idle between two
         # rounds does not stretch it).
-        self._round_s, self._now = NEVER, None
+        self._round_s, self._now = 0.0, None
         self._periods: deque[tuple[int, float]] = deque()  # (round, period)
         # Checks of requests keyed to yield (at or above the policy's `yields_from`) count the rounds
         # in which the order's yielding end ran: one that yields in most rounds is not checked in them.
@@ -365,7 +366,9 @@ class UrgencyPlan:
         for it). One over its hold again (a token that landed late) stays held: its release is
         timed anew."""
         held_now, classes, rekeys = self._held, self._classes, self._rekeys
-        for request, entry in self._fired(self._releases, now):
+        # popped first: a release timed anew at `now` (over its hold by less than the clock's
+        # resolution) waits for the next round instead of being popped again here, for ever
+        for request, entry in list(self._fired(self._releases, now)):
             rekey = entry.classified.rekey
             if rekey is not None and rekey[0] <= now:
                 entry.item = (rekey[1], entry.item[1], request)

@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from dataclasses import asdict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -220,6 +221,34 @@ def test_an_engine_idle_between_two_rounds_does_not_make_holds_late():
     rounds are as short as before, and its checks count on them."""
     rounds = _paced_run(lambda i: 0.5 if i == 110 else 0.025, 400)
     assert all(mine or not full for _, mine, full, _ in rounds)
+
+
+def test_rounds_that_get_shorter_after_long_ones_hold_a_request_late_by_a_bounded_share():
+    """Playback counts for at most a quarter of what the tokens gain: after 150 rounds of 90 ms
+    (playback takes 90 of a token's 100 ms), rounds of 25 ms do not find checks set far ahead."""
+    rounds = _paced_run(lambda i: 0.09 if i < 150 else 0.025, 500)
+    assert all(mine or not full for _, mine, full, _ in rounds)
+
+
+@pytest.mark.timeout(10)
+def test_a_release_over_its_hold_by_less_than_the_clock_resolution_waits_for_the_next_round():
+    """Wall-clock time (~1.7e9 s) cannot tell `now` from now + 1e-8 s: a release that finds its
+    request over its hold by 1e-5 ms (a token that landed late) is timed again at `now`, and must
+    not be popped again in the same round."""
+    t0 = 1_764_000_000.0
+    # a 300 ms reply gap (hold 3299.99999 ms), the refill due from t0 + 0.1, U0 from t0 + 0.4
+    view = BoardView(**{**_view("s", 0.0, 1900.0, True, 0, t0).__dict__, "reply_gap_ms": 299.99999})
+    views = decode({"s": json.dumps(asdict(view))}, None, t0)
+    plan = UrgencyPlan(
+        urgency.create("liveserve", {}), lambda r: (r.session, r.arrival), lambda r: (KV, r.generated)
+    )
+    request = Req("s", 1.0)
+    request.generated = 35  # 3300 ms ahead at t0 + 0.2
+    order, held = plan.arrange([request], views, t0 + 0.2, 0.5)
+    assert held == [request]
+    request.generated += 1  # its last token lands late: over its hold again at the release
+    order, held = plan.arrange(order + held, views, t0 + 0.3, 0.5)
+    assert held == [request]
 
 
 def test_the_plan_counts_turns_and_yields_the_well_buffered_until_their_refill_is_due():
