@@ -108,7 +108,9 @@ class _Rng:
         import torch
 
         self.devices = [device.index or 0] if device.type == "cuda" else []
-        with torch.random.fork_rng(self.devices):
+        # under _STEP: seeding goes through torch's generators, which a stepping stream may hold
+        # (its state swapped in) — the fork's restore would roll its draws back
+        with _STEP, torch.random.fork_rng(self.devices):
             torch.manual_seed(seed)
             self.states = self._current()
 
