@@ -322,11 +322,10 @@ class UrgencyPlan:
         """Move the requests whose `Classified.rekey` time has come to their new key (a held one
         takes it when it is released: _released). One that no longer yields has its check moved to
         the round count: it runs every round now."""
-        held_now, tail_from = self._held, self._tail_from
+        tail_from = self._tail_from
+        # pushed only for a running request, at its classification or release: it is not held
         for request, entry in self._fired(self._rekeys, now):
             key = entry.classified.rekey[1]
-            if request in held_now or entry.item[0] is key:
-                continue
             item = (key, entry.item[1], request)
             self._displace(entry.item)
             self._place(item)
