@@ -286,10 +286,13 @@ class UrgencyPlan:
         )
         unplace, pace, place, push = self._unplace, self._pace, self._place, heapq.heappush
         held_now, classes, timers = self._held, self._classes, self._timers
-        refreshed, refresh_at = self.policy.refreshed, now + self.refresh_s
+        refreshed, refresh_at, tail_from = self.policy.refreshed, now + self.refresh_s, self._tail_from
         for request in dirty:
             entry = entries[request]
+            in_flight = False
             if entry.classified is not None:
+                # ran last round, outside the yielding end: a token may be in flight (_pace)
+                in_flight = tail_from is not None and request not in held_now and entry.item[0] < tail_from
                 unplace(request, entry, not rebuild)
             view = views.get(entry.session) if entry.session is not None else None
             kv_tokens, generated = progress(request)
@@ -297,7 +300,7 @@ class UrgencyPlan:
             seq = next_seq()
             entry.item, entry.classified, entry.view = (c.key, seq, request), c, view
             self._turns += c.turn
-            if c.pace is not None and pace(request, entry, generated, now):
+            if c.pace is not None and pace(request, entry, generated, now, None, in_flight):
                 classes[HELD] += 1
                 held_now[request] = None
             else:
@@ -339,11 +342,19 @@ class UrgencyPlan:
             entry.item = item
 
     def _pace(
-        self, request: Any, entry: _Entry, generated: int, now: float, dirty: set | None = None
+        self,
+        request: Any,
+        entry: _Entry,
+        generated: int,
+        now: float,
+        dirty: set | None = None,
+        in_flight: bool = False,
     ) -> bool:
         """Whether the paced request is over its hold now. If it is, its release is timed — or,
         given `dirty`, it goes there to be classified again (which times it); if not, its next
-        check is set: the round it may be over."""
+        check is set: the round it may be over. `in_flight`: a token it was scheduled last round
+        (vLLM's async scheduling) may land while the yielding end sits rounds out, which the end's
+        clock does not count: checked a round early then."""
         pace, seq = entry.classified.pace, entry.item[1]
         ahead = pace.ahead(generated, now)
         if ahead > pace.hold_ms:
@@ -354,7 +365,7 @@ class UrgencyPlan:
             return True
         rounds = pace.rounds_to_hold(ahead, self.tokens_per_round, self._round_s)
         if self._tail_from is not None and entry.item[0] >= self._tail_from:
-            entry.check = self._tail_round + rounds
+            entry.check = self._tail_round + rounds - in_flight
             heapq.heappush(self._tail_checks, (entry.check, seq, request))
         else:
             heapq.heappush(self._checks, (self._round + rounds, seq, request))

@@ -353,3 +353,46 @@ def test_a_token_that_lands_in_a_round_sat_out_counts_toward_the_hold(turn_round
         in_flight.insert(0, int(calm not in held))
         requests = order + held
     raise AssertionError("never held")
+
+
+@given(st.integers(2, 12), st.integers(0, 12), st.floats(2400, 3240))
+@settings(max_examples=40, deadline=None)
+def test_a_token_in_flight_as_a_request_falls_to_the_yielding_end_counts_toward_its_hold(
+    switch, stay, buffered
+):
+    """vLLM's async scheduling, as above: a request that ran as U0 is classified into the yielding
+    end (a refill left it well buffered) while that end sits rounds out for a turn. Its last U0
+    token is still in flight, and may take it over its hold (a buffer above 3.16 s here): it is
+    held in the round a full ranking holds it, not let run a token more when the turn leaves."""
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000, "lead_ms": 250}
+    )
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated))
+    raw = {
+        "t": _view("t", 0.0, 0.0, False, 0, 1000.0),
+        "b": _view("b", 0.0, 60_000.0, True, 0, 1000.0),  # yields to the turn throughout
+        "x": _view("x", 0.0, 500.0, True, 0, 1000.0),  # U0: runs every round
+    }
+    views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, None, 1000.0)
+    turn, calm, low = Req("t", 1.0), Req("b", 2.0), Req("x", 3.0)
+    calm.generated = 20
+    requests, in_flight = [turn, calm, low], [0, 0]  # low's tokens scheduled one and two rounds ago
+    for rounds in range(200):
+        now = 1000.0 + rounds / 100
+        low.generated += in_flight.pop()
+        if rounds == switch:  # a refill: its refill is due again well after the turn leaves
+            raw["x"] = _view("x", low.generated * 100.0 - buffered, buffered, True, 0, now)
+            views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, views, now)
+        if rounds == switch + stay:  # the turn has its first audio: the yielding end runs again
+            requests = [r for r in requests if r is not turn]
+        order, held = plan.arrange(requests, views, now, 0.5)
+        candidate = urgency.Candidate(low.arrival, KV, low.generated, views.get("x"))
+        over = policy.rank([candidate], now, 0.5).classes == ["held"]
+        assert (low in held) == over, rounds
+        if over:
+            return
+        if plan.turns:
+            plan.yielding(order, held)
+        in_flight.insert(0, int(low not in held))
+        requests = order + held
+    raise AssertionError("never held")
