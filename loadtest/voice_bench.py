@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import math
 import random
@@ -37,6 +38,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import results
@@ -47,6 +49,7 @@ from services import runtime
 from services.realtime.server_events import WHOLE
 
 REPLY_TOKENS = (30, 300)  # replies' lengths are drawn log-uniform in this range (WORKLOADS.md)
+REFUSED = 1013  # the close code of a refused realtime session (services/gateway/server.py)
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
@@ -69,6 +72,7 @@ class SessionStats:
     heard: int = 0  # responses played to their end (no barge-in)
     continuous: int = 0  # of those, the ones with no stall over GAP_MS
     silent: int = 0  # responses that ended without any audio (no TTFP)
+    refused: bool = False  # the server refused the session (its close code 1013: try again later)
     errors: list[str] = field(default_factory=list)
 
 
@@ -89,9 +93,10 @@ class Client:
         self.response_done = True
         self.item_id = ""
         self.rt = RealtimeClient(url, on_event=self._seen)
-        self.rt.send({"type": "session.update", "session": {"type": "realtime",
-                      "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
-                      **(session or {})}})  # fmt: skip
+        with contextlib.suppress(websockets.exceptions.ConnectionClosed):  # refused at once: `run` reports it
+            self.rt.send({"type": "session.update", "session": {"type": "realtime",
+                          "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
+                          **(session or {})}})  # fmt: skip
 
     def _seen(self, event: dict) -> None:
         kind = event["type"]
@@ -198,6 +203,7 @@ class Client:
             self.stats.errors.append(repr(e))
         finally:
             self.rt.close()
+        self.stats.refused = self.rt.close_code == REFUSED
         self.stats.errors += [f"malformed event {m}" for m in self.rt.malformed]
         return self.stats
 
@@ -206,7 +212,8 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
     def edit(data: dict) -> None:
         data.setdefault("realtime", {}).setdefault("scheduler", {})["policy"] = scheduler
         data.setdefault("kv_store", {})["policy"] = eviction
-        data["realtime"]["admission"] = {"initial": 256, "max": 256}  # measure the policies, not refusals
+        # measure the policies, not refusals: realtime admission's limit stays at 256 sessions
+        data["realtime"]["admission"] = {"initial": 256, "min": 256, "max": 256}
         if args.hidden:
             widen_thinker(data, args.hidden, args.layers)
         if args.max_num_seqs:
@@ -284,6 +291,7 @@ def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p
         "heard_rps": sum(s.heard for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
         "silent": sum(s.silent for s in out),
+        "refused": sum(s.refused for s in out),
         "turns": len(ttfp),
         "errors": [e for s in out for e in s.errors],
     }
@@ -351,11 +359,12 @@ def ratios(runs: dict, cells: list) -> dict:
 
 
 def useful_rps(runs: dict, args) -> dict:
-    """Per policy set, the highest session count whose responses are ≥ 90% continuous with P90 TTFP
-    within the objective (WORKLOADS.md), and the responses heard whole per second there."""
+    """Per policy set, the highest session count served whole (none refused) whose responses are ≥ 90%
+    continuous with P90 TTFP within the objective (WORKLOADS.md), and the responses heard whole per
+    second there."""
     out = {}
     for name in POLICY_SETS:
-        ok = [c for c in args.sweep if (r := runs[f"{name}@c={c},p=0.0"])["turns"]
+        ok = [c for c in args.sweep if (r := runs[f"{name}@c={c},p=0.0"])["turns"] and not r["refused"]
               and r["continuous_share"] >= 0.9 and r["ttfp_p90_s"] <= args.slo_s]  # fmt: skip
         best = max(ok, default=None)
         out[name] = {

@@ -8,10 +8,11 @@ import statistics
 import threading
 from types import SimpleNamespace
 
+import websockets.sync.server as ws_server
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest.voice_bench import means_ms, reply_length, scrape, useful_rps
+from loadtest.voice_bench import Client, means_ms, reply_length, scrape, useful_rps
 
 
 @given(st.integers(0, 2**32), st.integers(1, 500), st.integers(0, 500))
@@ -31,8 +32,9 @@ def test_reply_lengths_are_log_uniform_and_seeded():
 
 
 def test_useful_rps_is_the_rate_at_the_most_sessions_within_the_objective():
-    def cell(p90, continuous, rate):
-        return {"turns": 32, "ttfp_p90_s": p90, "continuous_share": continuous, "heard_rps": rate}
+    def cell(p90, continuous, rate, refused=0):
+        return {"turns": 32, "ttfp_p90_s": p90, "continuous_share": continuous, "heard_rps": rate,
+                "refused": refused}  # fmt: skip
 
     runs = {
         "baseline@c=8,p=0.0": cell(0.6, 1.0, 0.2),
@@ -47,6 +49,8 @@ def test_useful_rps_is_the_rate_at_the_most_sessions_within_the_objective():
         "baseline": {"sessions": 16, "useful_rps": 0.3},
         "interaction": {"sessions": 24, "useful_rps": 0.5},
     }
+    runs["interaction@c=24,p=0.0"] = cell(0.9, 0.95, 0.5, refused=1)  # not all 24 were served
+    assert useful_rps(runs, args)["interaction"] == {"sessions": 8, "useful_rps": 0.2}
     runs["baseline@c=8,p=0.0"] = cell(1.5, 1.0, 0.2)
     runs["baseline@c=16,p=0.0"] = cell(1.5, 1.0, 0.3)
     assert useful_rps(runs, args)["baseline"] == {"sessions": None, "useful_rps": 0.0}
@@ -96,3 +100,19 @@ def test_stage_means_over_a_cell_from_a_metrics_endpoint():
     }
     # 20 more steps waited 2.0 s more over the cell: 100 ms each
     assert means_ms(before, after) == {"omniray_stage_urgency_wait_seconds{stage=talker}": 100.0}
+
+
+def test_a_refused_session_is_reported_not_raised():
+    """A gateway at its session limit closes a new realtime session with 1013 (try again later):
+    the bench counts the session refused and goes on, as the sweep's other sessions do."""
+
+    def refuse(conn):
+        conn.close(1013, "try again later")
+
+    with ws_server.serve(refuse, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/v1/realtime"
+        client = Client(url, [b"\0\0" * 160], 0.0, seed=0)
+        stats = client.run(2)
+        server.shutdown()
+    assert stats.refused and not stats.ttfp_s and stats.errors
