@@ -320,6 +320,25 @@ def test_a_yielding_request_is_checked_by_the_rounds_it_ran_and_by_every_round_o
     assert reads.count(soon) <= 5
 
 
+def _async_round(
+    plan, policy, requests: list, views, now: float, watched: Req, in_flight: list
+) -> list | None:
+    """One round of an engine under vLLM's async scheduling: the plan arranges `requests` and holds
+    `watched` exactly when a full ranking does; the turns' yield as the engine's scheduler does it
+    (only while a turn is there); whether `watched` runs goes into `in_flight` (its tokens land two
+    rounds later). The requests handed back, or None once `watched` is held."""
+    order, held = plan.arrange(requests, views, now, 0.5)
+    candidate = urgency.Candidate(watched.arrival, KV, watched.generated, views.get(watched.session))
+    over = policy.rank([candidate], now, 0.5).classes == ["held"]
+    assert (watched in held) == over, now
+    if over:
+        return None
+    if plan.turns:
+        plan.yielding(order, held)
+    in_flight.insert(0, int(watched not in held))
+    return order + held
+
+
 @given(st.integers(1, 20))
 @settings(max_examples=20, deadline=None)
 def test_a_token_that_lands_in_a_round_sat_out_counts_toward_the_hold(turn_round):
@@ -342,16 +361,9 @@ def test_a_token_that_lands_in_a_round_sat_out_counts_toward_the_hold(turn_round
             requests = [*requests, turn]
         elif turn in requests:
             requests = [r for r in requests if r is not turn]
-        order, held = plan.arrange(requests, views, now, 0.5)
-        candidate = urgency.Candidate(calm.arrival, KV, calm.generated, views.get("b"))
-        over = policy.rank([candidate], now, 0.5).classes == ["held"]
-        assert (calm in held) == over, rounds
-        if over:
+        requests = _async_round(plan, policy, requests, views, now, calm, in_flight)
+        if requests is None:
             return
-        if plan.turns:  # as the engine's scheduler yields: only while a turn is there
-            plan.yielding(order, held)
-        in_flight.insert(0, int(calm not in held))
-        requests = order + held
     raise AssertionError("never held")
 
 
@@ -385,14 +397,7 @@ def test_a_token_in_flight_as_a_request_falls_to_the_yielding_end_counts_toward_
             views = decode({k: json.dumps(asdict(v)) for k, v in raw.items()}, views, now)
         if rounds == switch + stay:  # the turn has its first audio: the yielding end runs again
             requests = [r for r in requests if r is not turn]
-        order, held = plan.arrange(requests, views, now, 0.5)
-        candidate = urgency.Candidate(low.arrival, KV, low.generated, views.get("x"))
-        over = policy.rank([candidate], now, 0.5).classes == ["held"]
-        assert (low in held) == over, rounds
-        if over:
+        requests = _async_round(plan, policy, requests, views, now, low, in_flight)
+        if requests is None:
             return
-        if plan.turns:
-            plan.yielding(order, held)
-        in_flight.insert(0, int(low not in held))
-        requests = order + held
     raise AssertionError("never held")
