@@ -137,8 +137,9 @@ def test_prefix_cache_is_per_tenant(omniray, ray_driver, model_name):
         """Prompt tokens the prefill engine did not compute, once both engines are idle (the
         counters are global: another test's work still running would count too) and its count
         settles (it is recorded a little after the request)."""
-        last, now = -1.0, 0.0
+        last, now, deadline = -1.0, 0.0, time.monotonic() + 120
         while now != last:
+            assert time.monotonic() < deadline, "the engines did not go idle and settle within 120 s"
             time.sleep(1.5)
             if prefill.unfinished_requests.remote().result() or decode.unfinished_requests.remote().result():
                 continue
