@@ -85,7 +85,7 @@ class WebRtcClient(ServerEventLog):
         multipart form); without them the offer is the body, as a browser sends it. Raises
         CallRefused when the offer is refused."""
         super().__init__(on_event, timeout)
-        self.heard: list[tuple[float, int]] = []  # (arrival, peak |sample|) of each received frame
+        self.heard: list[tuple[float, int, float]] = []  # (arrival, peak |sample|, media time) per frame
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -139,7 +139,8 @@ class WebRtcClient(ServerEventLog):
         try:
             while True:
                 frame = await track.recv()
-                self.heard.append((time.monotonic(), int(np.abs(frame.to_ndarray()).max(initial=0))))
+                peak = int(np.abs(frame.to_ndarray()).max(initial=0))
+                self.heard.append((time.monotonic(), peak, float(frame.time)))
         except MediaStreamError:
             pass
 
@@ -164,7 +165,19 @@ class WebRtcClient(ServerEventLog):
 
     def sound_after(self, t: float) -> float | None:
         """When the first received frame with sound arrived after `t`, if one did."""
-        return next((at for at, peak in list(self.heard) if at > t and peak > HEARD_LEVEL), None)
+        return next((at for at, peak, _ in list(self.heard) if at > t and peak > HEARD_LEVEL), None)
+
+    def sound_sent(self, after: float = -float("inf"), before: float = float("inf")) -> list[float]:
+        """When the server sent each frame with sound heard so far that it sent between `after` and
+        `before`, on this client's clock. Arrival times carry this client's own delay (the jitter
+        buffer, a decoder thread starved on a busy machine) that events on the data channel do not;
+        the server paces frames at real time, so a frame's media time, anchored by the frame that
+        arrived soonest after its own, tells when it was due to leave (plus the least transit): no later
+        than it left, so a frame sent late (the server starved) counts as sent earlier, never later."""
+        heard = list(self.heard)
+        offset = min((at - media for at, _, media in heard), default=0.0)
+        sent = [(offset + media, peak) for _, peak, media in heard]
+        return [at for at, peak in sent if peak > HEARD_LEVEL and after < at < before]
 
     def wait_sound(self, t: float, timeout: float | None = None) -> float:
         """When the first frame with sound after `t` arrived, waiting for it; TimeoutError if none."""
