@@ -46,10 +46,9 @@ from loadtest.profiles import derive, widen_thinker
 from loadtest.realtime_client import RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from services import runtime
-from services.realtime.server_events import WHOLE
+from services.realtime.server_events import TRY_AGAIN_LATER, WHOLE
 
 REPLY_TOKENS = (30, 300)  # replies' lengths are drawn log-uniform in this range (WORKLOADS.md)
-REFUSED = 1013  # the close code of a refused realtime session (services/gateway/server.py)
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
 
@@ -203,7 +202,7 @@ class Client:
             self.stats.errors.append(repr(e))
         finally:
             self.rt.close()
-        self.stats.refused = self.rt.close_code == REFUSED
+        self.stats.refused = self.rt.close_code == TRY_AGAIN_LATER
         self.stats.errors += [f"malformed event {m}" for m in self.rt.malformed]
         return self.stats
 

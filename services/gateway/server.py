@@ -85,7 +85,7 @@ class _Metrics:
             zero(self.audio_stall, api=api_name)
 
 
-# Refused realtime sessions: gRPC status codes, and WebSocket close codes (1013: try again later).
+# Refused realtime sessions: gRPC status codes, and WebSocket close codes.
 GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found": grpc.StatusCode.NOT_FOUND,
                 "limit": grpc.StatusCode.RESOURCE_EXHAUSTED, "unavailable": grpc.StatusCode.UNAVAILABLE}  # fmt: skip
 MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
@@ -93,7 +93,8 @@ MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional
 RESUME_PARAM = "session_id"
 RESUME_HEADER = "x-omniray-session-id"
 WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "not found"),
-            "limit": (1013, "try again later"), "unavailable": (1013, "try again later")}  # fmt: skip
+            "limit": (se.TRY_AGAIN_LATER, "try again later"),
+            "unavailable": (se.TRY_AGAIN_LATER, "try again later")}  # fmt: skip
 
 
 CONSOLE_DIR = Path(__file__).parent / "console"

@@ -111,6 +111,9 @@ AnyItem = Annotated[Item | FunctionCallItem | FunctionCallOutputItem, Field(disc
 
 # The statuses of a response generated to its end: the model stopped, or `max_output_tokens` did.
 WHOLE = ("completed", "incomplete")
+# The WebSocket close code of a session refused for now (over a limit, no engine ready): RFC 6455's
+# "try again later".
+TRY_AGAIN_LATER = 1013
 
 
 class StatusDetails(_Model):
