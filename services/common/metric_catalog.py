@@ -99,6 +99,12 @@ def _declared() -> list[Metric]:
             c,
             "Seconds of a WebRTC caller's microphone audio dropped because its session fell behind.",
         ),
+        Metric(
+            "omniray_gateway_webrtc_playout_late_seconds_total",
+            c,
+            "Seconds the audio going out to WebRTC callers fell behind real time (the gateway starved) "
+            "and was delayed rather than sent in a burst.",
+        ),
         # quota (services/gateway/quota.py)
         Metric(
             "omniray_quota_rejections_total",

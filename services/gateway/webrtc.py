@@ -48,6 +48,7 @@ FRAME_SAMPLES = PCM_RATE // 50  # 20 ms: Opus's usual packet
 INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this many ms at a time
 MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
 MAX_EARLY_EVENTS = 1000  # server events held until the data channel opens
+MAX_LATE_S = 0.1  # a frame sender this far behind real time skips ahead (FramePacer)
 ERROR_EVERY_S = 1.0  # a failing audio path reports once a second, not at the frame rate
 FLUSH_S = 1.0  # at most this long for the data channel's last events before the call closes
 REFUSAL_STATUS = {"unauthenticated": 401, "not_found": 404, "limit": 429, "unavailable": 503}
@@ -57,26 +58,43 @@ class _Metrics:
     def __init__(self):
         self.calls = metric("omniray_gateway_webrtc_calls")
         self.dropped = metric("omniray_gateway_webrtc_input_dropped_seconds_total")
+        self.playout_late = metric("omniray_gateway_webrtc_playout_late_seconds_total")
         zero(self.dropped)
+        zero(self.playout_late)
         self.calls.set(0)
 
 
 class FramePacer:
     """An audio track's frames (pcm16 mono, 20 ms) stamped and released at real time: a sender
-    asks for the next frame as soon as it sent the last one."""
+    asks for the next frame as soon as it sent the last one. A sender more than MAX_LATE_S behind
+    (its process starved) goes on from now rather than sending what it missed in one burst: a burst
+    would sit in the receiver's jitter buffer (or overflow it) while counted as played, so the
+    played position would run ahead of the listener. The audio not yet sent is delayed, not lost.
+    `on_late(seconds)` hears of each skip."""
 
-    def __init__(self, rate: int = PCM_RATE):
+    def __init__(self, rate: int = PCM_RATE, on_late: Callable[[float], None] | None = None):
         self.rate, self.samples = rate, rate // 50
+        self._on_late = on_late
         self._start = 0.0
         self._pts = -1
 
+    def delay(self, now: float) -> float:
+        """Seconds from `now` until the next frame is due (0: now)."""
+        if self._pts < 0:
+            self._start, self._pts = now, 0
+            return 0.0
+        self._pts += self.samples
+        late = now - (self._start + self._pts / self.rate)
+        if late > MAX_LATE_S:
+            self._start += late  # this frame is due now, the next ones a frame apart from it
+            if self._on_late is not None:
+                self._on_late(late)
+            return 0.0
+        return max(-late, 0.0)
+
     async def wait(self) -> None:
         """Until the next frame is due."""
-        if self._pts < 0:
-            self._start, self._pts = time.monotonic(), 0
-        else:
-            self._pts += self.samples
-            await asyncio.sleep(self._start + self._pts / self.rate - time.monotonic())
+        await asyncio.sleep(self.delay(time.monotonic()))
 
     def frame(self, pcm: bytes) -> av.AudioFrame:
         """`pcm` (at most a frame's; padded with silence) as the frame due."""
@@ -88,18 +106,24 @@ class FramePacer:
 
 class Playout(MediaStreamTrack):
     """The responses' audio (pcm16 at 24 kHz) paced onto the peer connection at real time, silence
-    between responses. `progress(item_id, played_ms)` and `events(event)` report what went out."""
+    between responses. `progress(item_id, played_ms)` and `events(event)` report what went out;
+    `late(seconds)` the time the track fell behind real time and skipped (FramePacer)."""
 
     kind = "audio"
 
-    def __init__(self, progress: Callable[[str, float], None], events: Callable[[se.ServerEvent], None]):
+    def __init__(
+        self,
+        progress: Callable[[str, float], None],
+        events: Callable[[se.ServerEvent], None],
+        late: Callable[[float], None] | None = None,
+    ):
         super().__init__()
         self._progress, self._report = progress, events
         self._queue: deque[list] = deque()  # [response_id, item_id, bytearray] in play order
         self._played_ms: dict[str, float] = {}  # by item
         self._done: set[str] = set()  # responses whose audio is all queued
         self._playing: str | None = None  # the response whose audio is going out
-        self._pacer = FramePacer()
+        self._pacer = FramePacer(on_late=late)
 
     def push(self, response_id: str, item_id: str, pcm16: bytes) -> None:
         if self._queue and self._queue[-1][1] == item_id:
@@ -170,7 +194,7 @@ class Call:
         self.session: RealtimeSession | None = None
         self.channel = None
         self.early: list[str] = []  # server events before the data channel opened
-        self.playout = Playout(self._progress, self._emit)
+        self.playout = Playout(self._progress, self._emit, self._late)
         self.pending: asyncio.Queue = asyncio.Queue(MAX_PENDING)  # ("event", text) | ("audio", pcm16)
         self.over = asyncio.Event()
         self.connected = False  # ICE and DTLS up (the peer connection's state)
@@ -221,6 +245,9 @@ class Call:
             return audio
         decoder = self._decoders.setdefault(response_id, InputAudio(fmt))
         return decoder.decode(audio)
+
+    def _late(self, seconds: float) -> None:
+        self.metrics.playout_late.inc(seconds)
 
     def _progress(self, item_id: str, played_ms: float) -> None:
         if self.session is not None:

@@ -10,10 +10,12 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from services.common.errors import OmniError
-from services.gateway.webrtc import FRAME_SAMPLES, Call, Playout, read_offer
+from services.gateway.webrtc import FRAME_SAMPLES, MAX_LATE_S, Call, FramePacer, Playout, read_offer
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE
 
@@ -60,6 +62,51 @@ async def test_frames_are_paced_at_real_time():
     assert (
         0.49 <= time.monotonic() - start < 0.8
     )  # 25 periods of 20 ms after the first (a busy machine: later)
+
+
+def test_a_sender_a_little_late_catches_up_one_far_behind_goes_on_from_now():
+    skipped: list[float] = []
+    pacer = FramePacer(PCM_RATE, on_late=skipped.append)
+    assert pacer.delay(0.0) == 0.0
+    assert pacer.delay(0.0) == pytest.approx(0.02)
+    # 60 ms late (frame 2 due at 0.04): the frames it missed go out at once, then the grid goes on
+    assert [pacer.delay(0.1) for _ in range(5)] == [0.0, 0.0, 0.0, 0.0, pytest.approx(0.02)]
+    assert skipped == []
+    # stalled for a second (frame 7 due at 0.14): it goes on from now, one frame at a time
+    assert pacer.delay(1.2) == 0.0
+    assert pacer.delay(1.2) == pytest.approx(0.02)
+    assert skipped == [pytest.approx(1.2 - 0.14)]
+
+
+@given(st.lists(st.floats(0.0, 2.0), min_size=1, max_size=200))
+def test_frames_never_go_out_ahead_of_real_time_nor_in_a_burst_over_the_late_bound(stalls):
+    """A sender that asks for a frame, waits what it is told, sends, and then is held up for a
+    while (its process starved): frame k goes out no earlier than k frames after the first (plus
+    the time skipped), no more than MAX_LATE_S after it was due, and at most MAX_LATE_S's worth of
+    frames (and one) go out at one instant."""
+    skipped: list[float] = []
+    pacer, period = FramePacer(PCM_RATE, on_late=skipped.append), 0.02
+    now, sent = 0.0, []
+    for stall in stalls:
+        sent.append(now + pacer.delay(now))
+        due = sent[0] + (len(sent) - 1) * period + sum(skipped)
+        assert -1e-9 <= sent[-1] - due <= MAX_LATE_S + 1e-9
+        now = sent[-1] + stall
+    burst = max(sum(1 for t in sent if abs(t - at) < 1e-9) for at in sent)
+    assert burst <= MAX_LATE_S / period + 1 + 1e-9
+
+
+async def test_a_starved_playout_delays_the_answer_rather_than_bursting_it():
+    late: list[float] = []
+    track = Playout(lambda *_: None, lambda _: None, late.append)
+    track.push("resp_1", "item_1", _tone(10))
+    await _frames(track, 2)
+    time.sleep(0.5)  # the gateway's event loop held up
+    start = time.monotonic()
+    frames = await _frames(track, 4)
+    assert all(f.any() for f in frames)  # nothing of the answer skipped
+    assert time.monotonic() - start >= 0.059  # one frame now, three 20 ms apart: not a burst
+    assert sum(late) >= 0.4
 
 
 async def test_answers_back_to_back_each_start_and_stop(playout):
