@@ -76,8 +76,8 @@ def test_a_spoken_question_is_answered_over_rtp_and_a_barge_in_cuts_it(omniray, 
         assert c.event(cleared)["response_id"] == response_id
         # Cut where the transport's playout was: what the server sent of it by the barge-in, however
         # fast or slow the answer was generated (send times: this client's own lag does not count).
-        heard_ms = 20 * len(c.sound_sent(before=c.at(barge)))
-        assert heard_ms - 100 <= truncated["audio_end_ms"] <= heard_ms + 400, (truncated, heard_ms)
+        sent_ms = 20 * len(c.sound_sent(before=c.at(barge)))
+        assert sent_ms - 100 <= truncated["audio_end_ms"] <= sent_ms + 400, (truncated, sent_ms)
         assert truncated["omniray"]["wasted_tokens"] > 0
         # The microphone's silence ends the interruption: it is the next turn, answered. Until that
         # answer plays, nothing of the cut reply does (frames in flight aside).
@@ -305,8 +305,8 @@ def test_the_clients_clear_cuts_the_answer_where_it_was_heard(omniray, model_nam
         truncated = c.event(c.wait("conversation.item.truncated", started))
         time.sleep(1.0)
         assert len([e for _, e in c.events if e["type"] == "output_audio_buffer.cleared"]) == 1
-        heard_ms = 20 * len(c.sound_sent(before=c.at(cleared)))
-        assert heard_ms - 100 <= truncated["audio_end_ms"] <= heard_ms + 400, (truncated, heard_ms)
+        sent_ms = 20 * len(c.sound_sent(before=c.at(cleared)))
+        assert sent_ms - 100 <= truncated["audio_end_ms"] <= sent_ms + 400, (truncated, sent_ms)
         assert c.sound_sent(c.at(cleared) + 0.2) == []
         assert c.errors() == []
     finally:
