@@ -116,11 +116,12 @@ bench-preload: setup
 # then the useful-RPS sweep (highest session count with P90 TTFP <= 1 s and >= 90% continuous replies).
 SESSIONS ?= 8
 TURNS ?= 12
+BLOCKS ?= 4
 bench-voice: models
-	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS)
+	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS) --blocks $(BLOCKS)
 
 bench-voice-sweep: models
-	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4
+	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4 --blocks 2
 
 # Gateway CPU per realtime turn over a 10-turn conversation (flat: a turn costs what it adds).
 # The audio endpoints: speech first byte vs whole file, transcription speed, speech -> text WER.

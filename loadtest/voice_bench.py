@@ -6,11 +6,16 @@ Each session is a real-time WebSocket client: it speaks (espeak-ng speech at rea
 silence; server VAD ends the turn), plays the reply's audio at real time (reporting playback with
 `omniray.playback.progress`) and, with probability p, talks over it (a barge-in) at a point drawn
 as LiveServe does (WORKLOADS.md): first audio plus a sample of the output audio durations of whole
-replies seen in the run (the p = 0 runs come first); a cut past the end of its reply is no barge-in.
-Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform). Each reply's length
+replies seen in the run before the cell (the p = 0 runs come first); a cut past the end of its
+reply is no barge-in. Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform). Each reply's length
 is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens` (WORKLOADS.md: output
 30–300 tokens; a random-weight thinker never ends a reply early, so `max_output_tokens` is its
 length); lengths and gaps come from a per-session seed, the same in every arm.
+
+Both sets' deployments are up for the whole run (one sits idle while the other runs); each cell's
+turns run in `--blocks` blocks of fresh sessions, alternating between the sets (A B B A …), so that a
+drift of the machine's speed during the run lands on both sets alike rather than on whichever ran
+second. Block b's sessions are seeded apart from the other blocks' and the same in every set.
 
 Printed: P90 audio TTFP after end of speech (`speech_stopped` → first audio delta), wasted tokens
 (cut by barge-ins), playback continuity (share of playback time not stalled on an empty buffer;
@@ -80,13 +85,16 @@ class Client:
     events; the main thread speaks, plays and barges in."""
 
     def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int] = REPLY_TOKENS,
-                 session: dict | None = None, durations: list[float] | None = None):  # fmt: skip
+                 session: dict | None = None, durations: list[float] | None = None,
+                 sample: tuple[float, ...] = ()):  # fmt: skip
         self.utterances, self.barge_p, self.rng = utterances, barge_p, random.Random(seed)
         # Reply lengths and gaps: their own stream, so they do not depend on the barge-in draws.
         self.workload, self.tokens = random.Random(seed + 1_000_003), tokens
-        # Output audio durations (s) of whole responses in this run, shared by its sessions: where a
-        # barge-in cuts is drawn from them (LiveServe's barge-in model, WORKLOADS.md).
+        # Output audio durations (s) of whole responses: added to `durations` (the run's, shared by its
+        # sessions); where a barge-in cuts is drawn from `sample` (LiveServe's barge-in model,
+        # WORKLOADS.md), the run's durations as a cell starts: the same in every arm of the cell.
         self.durations = durations if durations is not None else []
+        self.sample = sample
         self.stats = SessionStats()
         self.audio_ms = 0.0  # of the current response, received
         self.response_done = True
@@ -157,9 +165,12 @@ class Client:
                 self.stats.continuous += worst <= GAP_MS
                 return False
 
-    def run(self, turns: int) -> SessionStats:
+    def run(self, turns: int, start: int = 0) -> SessionStats:
+        """Turns `start` … `start` + `turns` − 1 of this session's utterances (the last one is not
+        cut by a barge-in: the session ends after it)."""
+        last = start + turns - 1
         try:
-            for turn in range(turns):
+            for turn in range(start, last + 1):
                 length = reply_length(self.workload, *self.tokens)
                 gap_s = self.workload.uniform(0.5, 3.0)
                 self.rt.send(
@@ -174,10 +185,8 @@ class Client:
                 # sessions make the same draws turn by turn. Anchored at first audio, a sample of
                 # the run's output durations: a cut past the end of this reply is no barge-in.
                 barge_at = None
-                if turn < turns - 1 and self.rng.random() < self.barge_p:
-                    barge_at = (
-                        self.rng.choice(self.durations) if self.durations else self.rng.uniform(0.3, 1.5)
-                    )
+                if turn < last and self.rng.random() < self.barge_p:
+                    barge_at = self.rng.choice(self.sample) if self.sample else self.rng.uniform(0.3, 1.5)
                 first = self.rt.wait(
                     lambda e, rid=rid: (
                         e.get("response_id", (e.get("response") or {}).get("id")) == rid
@@ -253,20 +262,35 @@ def means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, flo
     return out
 
 
-def run_sessions(url: str, utterances: list[bytes], args, sessions: int, barge_p: float,
-                 durations: list[float]) -> dict:  # fmt: skip
-    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=i, tokens=(args.min_tokens, args.max_tokens),
-                      durations=durations) for i in range(sessions)]  # fmt: skip
+def run_block(url: str, utterances: list[bytes], args, sessions: int, barge_p: float, turns: tuple[int, int],
+              sample: tuple[float, ...], durations: list[float]) -> tuple[list[SessionStats], float]:  # fmt: skip
+    """`sessions` sessions in parallel, each through turns `turns` = (first, count) of its workload:
+    (their stats, wall time)."""
+    first, count = turns
+    clients = [Client(url, utterances[i:] + utterances[:i], barge_p, seed=first * 1000 + i,
+                      tokens=(args.min_tokens, args.max_tokens), durations=durations, sample=sample)
+               for i in range(sessions)]  # fmt: skip
     out: list[SessionStats] = [SessionStats()] * len(clients)
     started = time.monotonic()
-    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, clients[k].run(args.turns)))
+    threads = [threading.Thread(target=lambda k=k: out.__setitem__(k, clients[k].run(count, first)))
                for k in range(len(clients))]  # fmt: skip
     for t in threads:
         t.start()
         time.sleep(0.2)  # staggered starts
     for t in threads:
         t.join()
-    wall = time.monotonic() - started
+    return out, time.monotonic() - started
+
+
+def blocks(turns: int, n: int) -> list[tuple[int, int]]:
+    """The turns split into `n` blocks as even as can be: (first turn, turns) each."""
+    n = max(1, min(n, turns))
+    sizes = [turns // n + (b < turns % n) for b in range(n)]
+    return [(sum(sizes[:b]), size) for b, size in enumerate(sizes)]
+
+
+def summarize(out: list[SessionStats], wall: float) -> dict:
+    """A cell's figures from its sessions' stats (every block's) and its wall time."""
     ttfp = sorted(x for s in out for x in s.ttfp_s)
     played = sum(s.played_s for s in out)
 
@@ -314,24 +338,45 @@ def main() -> None:
     ap.add_argument("--sweep", type=int, nargs="+", default=[],
                     help="session counts for the useful-RPS sweep (p = 0) instead of --sessions/--barge")  # fmt: skip
     ap.add_argument("--slo-s", type=float, default=1.0, help="P90 TTFP objective of the sweep (s)")
+    ap.add_argument("--blocks", type=int, default=4,
+                    help="blocks of turns per cell, alternating between the sets (fresh sessions each)")  # fmt: skip
     args = ap.parse_args()
     report: dict = {"args": vars(args), "runs": {}}
     cells = [(c, 0.0) for c in args.sweep] or [(args.sessions, p) for p in args.barge]
-    with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="omniray-voice-") as tmp, contextlib.ExitStack() as stack:
         utterances = [speech(s) for s in SENTENCES]
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
+        # Every set's deployment is up for the whole run; the cells' blocks alternate between them
+        # (A B B A …), so that a drift of this machine's speed lands on both sets alike.
+        urls, metrics = {}, {}
         for name in args.sets:
             scheduler, eviction = POLICY_SETS[name]
             path = profile_file(args, scheduler, eviction, Path(tmp))
-            with runtime.temporary(str(path), prefix="omniray-voice-", timeout_s=600) as cluster:
-                url = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
-                for sessions, p in cells:
-                    cell = f"{name}@c={sessions},p={p}"
-                    before = scrape(cluster.metrics_url)
-                    report["runs"][cell] = r = run_sessions(url, utterances, args, sessions, p, durations)
-                    r["stage_means_ms"] = means_ms(before, scrape(cluster.metrics_url))
-                    print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
-                          f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
+            cluster = stack.enter_context(runtime.temporary(str(path), prefix=f"omniray-voice-{name}-"))
+            urls[name] = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
+            metrics[name] = cluster.metrics_url
+        for sessions, p in cells:
+            sample = tuple(durations)  # barge-ins of this cell cut at the same draws in every set
+            stats: dict[str, list[SessionStats]] = {name: [] for name in args.sets}
+            walls, deltas = dict.fromkeys(args.sets, 0.0), {name: {} for name in args.sets}
+            for block, turns in enumerate(blocks(args.turns, args.blocks)):
+                for name in args.sets if block % 2 == 0 else args.sets[::-1]:
+                    before = scrape(metrics[name])
+                    out, wall = run_block(urls[name], utterances, args, sessions, p, turns, sample, durations)
+                    after = scrape(metrics[name])
+                    for key, value in after.items():
+                        deltas[name][key] = deltas[name].get(key, 0.0) + value - before.get(key, 0.0)
+                    stats[name] += out
+                    walls[name] += wall
+                    p90 = summarize(out, wall)["ttfp_p90_s"] or math.nan
+                    print(f"  block {block + 1} {name}: turns {turns[0]}-{sum(turns) - 1}, {wall:.0f} s, "
+                          f"TTFP P90 {p90:.3f} s, {means_ms(before, after)}", flush=True)  # fmt: skip
+            for name in args.sets:
+                cell = f"{name}@c={sessions},p={p}"
+                report["runs"][cell] = r = summarize(stats[name], walls[name])
+                r["stage_means_ms"] = means_ms({}, deltas[name])
+                print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
+                      f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
     if len(args.sets) == len(POLICY_SETS):
         report["ratios"] = useful_rps(report["runs"], args) if args.sweep else ratios(report["runs"], cells)
     print(f"saved {results.write('voice', args.profile, report)}")

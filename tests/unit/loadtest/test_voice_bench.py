@@ -12,7 +12,7 @@ import websockets.sync.server as ws_server
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest.voice_bench import Client, means_ms, reply_length, scrape, useful_rps
+from loadtest.voice_bench import Client, blocks, means_ms, reply_length, scrape, useful_rps
 
 
 @given(st.integers(0, 2**32), st.integers(1, 500), st.integers(0, 500))
@@ -116,3 +116,12 @@ def test_a_refused_session_is_reported_not_raised():
         stats = client.run(2)
         server.shutdown()
     assert stats.refused and not stats.ttfp_s and stats.errors
+
+
+@given(st.integers(1, 200), st.integers(1, 12))
+def test_blocks_split_the_turns_evenly_in_order(turns, n):
+    split = blocks(turns, n)
+    assert [first for first, _ in split] == [sum(size for _, size in split[:b]) for b in range(len(split))]
+    sizes = [size for _, size in split]
+    assert sum(sizes) == turns and min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    assert len(split) == min(n, turns)
