@@ -7,10 +7,10 @@ silence; server VAD ends the turn), plays the reply's audio at real time (report
 `omniray.playback.progress`) and, with probability p, talks over it (a barge-in) at a point drawn
 as LiveServe does (WORKLOADS.md): first audio plus a sample of the output audio durations of whole
 replies seen in the run before the cell (the p = 0 runs come first); a cut past the end of its
-reply is no barge-in. Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform). Each reply's length
-is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens` (WORKLOADS.md: output
-30–300 tokens; a random-weight thinker never ends a reply early, so `max_output_tokens` is its
-length); lengths and gaps come from a per-session seed, the same in every arm.
+reply is no barge-in. Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform).
+Each reply's length is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens`
+(WORKLOADS.md: output 30–300 tokens; a random-weight thinker never ends a reply early, so
+`max_output_tokens` is its length); lengths and gaps come from a per-session seed, the same in every arm.
 
 Both sets' deployments are up for the whole run (one sits idle while the other runs); each cell's
 turns run in `--blocks` blocks of fresh sessions, alternating between the sets (A B B A …), so that a
@@ -76,6 +76,8 @@ class SessionStats:
     heard: int = 0  # responses played to their end (no barge-in)
     continuous: int = 0  # of those, the ones with no stall over GAP_MS
     silent: int = 0  # responses that ended without any audio (no TTFP)
+    # stalls over GAP_MS: (turn, where in the reply (s played), how long (s))
+    stalls: list[tuple[int, float, float]] = field(default_factory=list)
     refused: bool = False  # the server refused the session (its close code 1013: try again later)
     errors: list[str] = field(default_factory=list)
 
@@ -99,6 +101,7 @@ class Client:
         self.audio_ms = 0.0  # of the current response, received
         self.response_done = True
         self.item_id = ""
+        self.turn = 0
         self.rt = RealtimeClient(url, on_event=self._seen)
         with contextlib.suppress(websockets.exceptions.ConnectionClosed):  # refused at once: `run` reports it
             self.rt.send({"type": "session.update", "session": {"type": "realtime",
@@ -146,6 +149,8 @@ class Client:
             step = (now - last) * 1000
             last = now
             if played + step <= available:
+                if gap > GAP_MS:  # a stall ended: where in the reply, and how long
+                    self.stats.stalls.append((self.turn, round(played / 1000, 2), round(gap / 1000, 3)))
                 played += step
                 gap = 0.0
             else:
@@ -171,6 +176,7 @@ class Client:
         last = start + turns - 1
         try:
             for turn in range(start, last + 1):
+                self.turn = turn
                 length = reply_length(self.workload, *self.tokens)
                 gap_s = self.workload.uniform(0.5, 3.0)
                 self.rt.send(
@@ -314,6 +320,7 @@ def summarize(out: list[SessionStats], wall: float) -> dict:
         "heard_rps": sum(s.heard for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
         "silent": sum(s.silent for s in out),
+        "stalls": [stall for s in out for stall in s.stalls],
         "refused": sum(s.refused for s in out),
         "turns": len(ttfp),
         "errors": [e for s in out for e in s.errors],
