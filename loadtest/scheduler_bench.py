@@ -8,9 +8,9 @@ loop brings, on a simulated clock:
   when the client has played what it has and the user has spoken (`--user-turn-s`, uniform up to
   twice the mean), or right after a barge-in's user turn: requests arrive and leave most rounds;
 - the client plays in real time; the talker's audio reaches it in chunks (`--chunk-tokens` tokens of
-  `--ms-per-token` each), so a generating session's view changes when a chunk lands; what it has
-  played counts from its response's start, as the gateway's playback monitor counts it (a paced
-  request's lead over playback is then what its client has buffered);
+  `--ms-per-token` each: the policy's `piece_tokens`), so a generating session's view changes when a
+  chunk lands; what it has played counts from its response's start, as the gateway's playback
+  monitor counts it (a paced request's lead over playback is then what its client has buffered);
 - a fraction of sessions barge in now and then (the view changes, the response ends);
 - the board is read every `--poll-ms` through the real decoder (views whose course did not change
   keep their object, as BoardReader does).
@@ -141,7 +141,9 @@ class _Loop:
 
 def measure(n: int, args, policy: str, refresh_s: float) -> tuple[list[float], float]:
     loop = _Loop(n, args)
-    order = UrgencyOrder(urgency.create(policy), lambda: loop.views, Recorder(engine_metrics.ENGINE_SPEC),
+    # the audio of a chunk's tokens comes when its last one is generated: the pipeline's piece
+    urgency_policy = urgency.create(policy, piece_tokens=args.chunk_tokens)
+    order = UrgencyOrder(urgency_policy, lambda: loop.views, Recorder(engine_metrics.ENGINE_SPEC),
                          refresh_s=refresh_s, clock=lambda: loop.now)  # fmt: skip
     times, classified, running = [], 0, 0
     for i in range(args.warmup + args.rounds):

@@ -169,7 +169,11 @@ def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
     if role == "decode":  # realtime urgency applies where tokens stream to listeners
         spec = profile.realtime.scheduler
         urgency_payload = UrgencyPayload(
-            policy=spec.policy, params=spec.params, board_url=redis_url(), poll_s=spec.board_interval_s
+            policy=spec.policy,
+            params=spec.params,
+            board_url=redis_url(),
+            poll_s=spec.board_interval_s,
+            piece_tokens=profile.audio_piece_tokens(),
         )
         sink_window_params = profile.engine.sink_window
     if sink_window_params is not None:

@@ -35,7 +35,8 @@ class _SpeechStage(Stage):
         super().__init__(profile)
         spec = self.profile.realtime.scheduler
         board = BoardReader(redis_url(), spec.board_interval_s)
-        self.gate = UrgencyGate(urgency.create(spec.policy, spec.params), board.views, spec.stage_slots)
+        policy = urgency.create(spec.policy, spec.params, piece_tokens=self.profile.audio_piece_tokens())
+        self.gate = UrgencyGate(policy, board.views, spec.stage_slots)
         self.waited = metric("omniray_stage_urgency_wait_seconds")
 
     @contextlib.asynccontextmanager

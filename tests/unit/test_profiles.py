@@ -76,3 +76,13 @@ def test_an_alias_must_stand_for_a_voice_of_the_profile():
         raw["aliases"]["voices"] = bad
         with pytest.raises(ValueError, match="aliases.voices"):
             Profile.model_validate(raw)
+
+
+def test_a_reply_may_run_a_piece_further_ahead_of_playback():
+    """Realtime pacing's piece (services/policies/urgency/liveserve.py): a talker of text pieces
+    waits for a piece's end, streamed `stream_interval` tokens at a time; a talker that reads the
+    thinker's tokens waits for the next streamed batch only."""
+    assert load_profile("tiny").audio_piece_tokens() == 24 + 8 - 1
+    assert load_profile("small").audio_piece_tokens() == 24 + 2 - 1
+    assert load_profile("qwen3-omni").audio_piece_tokens() == 1
+    assert load_profile("qwen3-omni-tiny").audio_piece_tokens() == 1

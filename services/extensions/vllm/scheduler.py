@@ -83,7 +83,7 @@ class UrgencyOrder:
     @classmethod
     def of(cls, payload: UrgencyPayload, recorder: Recorder, tokens_per_round: int) -> UrgencyOrder:
         board = BoardReader(payload.board_url, payload.poll_s)
-        policy = urgency.create(payload.policy, payload.params)
+        policy = urgency.create(payload.policy, payload.params, piece_tokens=payload.piece_tokens)
         return cls(policy, board.views, recorder, payload.refresh_s, tokens_per_round)
 
     def kv_cache_config(self, config: Any, vllm_config: Any) -> Any:

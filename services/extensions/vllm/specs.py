@@ -35,6 +35,8 @@ class UrgencyPayload(_Strict):
     poll_s: float = Field(gt=0)
     # requests whose class reads their KV or the pool's occupancy (U2) classified anew this often
     refresh_s: float = Field(default=5.0, gt=0)
+    # tokens a reply may generate before their audio can come (Profile.audio_piece_tokens)
+    piece_tokens: int = Field(default=0, ge=0)
 
 
 class EnginePayload(_Strict):

@@ -1,6 +1,8 @@
 """Urgency policies for the engine scheduler (services/extensions/vllm/scheduler.py) and the speech
 stages' gate, as plugins (plugins.Registry's shape): one file each with typed `PARAMS` and
-`create()`; the profile names one (`realtime.scheduler`)."""
+`create(params, piece_tokens)`; the profile names one (`realtime.scheduler`). `piece_tokens` is the
+deployment's, not a tuning knob: how many tokens a reply may generate before their audio can come
+(Profile.audio_piece_tokens)."""
 
 from __future__ import annotations
 

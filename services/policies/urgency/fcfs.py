@@ -28,5 +28,5 @@ class Fcfs(UrgencyPolicy):
 PARAMS = FcfsParams
 
 
-def create(params: FcfsParams) -> Fcfs:
-    return Fcfs(params)
+def create(params: FcfsParams, piece_tokens: int = 0) -> Fcfs:
+    return Fcfs(params)  # nothing is paced: the pipeline's granularity does not matter

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from services.playback.board import BoardView
 from services.policies import urgency
 from services.policies.urgency.liveserve import LiveServeParams
+from services.policies.urgency.plan import UrgencyPlan
 
 NOW = 1000.0
 
@@ -182,3 +183,54 @@ def test_ranking_is_a_partition_and_classes_are_ordered(items, occupancy):
     for i in r.held:
         v = c[i].view
         assert c[i].generated * (v.ms_per_token or p.ms_per_token) - v.played_at(NOW) > p.hold_ms
+
+
+def _longest_stall_s(piece_tokens: int, frame_s: float, latency_s: float) -> float:
+    """One reply of 10 pieces through the engine's plan (services/policies/urgency/plan.py): a
+    token a round while it is not held; a piece's audio (24 tokens × 300 ms) reaches the client
+    `latency_s` after its last token (the talker speaks whole text pieces); the client plays in real
+    time; its board view says where it is each round, with the reply gap the true latency. Returns
+    the longest stretch the client's buffer sat empty before the reply's last audio came."""
+    piece, ms_per_token = 24, 300.0
+    policy = urgency.create(
+        "liveserve", {"lead_ms": 250, "ms_per_token": ms_per_token}, piece_tokens=piece_tokens
+    )
+    request, progress = object(), {"generated": piece}  # the first piece generated and heard
+    plan = UrgencyPlan(
+        policy, lambda r: ("s", NOW), lambda r: (1000 + progress["generated"], progress["generated"])
+    )
+    now, buffered, played, arriving = NOW, piece * ms_per_token, 0.0, []
+    stall = longest = 0.0
+    while progress["generated"] < 10 * piece or arriving:
+        v = BoardView(session_id="s", played_ms=played, age_s=0.0, ms_per_token=ms_per_token, buffered_ms=buffered,
+                      playing=buffered > 0, speaking=False, responding=True, first_audio=True, barge_ins=0,
+                      responses=1, reply_gap_ms=latency_s * 1000, at=now)  # fmt: skip
+        order, _ = plan.arrange([request], {"s": v}, now, 0.0)
+        if order and progress["generated"] < 10 * piece:
+            progress["generated"] += 1
+            if progress["generated"] % piece == 0:
+                arriving.append(now + latency_s)
+        now += frame_s
+        while arriving and arriving[0] <= now:
+            arriving.pop(0)
+            buffered += piece * ms_per_token
+        step_ms = frame_s * 1000
+        stall = stall + (step_ms - min(buffered, step_ms)) / 1000 if buffered < step_ms else 0.0
+        longest = max(longest, stall)
+        played += min(buffered, step_ms)
+        buffered = max(0.0, buffered - step_ms)
+    return longest
+
+
+def test_a_reply_paced_partway_through_a_piece_keeps_its_client_playing():
+    """A talker that speaks whole text pieces gives no audio for a piece until its last token. Paced
+    to `hold_ms` + the lead alone, the reply is held partway through a piece, then let run a token
+    at a time as playback catches up, i.e. at real time, while its client's buffer drains: the
+    piece ends too late, the later the slower the engine and the pipeline (a third of a second at
+    45 ms a token and 1.2 s from a piece's end to its audio). With the piece in its hold (24 tokens
+    a piece, streamed 8 at a time: Profile.audio_piece_tokens), it always finishes it in time."""
+    assert _longest_stall_s(0, frame_s=0.045, latency_s=1.2) > 0.2
+    assert _longest_stall_s(0, frame_s=0.06, latency_s=1.5) > _longest_stall_s(0, frame_s=0.03, latency_s=1.0)
+    for frame_s in (0.015, 0.045, 0.06):
+        for latency_s in (0.3, 1.2, 1.5):
+            assert _longest_stall_s(24 + 8 - 1, frame_s, latency_s) == 0.0
