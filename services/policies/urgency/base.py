@@ -27,36 +27,43 @@ class Pace(NamedTuple):
     played (`origin_ms` + now × 1000: it plays in real time). More than `hold_ms` ahead, the request
     is held (sits rounds out). A plan releases it when it is `resume_ms` below `hold_ms`, so it runs
     in batches of tokens rather than one per round — or earlier, from `release_by` (wall time) on, as
-    soon as it is back within `hold_ms`: its client's buffer is then about to run low, and a refill
-    must be on its way before it does."""
+    soon as it is back within its hold: its client's buffer is then about to run low, and a refill
+    must be on its way before it does. From `release_by` on the hold is `piece_ms` higher: a refill
+    that is due must be able to finish the piece it is in (the pipeline's granularity: no audio of
+    a piece comes before its last token), where before then the buffer is ample and holding it
+    partway through a piece costs nothing but waste at a barge-in."""
 
     ms_per_token: float
     origin_ms: float
     hold_ms: float
     resume_ms: float
     release_by: float = NEVER
+    piece_ms: float = 0.0
+
+    def hold_at(self, now: float) -> float:
+        return self.hold_ms + self.piece_ms if now >= self.release_by else self.hold_ms
 
     def ahead(self, generated: int, now: float) -> float:
         return generated * self.ms_per_token - self.origin_ms - now * 1000
 
     def holds(self, generated: int, now: float) -> bool:
-        return self.ahead(generated, now) > self.hold_ms
+        return self.ahead(generated, now) > self.hold_at(now)
 
     def release_at(self, ahead: float, now: float) -> float:
         """When a request held at `now`, `ahead`, is released (it generates nothing meanwhile;
         playback catches up in real time)."""
         batch = now + (ahead - self.hold_ms + self.resume_ms) / 1000
-        return min(batch, max(self.release_by, now + (ahead - self.hold_ms) / 1000))
+        return min(batch, max(self.release_by, now + (ahead - self.hold_ms - self.piece_ms) / 1000))
 
-    def rounds_to_hold(self, ahead: float, tokens_per_round: int, round_s: float) -> int:
-        """Rounds after which a running request `ahead` may be over `hold_ms`, if it generates at
+    def rounds_to_hold(self, ahead: float, now: float, tokens_per_round: int, round_s: float) -> int:
+        """Rounds after which a running request `ahead` at `now` may be over its hold, if it generates at
         most `tokens_per_round` a round and playback moves on at least `round_s` a round (at
         least 1). Playback counts for at most PLAYBACK_CREDIT of what the tokens gain: should
         rounds get much shorter than `round_s`, the request is held at most that share of the
         way late (a third of `hold_ms` − `ahead` of audio, were rounds to take no time at all)."""
         gain = tokens_per_round * self.ms_per_token
         gain -= min(round_s * 1000, gain * PLAYBACK_CREDIT)
-        return max(1, math.floor((self.hold_ms - ahead) / gain) + 1)
+        return max(1, math.floor((self.hold_at(now) - ahead) / gain) + 1)
 
 
 class Classified(NamedTuple):

@@ -9,16 +9,18 @@
   are worth less).
   A U2 request is paced (`Pace`) to its session's lead: the time audio takes through decode,
   talker and vocoder, longer under load — the session's reply gap (end of speech → first audio, a
-  moving average), at least `lead_ms`. While its generation is more than `hold_ms` + the lead + a
-  piece ahead of playback — generated tokens × the session's audio per token (measured on its
-  earlier responses, else `ms_per_token`) minus what the client has played — it is held back (the
-  pipeline holds more in flight when it is slower, so the hold grows with it). A piece is the audio
-  of the tokens a reply may generate before their audio can come (`piece_tokens`: the engine's
-  stream interval, a talker's text piece): without it, a reply held partway through a piece would
-  be let run a token at a time as playback caught up, at real time, while no audio of that piece
-  could reach its client, whose buffer drains. A plan releases it when it is `resume_ms` below that,
-  so it runs in batches of tokens; or earlier, once back within it, from when its client's buffer
-  is projected to be the lead above `safe_ms`. So a refill is under way,
+  moving average), at least `lead_ms`. While its generation is more than `hold_ms` + the lead ahead
+  of playback — generated tokens × the session's audio per token (measured on its earlier
+  responses, else `ms_per_token`) minus what the client has played — it is held back (the pipeline
+  holds more in flight when it is slower, so the hold grows with it). A plan releases it when it is
+  `resume_ms` below that, so it runs in batches of tokens; or earlier, once back within it, from
+  when its client's buffer is projected to be the lead above `safe_ms` (`release_by`), when its
+  refill is due. From then on its hold is a piece higher: the audio of the tokens a reply may
+  generate before their audio can come (`piece_tokens`: the engine's stream interval, a talker's
+  text piece). Without it, a due refill held partway through a piece was let run a token at a time
+  as playback caught up, at real time, while no audio of that piece could reach its client, whose
+  buffer drained; before `release_by` the buffer is ample, and holding partway through a piece
+  costs nothing (a piece more throughout would only waste more at a barge-in). So a refill is under way,
   as U2, before the buffer runs low, rather than coming as U0 and outranking new turns (U1) at every
   stage. Until then (`release_by`) a U2 request also sits the engine's rounds out while a new turn
   of a realtime session (U1 with a view) is in its queues (`yield_to_turns`): the turn's prefill and
@@ -99,9 +101,9 @@ class LiveServe(UrgencyPolicy):
         # tokens it still needs (a text piece waiting for its end) cannot stall its own playback.
         # Until it falls to U0 the client plays in real time: played = played_ms + (now − at).
         lead_ms, ms_per_token = max(p.lead_ms, v.reply_gap_ms or 0.0), v.ms_per_token or p.ms_per_token
-        release_by = to_u0 - lead_ms / 1000
-        hold_ms = p.hold_ms + lead_ms + self.piece_tokens * ms_per_token
-        pace = Pace(ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by)
+        hold_ms, release_by = p.hold_ms + lead_ms, to_u0 - lead_ms / 1000
+        piece_ms = self.piece_tokens * ms_per_token  # counted from release_by on (Pace.hold_at)
+        pace = Pace(ms_per_token, v.played_ms - v.at * 1000, hold_ms, p.resume_ms, release_by, piece_ms)
         score = p.beta * (c.kv_tokens / 1000) * occupancy - p.alpha * v.barge_ins / max(v.responses, 1)
         due = (2, 0, -score, c.arrival)
         if now >= release_by or not p.yield_to_turns:

@@ -357,13 +357,13 @@ class UrgencyPlan:
         clock does not count: checked a round early then."""
         pace, seq = entry.classified.pace, entry.item[1]
         ahead = pace.ahead(generated, now)
-        if ahead > pace.hold_ms:
+        if ahead > pace.hold_at(now):
             if dirty is None:
                 heapq.heappush(self._releases, (pace.release_at(ahead, now), seq, request))
             else:
                 dirty.add(request)
             return True
-        rounds = pace.rounds_to_hold(ahead, self.tokens_per_round, self._round_s)
+        rounds = pace.rounds_to_hold(ahead, now, self.tokens_per_round, self._round_s)
         if self._tail_from is not None and entry.item[0] >= self._tail_from:
             entry.check = self._tail_round + rounds - in_flight
             heapq.heappush(self._tail_checks, (entry.check, seq, request))

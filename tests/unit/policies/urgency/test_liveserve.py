@@ -63,8 +63,22 @@ def test_a_well_buffered_request_is_paced_to_playback():
     pace = c.pace
     assert pace.holds(60, NOW) and pace.release_at(pace.ahead(60, NOW), NOW) == pytest.approx(NOW + 3.0)
     assert (
-        not pace.holds(60, NOW + 3.0) and pace.rounds_to_hold(pace.ahead(60, NOW + 3.0), 1, 0.0) == 21
+        not pace.holds(60, NOW + 3.0) and pace.rounds_to_hold(pace.ahead(60, NOW + 3.0), NOW + 3.0, 1, 0.0) == 21
     )  # 2 s of tokens
+
+
+def test_a_due_refill_may_run_a_piece_further():
+    params = {"safe_ms": 1000, "hold_ms": 5000, "resume_ms": 2000, "ms_per_token": 100, "lead_ms": 0}
+    policy = urgency.create("liveserve", params, piece_tokens=10)  # a piece: 1 s of audio
+    # 5.5 s generated, 3 s at the client: over its hold of 5 s; the refill is due in 2 s (safe_ms)
+    pace = policy.classify(cand(1, view(3000), generated=55), NOW, 0.0).pace
+    assert pace.holds(55, NOW) and pace.hold_at(NOW) == 5000 and pace.hold_at(NOW + 2.0) == 6000
+    # released when due (it is back within hold + piece by then), not 0.5 s later back within 5 s
+    assert pace.release_at(pace.ahead(55, NOW), NOW) == pytest.approx(NOW + 2.0)
+    # 7.1 s generated: with 1.9 s played, over 5 s; with 2 s played, due and within 6 s
+    assert pace.holds(71, NOW + 1.9) and not pace.holds(71, NOW + 2.0) and pace.holds(81, NOW + 2.0)
+    # a running due refill is checked when it may be over a piece more: 3.5 s ahead, 25 tokens to go
+    assert pace.rounds_to_hold(pace.ahead(55, NOW + 2.0), NOW + 2.0, 1, 0.0) == 26
 
 
 def with_gap(v: BoardView, reply_gap_ms: float) -> BoardView:
@@ -227,8 +241,9 @@ def test_a_reply_paced_partway_through_a_piece_keeps_its_client_playing():
     to `hold_ms` + the lead alone, the reply is held partway through a piece, then let run a token
     at a time as playback catches up, i.e. at real time, while its client's buffer drains: the
     piece ends too late, the later the slower the engine and the pipeline (a third of a second at
-    45 ms a token and 1.2 s from a piece's end to its audio). With the piece in its hold (24 tokens
-    a piece, streamed 8 at a time: Profile.audio_piece_tokens), it always finishes it in time."""
+    45 ms a token and 1.2 s from a piece's end to its audio). With a piece more in its hold once its
+    refill is due (24 tokens a piece, streamed 8 at a time: Profile.audio_piece_tokens), it always
+    finishes the piece in time."""
     assert _longest_stall_s(0, frame_s=0.045, latency_s=1.2) > 0.2
     assert _longest_stall_s(0, frame_s=0.06, latency_s=1.5) > _longest_stall_s(0, frame_s=0.03, latency_s=1.0)
     for frame_s in (0.015, 0.045, 0.06):
