@@ -63,7 +63,8 @@ def test_a_well_buffered_request_is_paced_to_playback():
     pace = c.pace
     assert pace.holds(60, NOW) and pace.release_at(pace.ahead(60, NOW), NOW) == pytest.approx(NOW + 3.0)
     assert (
-        not pace.holds(60, NOW + 3.0) and pace.rounds_to_hold(pace.ahead(60, NOW + 3.0), NOW + 3.0, 1, 0.0) == 21
+        not pace.holds(60, NOW + 3.0)
+        and pace.rounds_to_hold(pace.ahead(60, NOW + 3.0), NOW + 3.0, 1, 0.0) == 21
     )  # 2 s of tokens
 
 
