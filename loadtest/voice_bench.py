@@ -94,7 +94,8 @@ class Client:
         self.workload, self.tokens = random.Random(seed + 1_000_003), tokens
         # Output audio durations (s) of whole responses: added to `durations` (the run's, shared by its
         # sessions); where a barge-in cuts is drawn from `sample` (LiveServe's barge-in model,
-        # WORKLOADS.md), the run's durations as a cell starts: the same in every arm of the cell.
+        # WORKLOADS.md), the run's durations as a cell starts: the same in every arm of the cell;
+        # with none (a p = 0.5 cell alone), from `durations` as they come.
         self.durations = durations if durations is not None else []
         self.sample = sample
         self.stats = SessionStats()
@@ -192,7 +193,9 @@ class Client:
                 # the run's output durations: a cut past the end of this reply is no barge-in.
                 barge_at = None
                 if turn < last and self.rng.random() < self.barge_p:
-                    barge_at = self.rng.choice(self.sample) if self.sample else self.rng.uniform(0.3, 1.5)
+                    # a cell with no durations before it (no p = 0 cell) draws from its own so far
+                    seen = self.sample or self.durations
+                    barge_at = self.rng.choice(seen) if seen else self.rng.uniform(0.3, 1.5)
                 first = self.rt.wait(
                     lambda e, rid=rid: (
                         e.get("response_id", (e.get("response") or {}).get("id")) == rid
