@@ -385,16 +385,19 @@ class Profile(_Strict):
     def model_path(self, spec: ModelSpec) -> Path:
         return data_dir() / "models" / spec.path
 
+    def token_talker(self) -> bool:
+        """Whether the talker reads the thinker's tokens (Qwen3-Omni) rather than text pieces."""
+        talker = self.models.talker
+        return talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
+
     def audio_piece_tokens(self) -> int:
         """Tokens a reply may generate before the audio of the first of them can come: the engine
         streams tokens every `stream_interval`, and a talker of text pieces (not one that reads the
         thinker's tokens) waits for a piece's end, at most `chunk_max_tokens` (closed at a streamed
         batch's end). Realtime pacing lets a reply run this much further ahead of playback
         (services/policies/urgency/liveserve.py)."""
-        talker, interval = self.models.talker, self.engine.stream_interval
-        if talker is not None and getattr(talker.options, "reads_thinker_tokens", False):
-            return interval
-        return self.pipeline.chunk_max_tokens + interval - 1
+        interval = self.engine.stream_interval
+        return interval if self.token_talker() else self.pipeline.chunk_max_tokens + interval - 1
 
     def speech_out_unavailable(self) -> str | None:
         """Why this profile cannot speak here, or None when it can."""

@@ -198,9 +198,7 @@ class Pipeline:
         for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
             zero(self.version_mismatches, modality=modality)
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
-        # A talker that reads the thinker's tokens (Qwen3-Omni) rather than text pieces.
-        talker = profile.models.talker
-        self.token_talker = talker is not None and getattr(talker.options, "reads_thinker_tokens", False)
+        self.token_talker = profile.token_talker()
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
         self.tool_calls = metric("omniray_gateway_tool_calls_total")
