@@ -27,7 +27,9 @@
   first tokens run in small batches, on the cores the refill would take, which is what its first
   audio waits on; from `release_by` on its refill is due: it goes first among U2 and no longer
   yields (its key changes then without a classification: `Classified.rekey`; a refill after that
-  leaves it due until it is classified again: it yields less, never more). Never U0 or U1: a
+  leaves it due until it is classified again: it yields less, never more, and may run up to a piece
+  past its hold — until its classification runs out, lead_ms after release_by at most. Classifying
+  it at every refill instead would cost the plan half as many classifications again). Never U0 or U1: a
   request whose audio has not started or runs low may need more tokens before any audio comes (a
   text piece waiting for its end), and holding it would stall its own playback for good.
 A waiting U0 or U1 request that finds the seats full may preempt a held or U2 one (the scheduler
