@@ -215,13 +215,14 @@ class UrgencyPlan:
                 dirty.add(request)
 
     def _membership(self, requests: list, dirty: set) -> None:
-        """Take in the requests new to the plan (into `dirty`), drop the ones not handed in (set
-        differences: no Python loop over the requests that stay)."""
+        """Take in the requests new to the plan (into `dirty`), drop the ones not handed in. A set
+        of the requests is built only when some are gone (hashing them all costs as much as
+        looking each up)."""
         entries = self._entries
-        current = set(requests)
-        new = current - entries.keys()
-        if len(current) - len(new) < len(entries):
-            for gone in entries.keys() - current:
+        new = [request for request in requests if request not in entries]
+        if len(requests) - len(new) < len(entries):
+            current = set(requests)
+            for gone in [request for request in entries if request not in current]:
                 self._drop(gone)
         for request in new:
             session, arrival = self.identify(request)
