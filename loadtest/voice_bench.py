@@ -76,6 +76,8 @@ class SessionStats:
     heard: int = 0  # responses played to their end (no barge-in)
     continuous: int = 0  # of those, the ones with no stall over GAP_MS
     silent: int = 0  # responses that ended without any audio (no TTFP)
+    # of those: (turn, status, why (status_details' reason or error code), output tokens)
+    silent_ends: list[tuple[int, str, str, int]] = field(default_factory=list)
     # stalls over GAP_MS: (turn, where in the reply (s played), how long (s))
     stalls: list[tuple[int, float, float]] = field(default_factory=list)
     refused: bool = False  # the server refused the session (its close code 1013: try again later)
@@ -204,8 +206,10 @@ class Client:
                     created,
                     120,
                 )
-                if self.rt.event(first)["type"] == "response.done":  # it ended without audio
+                done = self.rt.event(first)
+                if done["type"] == "response.done":  # it ended without audio
                     self.stats.silent += 1
+                    self.stats.silent_ends.append(silent_end(turn, done["response"]))
                     time.sleep(gap_s)
                     continue
                 t_audio = self.rt.at(first)
@@ -223,6 +227,14 @@ class Client:
         self.stats.refused = self.rt.close_code == TRY_AGAIN_LATER
         self.stats.errors += [f"malformed event {m}" for m in self.rt.malformed]
         return self.stats
+
+
+def silent_end(turn: int, response: dict) -> tuple[int, str, str, int]:
+    """What a response that ended without audio says of why (its `response.done`)."""
+    details = response.get("status_details") or {}
+    why = details.get("reason") or (details.get("error") or {}).get("code") or ""
+    tokens = (response.get("usage") or {}).get("output_tokens") or 0
+    return turn, str(response.get("status")), str(why), int(tokens)
 
 
 def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
@@ -323,6 +335,7 @@ def summarize(out: list[SessionStats], wall: float) -> dict:
         "heard_rps": sum(s.heard for s in out) / wall,
         "barge_ins": sum(s.barge_ins for s in out),
         "silent": sum(s.silent for s in out),
+        "silent_ends": [end for s in out for end in s.silent_ends],
         "stalls": [stall for s in out for stall in s.stalls],
         "refused": sum(s.refused for s in out),
         "turns": len(ttfp),

@@ -12,7 +12,7 @@ import websockets.sync.server as ws_server
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest.voice_bench import Client, blocks, means_ms, reply_length, scrape, useful_rps
+from loadtest.voice_bench import Client, blocks, means_ms, reply_length, scrape, silent_end, useful_rps
 
 
 @given(st.integers(0, 2**32), st.integers(1, 500), st.integers(0, 500))
@@ -125,3 +125,13 @@ def test_blocks_split_the_turns_evenly_in_order(turns, n):
     sizes = [size for _, size in split]
     assert sum(sizes) == turns and min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
     assert len(split) == min(n, turns)
+
+
+def test_a_response_that_ended_without_audio_is_reported_with_why():
+    failed = {"status": "failed", "usage": {"output_tokens": 41},
+              "status_details": {"type": "failed", "error": {"type": "server_error", "code": "stage_unavailable"}}}  # fmt: skip
+    assert silent_end(3, failed) == (3, "failed", "stage_unavailable", 41)
+    cut = {"status": "incomplete", "status_details": {"type": "incomplete", "reason": "max_output_tokens"}}
+    assert silent_end(5, cut) == (5, "incomplete", "max_output_tokens", 0)
+    plain = {"status": "completed", "status_details": None, "usage": None}
+    assert silent_end(0, plain) == (0, "completed", "", 0)
