@@ -217,7 +217,8 @@ class UrgencyPlan:
     def _membership(self, requests: list, dirty: set) -> None:
         """Take in the requests new to the plan (into `dirty`), drop the ones not handed in. A set
         of the requests is built only when some are gone (hashing them all costs as much as
-        looking each up)."""
+        looking each up); the count that tells relies on the requests being distinct, as vLLM's
+        queues are."""
         entries = self._entries
         new = [request for request in requests if request not in entries]
         if len(requests) - len(new) < len(entries):

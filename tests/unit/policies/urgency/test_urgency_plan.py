@@ -134,7 +134,7 @@ def test_the_plan_orders_as_a_full_ranking_would(seed, name, occupancy, piece_to
 def _within_a_piece(policy, candidate: urgency.Candidate, now: float) -> bool:
     """Whether a request a full ranking holds is within the piece a due refill's hold counts."""
     pace = policy.classify(candidate, now, 0.5).pace
-    return now < pace.release_by and pace.ahead(candidate.generated, now) <= pace.hold_ms + pace.piece_ms
+    return now < pace.release_by and pace.ahead(candidate.generated, now) <= pace.hold_at(pace.release_by)
 
 
 def test_a_round_without_changes_classifies_nothing():
@@ -233,8 +233,7 @@ def _paced_run(period_s: Callable[[int], float], rounds: int):
     request.generated = 10
     for i in range(rounds):
         _, held = plan.arrange([request], views, now, 0.5)
-        candidate = urgency.Candidate(request.arrival, KV, request.generated, views.get("s"))
-        yield i, request in held, policy.rank([candidate], now, 0.5).held == [0], len(reads)
+        yield i, request in held, _held_by_a_full_ranking(policy, request, views, now), len(reads)
         request.generated += request not in held
         now += period_s(i)
 
