@@ -9,8 +9,11 @@ as LiveServe does (WORKLOADS.md): first audio plus a sample of the output audio 
 replies seen in the run before the cell (the p = 0 runs come first); a cut past the end of its
 reply is no barge-in. Otherwise it waits until playback ends, then a reply gap (0.5–3 s, uniform).
 Each reply's length is drawn per turn, log-uniform between `--min-tokens` and `--max-tokens`
-(WORKLOADS.md: output 30–300 tokens; a random-weight thinker never ends a reply early, so
-`max_output_tokens` is its length); lengths and gaps come from a per-session seed, the same in every arm.
+(WORKLOADS.md: output 30–300 tokens; a random-weight thinker's logits are nearly flat, so it ends a
+reply early only where it samples end-of-text — about 1 token in 2,000 on the tiny thinker — and
+`max_output_tokens` is nearly always its length); lengths and gaps come from a per-session seed, the
+same in every arm. A reply whose first token is end-of-text is empty and has no audio: counted as
+`silent`, with what its `response.done` says (`silent_ends`: `completed`, one output token).
 
 Both sets' deployments are up for the whole run (one sits idle while the other runs); each cell's
 turns run in `--blocks` blocks of fresh sessions, alternating between the sets (A B B A …), so that a
@@ -121,8 +124,9 @@ class Client:
         elif kind == "response.done":
             self.response_done = True
             r = event["response"]
-            if r["status"] in WHOLE:  # the whole reply was generated (its length is its max_output_tokens)
-                self.durations.append(self.audio_ms / 1000)
+            if r["status"] in WHOLE:  # the whole reply was generated
+                if self.audio_ms:  # its audio's length (an empty reply has none to cut)
+                    self.durations.append(self.audio_ms / 1000)
                 self.stats.generated += (r.get("usage") or {}).get("output_tokens", 0)
         elif kind == "conversation.item.truncated" and "omniray" in event:
             self.stats.wasted += event["omniray"]["wasted_tokens"]

@@ -76,8 +76,9 @@ def _declared() -> list[Metric]:
         Metric(
             "omniray_gateway_decode_resumes_total",
             c,
-            "Responses whose decode replica died mid-stream: resumed on another replica, or failed.",
-            ("outcome",),
+            "Responses whose decode was lost mid-stream (its replica died, or its engine dropped the "
+            "request): resumed from the tokens sent, or failed.",
+            ("outcome", "cause"),
         ),
         Metric(
             "omniray_gateway_decode_resume_seconds",

@@ -41,6 +41,10 @@ from services.extensions.ray.metrics import zero
 from services.models.profile import SessionKvSpec
 
 OUTCOMES = ("appended", "started", "restarted", "one_off")
+# vLLM's finishes of a request it gave up on rather than ended (vllm.v1.engine.FINISH_REASON_STRINGS):
+# `error`, a retryable request-level failure (a KV load; vLLM's own server answers it with a 500),
+# and `abort`, the request ended by someone other than its reader. Neither is an answer's end.
+GAVE_UP = frozenset({"error", "abort"})
 # A reply's text tokenized again differs from the model's ids by merges and splits: its length is
 # searched this many tokens either side.
 RETOKENIZED_SLACK = 8
@@ -120,26 +124,25 @@ class SessionKv:
             StreamingInput(prompt={"prompt_token_ids": list(appended)}, sampling_params=params)
         )
         reply: list[int] = []
-        ended = False
+        ended = False  # the turn answered, the request goes on: it is kept
         try:
             async for out in live.outputs:
                 c = out.outputs[0]
                 reply.extend(c.token_ids)
-                if c.finish_reason is not None:
+                finish = c.finish_reason
+                if finish is not None:
                     out.finished = True  # this turn's last output
-                    ended = True
+                    ended = finish not in GAVE_UP  # given up: the request is gone
                 yield out
-                if ended:
+                if finish is not None:
                     break
-            else:  # the request ended under us (engine aborted it)
-                ended = False
         finally:
             live.busy = False
             if ended:
                 live.prompt, live.kept = list(ids), reply[:-1]
                 live.length += len(appended) + max(len(reply) - 1, 0)
                 live.used = self.clock()
-            else:  # the consumer went away mid-turn (or the request ended): no turn of it to keep
+            else:  # the consumer went away mid-turn, or the request ended or was given up: none to keep
                 await self._close(session_id)
 
     def _appended(self, live: _Live, ids: list[int], params: Any) -> list[int] | None:

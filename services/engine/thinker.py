@@ -27,7 +27,7 @@ from omni.v1 import common_pb2, stages_pb2
 from services.common.paths import data_dir
 from services.common.redis_config import redis_url
 from services.dataplane import tensors
-from services.engine.session_kv import SessionKv
+from services.engine.session_kv import GAVE_UP, SessionKv
 from services.engine.session_kv import export_metrics as export_session_kv_metrics
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
@@ -374,6 +374,8 @@ class ThinkerEngine:
         async with contextlib.aclosing(outputs):
             async for out in outputs:
                 c = out.outputs[0]
+                if out.finished and c.finish_reason in GAVE_UP:
+                    return  # the stream ends unanswered: the pipeline resumes the response elsewhere
                 completion += len(c.token_ids)
                 yield DecodeDelta(
                     media_rows=media_rows if completion == len(c.token_ids) else (),

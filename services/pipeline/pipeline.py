@@ -70,6 +70,11 @@ INLINE_LAYOUT_CHARS = 16_384
 STAGE_GONE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError)
 
 
+class DecodeDropped(Exception):
+    """A decode stream that ended with no finish reason: its engine gave the request up
+    (vLLM's `error` or `abort`: services/engine/session_kv.py GAVE_UP) without answering it."""
+
+
 @dataclass
 class Event:
     text: str = ""
@@ -116,11 +121,12 @@ MAX_SESSION_CHARS = 128
 
 @contextlib.contextmanager
 def stage_calls() -> Iterator[None]:
-    """A stage replica that died or cannot be reached is a 503 (gRPC UNAVAILABLE): the request may
-    be retried once Serve replaces it. Logged under an id; the client gets only the id."""
+    """A stage replica that died or cannot be reached, or a decode its engine dropped, is a 503 (gRPC
+    UNAVAILABLE): the request may be retried once Serve replaces it. Logged under an id; the client
+    gets only the id."""
     try:
         yield
-    except STAGE_GONE as e:
+    except (*STAGE_GONE, DecodeDropped) as e:
         error_id = f"err_{uuid.uuid4().hex[:16]}"
         log.error("a stage call failed [%s]", error_id, exc_info=e)
         raise OmniError(
@@ -204,7 +210,8 @@ class Pipeline:
         self.tool_calls = metric("omniray_gateway_tool_calls_total")
         self.decode_resumes = metric("omniray_gateway_decode_resumes_total")
         for outcome in ("resumed", "failed"):
-            zero(self.decode_resumes, outcome=outcome)
+            for cause in ("replica_lost", "engine_dropped"):
+                zero(self.decode_resumes, outcome=outcome, cause=cause)
         self.resume_seconds = metric("omniray_gateway_decode_resume_seconds")
         for choice in ("auto", "required", "function"):
             zero(self.tool_calls, choice=choice)
@@ -570,20 +577,23 @@ class Pipeline:
     async def _decode(
         self, request: stages_pb2.DecodeRequest, session: dict
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
-        """Decode, streamed. When the replica serving it dies mid-response, the response goes on on
-        another (or the replaced) replica from the tokens already sent: the prompt and those tokens
-        are computed again (prefix caching and the KV store hold the prompt's pages) and generation
-        continues for what is left of max_tokens — one visible hiccup, counted, and bounded by
+        """Decode, streamed. When the replica serving it dies mid-response, or its engine drops the
+        request (DecodeDropped), the response goes on on another (or the replaced, or the same)
+        replica from the tokens already sent: the prompt and those tokens are computed again
+        (prefix caching and the KV store hold the prompt's pages) and generation continues for what
+        is left of max_tokens — one visible hiccup, counted, and bounded by
         `pipeline.decode_resume.wait_s`. Not for answers under a grammar (structured output would
         restart its state mid-answer): those fail as before."""
         resume = self.profile.pipeline.decode_resume
         original, sent, resent = request, [], 0
-        lost_at: float | None = None  # when the serving replica was lost (None: serving)
+        lost_at: float | None = None  # when the decode was lost (None: serving)
+        cause = ""  # why: replica_lost, engine_dropped
         while True:
             try:
+                finished = False
                 async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
                     if lost_at is not None:
-                        self.decode_resumes.inc(tags={"outcome": "resumed"})
+                        self.decode_resumes.inc(tags={"outcome": "resumed", "cause": cause})
                         self.resume_seconds.observe(time.monotonic() - lost_at)
                         lost_at = None
                     sent.extend(chunk.token_ids)
@@ -591,20 +601,26 @@ class Pipeline:
                         # the engine counted the resent tokens as prompt: they were generated
                         chunk.usage.prompt_tokens -= resent
                         chunk.usage.completion_tokens += resent
+                    finished = bool(chunk.finish_reason)
                     yield chunk
+                if not finished:
+                    raise DecodeDropped()
                 return
-            except STAGE_GONE:
+            except (*STAGE_GONE, DecodeDropped) as e:
                 now = time.monotonic()
-                lost_at = now if lost_at is None else lost_at
+                if lost_at is None:
+                    lost_at = now
+                    cause = "engine_dropped" if isinstance(e, DecodeDropped) else "replica_lost"
                 left = original.sampling.max_tokens - len(sent)
                 grammar = original.sampling.json_schema or original.sampling.json_object
                 if not resume.enabled or grammar or left <= 0 or now - lost_at > resume.wait_s:
                     if resume.enabled and not grammar:
-                        self.decode_resumes.inc(tags={"outcome": "failed"})
+                        self.decode_resumes.inc(tags={"outcome": "failed", "cause": cause})
                     raise
                 log.warning(
-                    "decode replica lost mid-response (%s): resuming after %d tokens",
+                    "decode lost mid-response (%s, %s): resuming after %d tokens",
                     original.ctx.request_id,
+                    cause,
                     len(sent),
                 )
                 request, resent = _continued(original, sent), len(sent)

@@ -3,8 +3,9 @@ engine (services/engine/session_kv.py), through ThinkerEngine.decode on the tiny
 appends only its new tokens to the same vLLM request (no recompute of the history), the request's
 resident blocks stay within the sinks + window bound while the conversation grows far past it, an
 edited history restarts the request from sinks + window, a reply the history tokenizes to other ids
-(same text) still continues it, a turn whose consumer leaves ends it, and an idle one is closed with
-no turn to notice it."""
+(same text) still continues it, a turn whose consumer leaves ends it, an idle one is closed with
+no turn to notice it, and a request vLLM gives up on (aborted under its reader) ends its stream with
+no finish reason — for the pipeline to resume, not to report as an answer — and is not kept."""
 
 from __future__ import annotations
 
@@ -137,6 +138,27 @@ async def test_an_idle_request_is_closed_without_another_turn(engine):
         assert engine.unfinished_requests() == 0  # and the engine's request is gone with it
     finally:
         kv.spec = spec
+
+
+@pytest.mark.parametrize("session", ["gaveup", ""], ids=["session request", "one-off request"])
+async def test_a_request_the_engine_gives_up_ends_its_stream_unanswered(engine, session):
+    kv = engine.session_kv
+    await kv.close_all()
+    started = kv.outcomes["started"]
+    ids = [random.Random(6).randrange(5, 2000) for _ in range(40)]
+    ctx = common_pb2.RequestContext(request_id="gaveup-t0", session_id=session, tenant="t")
+    sampling = common_pb2.SamplingParams(max_tokens=200, temperature=0)
+    got, finishes = [], []
+    async for d in engine.decode(ctx.request_id, _prompt(ids), sampling, "", ctx):
+        if not got:  # vLLM aborts it under its reader: its `abort` finish comes instead of tokens
+            await engine.engine.abort(f"{ctx.request_id}-session" if session else ctx.request_id)
+        got += d.token_ids
+        finishes.append(d.finish_reason)
+    assert got and len(got) < 200 and finishes[-1] is None  # ended, unanswered
+    assert kv.requests() == 0 and engine.unfinished_requests() == 0  # nothing kept of it
+    if session:  # its next turn starts a request anew, not appending to the one gone
+        reply, finish, _ = await _turn(engine, session, ids + got + [7, 8, 9], 1)
+        assert kv.outcomes["started"] == started + 2 and reply and finish in ("stop", "length")
 
 
 async def test_the_engine_measures_its_frame_time(engine):

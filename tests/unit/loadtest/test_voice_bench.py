@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import http.server
+import json
 import random
 import statistics
 import threading
+import time
 from types import SimpleNamespace
 
 import websockets.sync.server as ws_server
@@ -135,3 +138,36 @@ def test_a_response_that_ended_without_audio_is_reported_with_why():
     assert silent_end(5, cut) == (5, "incomplete", "max_output_tokens", 0)
     plain = {"status": "completed", "status_details": None, "usage": None}
     assert silent_end(0, plain) == (0, "completed", "", 0)
+
+
+def test_an_empty_reply_adds_no_duration_to_draw_barge_ins_from():
+    """A reply whose first token ended it (a random-weight thinker samples end-of-text now and
+    then) has no audio: a barge-in drawn from its 0 s would cut the next reply at its first audio."""
+    audio = base64.b64encode(b"\0\0" * 2400).decode()  # 100 ms at 24 kHz
+    done = {
+        "type": "response.done",
+        "response": {"id": "r", "status": "completed", "usage": {"output_tokens": 1}},
+    }
+    events = [{"type": "response.created", "response": {"id": "r"}}, done,
+              {"type": "response.created", "response": {"id": "r"}},
+              {"type": "response.output_audio.delta", "response_id": "r", "item_id": "i", "delta": audio}, done]  # fmt: skip
+
+    def serve(conn):
+        conn.recv()  # the session's update
+        for event in events:
+            conn.send(json.dumps(event))
+        for _ in conn:  # until the client goes
+            pass
+
+    with ws_server.serve(serve, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"ws://127.0.0.1:{server.socket.getsockname()[1]}/v1/realtime"
+        durations: list[float] = []
+        client = Client(url, [b"\0\0" * 160], 0.0, seed=0, durations=durations)
+        deadline = time.monotonic() + 10
+        while client.stats.generated < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        client.rt.close()
+        server.shutdown()
+    assert client.stats.generated == 2  # both replies' tokens counted
+    assert durations == [0.1]  # only the one with audio
