@@ -380,8 +380,11 @@ class Gateway:
             return StreamingResponse(
                 self._speech_sse(chunks), media_type="text/event-stream", headers=prepared.lease.headers
             )
+        # The status goes out with the first bytes: a failure before them is its own error (a 503
+        # when a stage is gone), not a 200 with an empty file.
+        first = await self._first_bytes(chunks)
         return StreamingResponse(
-            self._speech_bytes(chunks), media_type=file.content_type, headers=prepared.lease.headers
+            self._speech_bytes(first, chunks), media_type=file.content_type, headers=prepared.lease.headers
         )
 
     async def _speech_chunks(self, p: Prepared, file: SpeechFile, arrival: float, span, api_name="speech"):
@@ -393,13 +396,24 @@ class Gateway:
                 yield file.close(), ev.usage
 
     @staticmethod
-    async def _speech_bytes(chunks) -> AsyncIterator[bytes]:
+    async def _first_bytes(chunks) -> bytes:
+        async for data, _ in chunks:
+            if data:
+                return data
+        return b""
+
+    @staticmethod
+    async def _speech_bytes(first: bytes, chunks) -> AsyncIterator[bytes]:
+        yield first
         try:
             async for data, _ in chunks:
                 if data:
                     yield data
-        except Exception as e:  # headers are gone: the file ends short; the error is logged by id
+        except Exception as e:
+            # The status is gone: the body is cut off before its end (no last chunk), which the
+            # client sees as a failed transfer, not a short file. Logged by id.
             internal_error(e, "speech failed")
+            raise
 
     @staticmethod
     async def _speech_sse(chunks) -> AsyncIterator[str]:

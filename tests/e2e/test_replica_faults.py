@@ -3,7 +3,9 @@ each response goes on from the tokens already sent once Serve has replaced the r
 gRPC finish with every token they asked for and usage that counts them as generated, the realtime
 response completes — with one hiccup, counted in `omniray_gateway_decode_resumes_total`. An answer
 under a grammar (structured output) cannot be resumed: its client gets a clean error within 5 s
-(an SSE error chunk then `[DONE]`), never a hang. The same session's next turn is served."""
+(an SSE error chunk then `[DONE]`), never a hang. The same session's next turn is served. A speech
+file whose talker replica dies mid-stream is cut off before its end — a failed transfer, never a
+short file that looks whole."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import pytest
 import websockets.sync.client as ws_client
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
+from services.gateway.audio_api import MAX_SPEECH_CHARS
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import AUTH, grpc_channel
@@ -210,6 +213,28 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     while _resumes(omniray) < before + 4 and time.monotonic() < deadline:
         time.sleep(2)
     assert _resumes(omniray) >= before + 4
+
+
+def test_a_speech_file_cut_by_a_dead_talker_fails_its_transfer(omniray, model_name):
+    """The status (200) goes out with the file's first bytes; a talker replica that dies after them
+    (speech is not resumed) leaves the body without its end, which the client sees as a failed
+    transfer."""
+    words = "The talker goes on speaking, clause after clause, "
+    text = (words * (MAX_SPEECH_CHARS // len(words)))[:MAX_SPEECH_CHARS]
+    body = {"model": model_name, "voice": "alloy", "input": text, "response_format": "pcm"}
+    got, killed, error = 0, False, None
+    url = f"{omniray.http_url}/v1/audio/speech"
+    with httpx.stream("POST", url, json=body, headers=AUTH, timeout=RECOVER_S) as r:
+        assert r.status_code == 200
+        try:
+            for chunk in r.iter_bytes():
+                got += len(chunk)
+                if not killed:
+                    _kill(_replica_pid("Talker"))
+                    killed = True
+        except httpx.TransportError as e:
+            error = e
+    assert killed and error is not None, f"{got} bytes read as a whole file"
 
 
 @pytest.fixture(autouse=True)
