@@ -4,9 +4,11 @@ serve the two calls find each other, and nothing passes through the gateway.
 
 Decode appends, first, the thinker's hidden states at the prompt's media placeholders when the prompt
 has media (the talker's input, services/extensions/vllm/media_rows.py), then each chunk's token ids,
-and when the response ends for any reason an end entry (or an error entry); the talker reads from
-the start with bounded blocking reads. The stream expires a while after its
-last write, so an abandoned one (a stage killed mid-response) does not stay.
+and when the response ends an end entry (or an error entry); the talker reads from the start with
+bounded blocking reads. A decode lost mid-response (its replica killed, or its request given up by
+its engine) writes no end: the decode that resumes it (services/pipeline/pipeline.py `_decode`)
+appends to the same stream after what is there (`TokenStreamWriter.continued`). The stream expires a
+while after its last write, so an abandoned one does not stay.
 
 The stream is speech's side channel: a slow Redis answer (a loaded node) is retried for a few
 seconds, and a Redis that stays away breaks the stream, not the response — decode's text goes on,
@@ -45,6 +47,24 @@ class TokenStreamWriter:
         self.redis = client or async_client()
         self._seq = 0
         self.broken = False  # a write failed for good: the rest are dropped (the talker times out)
+
+    async def continued(self) -> bool:
+        """Write after what the stream holds (a decode resumed after a lost one wrote part of it);
+        whether it holds anything (then the talker has the media rows). A Redis that stays away
+        breaks the stream, as a write would."""
+        deadline = time.monotonic() + WRITE_DEADLINE_S
+        while True:
+            try:
+                top = await self.redis.xrevrange(self.stream, count=1)
+                break
+            except UNAVAILABLE:
+                if time.monotonic() > deadline:
+                    self.broken = True
+                    return False
+                await asyncio.sleep(RETRY_PAUSE_S)
+        if top:
+            self._seq = int(top[0][0].split(b"-")[0])
+        return bool(top)
 
     async def add(self, token_ids) -> None:
         await self._add({"ids": np.asarray(token_ids, dtype="<i4").tobytes()})

@@ -69,17 +69,32 @@ class Decode(_Thinker):
                 request.ctx,
             )
             talker = TokenStreamWriter(request.token_stream, self.redis) if request.token_stream else None
+            # a resumed decode (the stream holds a lost one's part): the talker has the media rows
+            resumed = talker is not None and await talker.continued()
+            # What the talker reads when this call ends: the end (the response answered, or its
+            # reader gone: the talker stops), an error, or nothing — an answer the engine gave up
+            # on (no finish), which the pipeline resumes on this stream.
+            last = "end"
             try:
+                finished = False
                 # Tokens that piled up while the previous chunk was in flight go out as one chunk.
                 async for delta in coalesce(deltas, DecodeDelta.merge):
-                    if talker is not None and delta.media_rows:
+                    if talker is not None and delta.media_rows and not resumed:
                         await self._hand_media_rows(talker, delta.media_rows)
                     if talker is not None and delta.token_ids:
                         await talker.add(delta.token_ids)
+                    finished = finished or bool(delta.finish_reason)
                     yield self._chunk(delta, self.engine.frame_s())
+                if not finished:
+                    last = None
+            except Exception:
+                last = "error"
+                raise
             finally:
-                if talker is not None:  # the talker stops reading here, whatever ended the response
+                if talker is not None and last == "end":
                     await asyncio.shield(talker.end())
+                elif talker is not None and last == "error":
+                    await asyncio.shield(talker.fail("the thinker failed; ask again"))
 
     async def _hand_media_rows(self, talker: TokenStreamWriter, keys: tuple[str, ...]) -> None:
         """The thinker's rows at the prompt's media, in prompt order, ahead of the tokens (written

@@ -1,7 +1,8 @@
 """The token stream from decode to a token talker, on a real Redis: chunks arrive in order and end at
 the end entry; a reader that sees nothing for its wait gives up with TimeoutError (a thinker that
 stalled or died) rather than waiting forever; a stream expires after its last write; a writer whose
-Redis stays away stops writing (speech fails alone) instead of failing decode's response."""
+Redis stays away stops writing (speech fails alone) instead of failing decode's response; a resumed
+decode's writer appends after what a lost one wrote, and the talker reads both as one answer."""
 
 from __future__ import annotations
 
@@ -35,6 +36,19 @@ async def test_chunks_arrive_in_order_until_the_end(redis):
     await task
     assert got == [[1, 2], [3], [151645]]
     assert 0 < await redis.ttl(stream) <= token_stream.TTL_S
+
+
+async def test_a_resumed_writer_appends_after_a_lost_ones_part(redis):
+    stream = token_stream.key(uuid.uuid4().hex)
+    lost = TokenStreamWriter(stream, redis)
+    assert not await lost.continued()  # a new stream: nothing before it
+    await lost.add([1, 2])
+    await lost.add([3])  # then its replica dies: no end entry
+    resumed = TokenStreamWriter(stream, redis)
+    assert await resumed.continued()
+    await resumed.add([4])
+    await resumed.end()
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3], [4]]
 
 
 async def test_a_silent_stream_times_out_within_its_wait(redis):

@@ -1,0 +1,70 @@
+"""The decode stage's token stream (what a token talker reads: services/dataplane/token_stream.py) as
+the response ends, on the tiny thinker's real engine and a real Redis: an answer the engine gave up
+on (vLLM aborted it under its reader) leaves the stream open — no end entry — and the decode that
+resumes it (the pipeline's continuation: prompt + tokens sent) appends after it, so the talker reads
+one answer to its end; a decode that fails writes an error entry, so the talker stops at once
+rather than finish a cut-off answer as if it were whole."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from omni.v1 import common_pb2, stages_pb2
+
+from services.common.redis_config import async_client
+from services.dataplane import token_stream
+from services.pipeline.pipeline import _continued
+
+
+@pytest.fixture(scope="module")
+def decode(redis_url):
+    from services.models.profile import load_profile
+    from services.stages.thinker import Decode
+
+    os.environ["OMNIRAY_REDIS_URL"] = redis_url
+    tiny = load_profile("tiny")
+    profile = tiny.model_copy(update={"engine": tiny.engine.model_copy(update={"kv_transfer": "none"})})
+    stage = Decode.func_or_class(profile.model_dump(mode="json"))
+    yield stage
+    stage.engine.shutdown()
+
+
+def _request(ids: list[int], max_tokens: int = 40) -> stages_pb2.DecodeRequest:
+    rid = uuid.uuid4().hex
+    return stages_pb2.DecodeRequest(
+        ctx=common_pb2.RequestContext(request_id=rid, tenant="t"),
+        prompt=stages_pb2.Prompt(segments=[stages_pb2.PromptSegment(tokens=stages_pb2.TokenSpan(ids=ids))]),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0),
+        token_stream=token_stream.key(rid),
+    )
+
+
+async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode, redis_url):
+    request = _request(list(range(100, 140)))
+    sent, finishes = [], []
+    async for chunk in decode.Decode(request):
+        if not sent:  # vLLM aborts it under its reader
+            await decode.engine.engine.abort(f"{request.ctx.request_id}-decode")
+        sent += chunk.token_ids
+        finishes.append(chunk.finish_reason)
+    assert sent and len(sent) < 40 and not any(finishes)  # unanswered
+    rest, finish = [], ""
+    async for chunk in decode.Decode(_continued(request, sent)):
+        rest += chunk.token_ids
+        finish = chunk.finish_reason or finish
+    assert finish in ("stop", "length") and len(sent) + len(rest) <= 40
+    redis = async_client(redis_url)
+    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+    assert heard == sent + rest  # one answer, in order, to its end entry
+
+
+async def test_a_decode_that_fails_tells_the_talker(decode, redis_url):
+    request = _request(list(range(100, 140)) * 200)  # longer than the engine's max_model_len
+    with pytest.raises(Exception):  # noqa: B017 - vLLM's refusal, whatever its type
+        async for _ in decode.Decode(request):
+            pass
+    with pytest.raises(token_stream.ThinkerFailed):
+        async for _ in token_stream.read(request.token_stream, 5.0, async_client(redis_url)):
+            pass
