@@ -10,7 +10,6 @@ keeps each handler's request deserializer, so this runs in the proxy process."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from omni.v1 import omni_pb2, omni_pb2_grpc
 
+from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request
 from services.models.profile import LimitsSpec
 from services.pipeline import media
@@ -144,11 +144,15 @@ def _tools(request: omni_pb2.ChatRequest) -> Tools | None:
     for i, t in enumerate(request.tools):
         if not TOOL_NAME.fullmatch(t.name):
             raise bad_request("a tool's name is 1-64 letters, digits, _ or -", param=f"tools.{i}.name")
-        if t.parameters_json:
+        if t.parameters_json:  # a JSON Schema object, parsed with REST's limits
             try:
-                json.loads(t.parameters_json)
-            except ValueError:
-                raise bad_request("parameters_json is not JSON", param=f"tools.{i}.parameters_json") from None
+                parameters = untrusted_json.loads(t.parameters_json)
+            except untrusted_json.JsonLimitError as e:
+                raise bad_request(
+                    f"parameters_json: {e.message}", param=f"tools.{i}.parameters_json"
+                ) from None
+            if not isinstance(parameters, dict):
+                raise bad_request("parameters_json is not a JSON object", param=f"tools.{i}.parameters_json")
     specs = tuple(Tool(t.name, t.description, t.parameters_json) for t in request.tools)
     parallel = not request.sequential_tool_calls
     if request.tool_choice_function:

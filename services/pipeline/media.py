@@ -106,7 +106,7 @@ def inspect_image(data: bytes, limits: LimitsSpec, *, param: str) -> ImageHeader
             fmt, (width, height), frames = img.format, img.size, getattr(img, "n_frames", 1)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise too_large("image has too many pixels", code="image_too_large", param=param) from None
-    except (OSError, SyntaxError, ValueError, Image.UnidentifiedImageError):
+    except Exception:  # a damaged header fails each format's parser its own way (TypeError, IndexError, ...)
         raise bad_request("image could not be decoded", code="invalid_image", param=param) from None
     if fmt not in IMAGE_FORMATS:
         raise bad_request(
@@ -242,6 +242,8 @@ def _decode_audio(data: bytes, fmt: str, *, param: str) -> np.ndarray:
         wave = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)[0].mean(axis=1)
     except soundfile.LibsndfileError:
         raise bad_request("audio could not be decoded as WAV", code="invalid_audio", param=param) from None
+    if not np.isfinite(wave).all():  # float samples can be NaN or infinite: no encoder takes those
+        raise bad_request("WAV samples must be finite numbers", code="invalid_audio", param=param)
     return np.ascontiguousarray(wave, dtype=np.float32)
 
 
@@ -291,7 +293,9 @@ def _decode_compressed(data: bytes, limits: LimitsSpec, *, param: str) -> np.nda
                     )
             for out in resampler.resample(None):
                 parts.append(out.to_ndarray().reshape(-1))
-    except av.FFmpegError:
+    # ValueError: frames whose rate or layout changes mid-file (the resampler is set up by the
+    # first), and tags that are not UTF-8
+    except (av.FFmpegError, ValueError):
         raise invalid("the file is damaged or of an unsupported type") from None
     samples = np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros(0), dtype=np.float32)
     if len(samples) == 0:

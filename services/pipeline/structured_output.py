@@ -13,8 +13,9 @@ from collections import OrderedDict
 from services.common.errors import bad_request
 
 PARAM = "response_format.json_schema.schema"
-# xgrammar's messages start with the time and the C++ source position: not the client's business.
-_SOURCE = re.compile(r"^.*?\.cc:\d+: (Check failed: \(.*?\) is false: )?")
+# xgrammar's messages carry the time and the C++ source position (at the start, and again for each
+# error it wraps): not the client's business.
+_SOURCE = re.compile(r"(\[[\d:]+\] )?\S*\.(cc|h|cpp|hpp):\d+: (Check failed: \(.*?\) is false: )?")
 MAX_REASON_CHARS = 300
 COMPILE_DEADLINE_S = 5.0
 REMEMBERED = 256

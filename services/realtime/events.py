@@ -9,7 +9,6 @@ are in services/realtime/server_events.py.
 from __future__ import annotations
 
 import base64
-import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
@@ -194,8 +193,8 @@ class InputAudioBufferAppend(_Event):
 def _b64(audio: str, event_id: str | None) -> bytes:
     try:
         return base64.b64decode(audio, validate=True)
-    except binascii.Error as e:
-        raise RealtimeEventError(f"audio is not valid base64: {e}", event_id=event_id) from None
+    except ValueError:  # binascii.Error, or characters outside ASCII
+        raise RealtimeEventError("audio is not valid base64", event_id=event_id) from None
 
 
 class InputAudioBufferCommit(_Event):

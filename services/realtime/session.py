@@ -984,6 +984,8 @@ class RealtimeSession:
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
         max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
+        if max_output > (cap := self.profile.limits.max_tokens_cap):  # before the window is cut to fit it
+            raise ev.RealtimeEventError(f"max_output_tokens must be at most {cap}")
         if items is None:
             self._fit_history(instructions, max_output, pending)
         turns = self._turns(pending, items)

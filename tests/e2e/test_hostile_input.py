@@ -833,6 +833,7 @@ REALTIME_CASES = {
     "append_no_audio": json.dumps({"type": "input_audio_buffer.append"}),
     "append_audio_number": json.dumps({"type": "input_audio_buffer.append", "audio": 1}),
     "append_bad_base64": json.dumps({"type": "input_audio_buffer.append", "audio": "@@@@"}),
+    "append_non_ascii_base64": json.dumps({"type": "input_audio_buffer.append", "audio": "éééé"}),
     "append_odd_bytes": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(3)}),
     "append_oversized": json.dumps({"type": "input_audio_buffer.append", "audio": _b64(16 * 24_000 * 2)}),
     "commit_empty": json.dumps({"type": "input_audio_buffer.commit"}),
@@ -873,6 +874,7 @@ REALTIME_CASES = {
     "item_create_text_too_long": _item({"type": "input_text", "text": "t" * 70_000}),
     "item_create_text_number": _item({"type": "input_text", "text": 5}),
     "item_create_audio_bad_base64": _item({"type": "input_audio", "audio": "@@@@"}),
+    "item_create_audio_non_ascii_base64": _item({"type": "input_audio", "audio": "éééé"}),
     "item_create_audio_odd_bytes": _item({"type": "input_audio", "audio": _b64(3)}),
     "item_create_audio_too_short": _item({"type": "input_audio", "audio": _b64(100)}),
     "item_create_audio_oversized": _item({"type": "input_audio", "audio": _b64(16 * 24_000 * 2)}),
@@ -1156,6 +1158,15 @@ GRPC_CASES = {
     ),
     "tool_parameters_not_json": lambda m: _grpc_request(
         m, tools=[omni_pb2.FunctionTool(name="f", parameters_json="{")], tool_choice="required"
+    ),
+    "tool_parameters_deep": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f", parameters_json="[" * 100_000 + "]" * 100_000)]
+    ),
+    "tool_parameters_not_object": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f", parameters_json="5")]
+    ),
+    "tool_parameters_nan": lambda m: _grpc_request(
+        m, tools=[omni_pb2.FunctionTool(name="f", parameters_json='{"minimum": NaN}')]
     ),
     "tool_choice_unknown": lambda m: _grpc_request(
         m, tools=[omni_pb2.FunctionTool(name="f")], tool_choice="always"

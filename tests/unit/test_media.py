@@ -60,6 +60,49 @@ def test_animated_image_is_refused():
     assert _refused(media.inspect_image, buf.getvalue(), LIMITS, param="p").code == "invalid_image"
 
 
+def test_a_damaged_header_of_another_format_is_refused_not_raised():
+    """Pillow tries every format's parser on the header; a damaged TIFF's fails with a TypeError."""
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "TIFF")
+    tiff = bytearray(buf.getvalue())
+    tiff[31], tiff[133] = 107, 51  # the image length's value, a strip's byte count
+    assert _refused(media.inspect_image, bytes(tiff), LIMITS, param="p").code == "invalid_image"
+
+
+def _mp3(rate: int) -> bytes:
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp3") as out:
+        stream = out.add_stream("mp3", rate=rate)
+        stream.layout = "mono"
+        t = np.arange(rate // 2) / rate
+        frame = av.AudioFrame.from_ndarray(
+            (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)[None], format="flt", layout="mono"
+        )
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def test_a_compressed_file_whose_rate_changes_midway_is_refused_not_raised():
+    """Two MP3s of different rates end to end (`cat`): the second's frames do not match the
+    resampler the first set up."""
+    assert media.audio_file(_mp3(44_100), LIMITS, param="p").frames > 0
+    error = _refused(media.audio_file, _mp3(44_100) + _mp3(22_050), LIMITS, param="p")
+    assert (error.status, error.code) == (400, "invalid_audio")
+
+
+def test_a_float_wav_with_samples_that_are_not_numbers_is_refused():
+    buf = io.BytesIO()
+    soundfile.write(
+        buf, np.array([0.1, np.nan, np.inf] * 800, np.float32), 16000, format="WAV", subtype="FLOAT"
+    )
+    clip = media.audio_clip(buf.getvalue(), "wav", LIMITS, param="p")  # the header is fine
+    assert _refused(clip.for_encoder).code == "invalid_audio"
+
+
 def _wav(rate=16000, channels=1, frames=1600, subtype="PCM_16") -> bytes:
     buf = io.BytesIO()
     soundfile.write(buf, np.zeros((frames, channels), np.float32), rate, format="WAV", subtype=subtype)

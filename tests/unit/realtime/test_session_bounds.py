@@ -305,3 +305,16 @@ async def test_a_context_refusal_drops_a_turn_and_retries():
     await _turns(s, 1, seconds=2.0)
     assert pipeline.refused >= 1 and _errors(sent) == []
     assert pipeline.prepared[-1].prompt_tokens + 16 <= 700
+
+
+async def test_a_response_asking_for_more_than_the_cap_is_refused_before_the_window_is_cut():
+    """A `max_output_tokens` over the profile's cap would leave the window no room (every turn but
+    the newest dropped, for good) before the pipeline refused it: it is refused first."""
+    profile = _profile(max_history_turns=64)
+    s, sent = await _session(profile, audio={"input": {"turn_detection": None}})
+    await _turns(s, 3)
+    items = [i.id for i in s.items]
+    cap = profile.limits.max_tokens_cap
+    await s.handle(json.dumps({"type": "response.create", "response": {"max_output_tokens": cap + 1}}))
+    assert _errors(sent)[-1]["message"] == f"max_output_tokens must be at most {cap}"
+    assert [i.id for i in s.items] == items and not s.busy  # the conversation is as it was
