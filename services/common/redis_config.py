@@ -20,8 +20,16 @@ from redis.backoff import NoBackoff
 ENV = "OMNIRAY_REDIS_URL"  # the local runtime sets it for every process it starts
 SOCKET_TIMEOUT_S = 0.5  # a read or write that takes longer fails (redis.TimeoutError)
 CONNECT_TIMEOUT_S = 0.5
-# What a caller sees when Redis is down, stalled or restarting (not a script's or a command's error).
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+# What a caller sees when Redis is down, stalled or restarting, or refuses writes for a while: a
+# replica after a failover (READONLY), a full one (OOM), a slot moving (TRYAGAIN) — not a script's
+# or a command's own error.
+UNAVAILABLE = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.TryAgainError,
+)
 
 
 def redis_url() -> str:

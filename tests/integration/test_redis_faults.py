@@ -1,5 +1,5 @@
-"""Redis faults, with a real server of each test's own: stalled (SIGSTOP), killed, and restarted
-empty on its port. Quota admission answers 503 + Retry-After within 2 s (fail_open tenants are
+"""Redis faults, with a real server of each test's own: stalled (SIGSTOP), killed, restarted
+empty on its port, and refusing writes (full: OOM; a replica after a failover: READONLY). Quota admission answers 503 + Retry-After within 2 s (fail_open tenants are
 admitted unmetered); keys from the tenants file authenticate without Redis; the KV metadata skips
 lookups and saves and counts them; the session board keeps its last views. When Redis is back,
 everything works again with the same objects — nothing is rebuilt."""
@@ -124,6 +124,27 @@ async def test_killed_redis_is_a_503_and_a_restarted_one_admits_without_a_rebuil
     print(f"admit, Redis restarted on its port: admitted in {elapsed * 1000:.0f} ms")
     await service.release(lease)
     assert metrics.count("redis_error", "release") == 1
+
+
+@pytest.mark.parametrize(
+    "refusing",
+    [("CONFIG", "SET", "maxmemory", "1"), ("REPLICAOF", "127.0.0.1", "1")],
+    ids=["full (OOM)", "read-only replica"],
+)
+async def test_redis_refusing_writes_is_a_503_not_a_500(redis_server, quota, refusing):
+    service, _ = quota
+    tenant = _tenant()
+    client = async_client(redis_server.url)
+    await client.execute_command(*refusing)
+    try:
+        elapsed, result = await timed(service.admit(tenant, "r1", Cost(text_tokens=10), "interactive"))
+        assert_unavailable(result, elapsed)
+    finally:
+        await client.execute_command("CONFIG", "SET", "maxmemory", "0")
+        await client.execute_command("REPLICAOF", "NO", "ONE")
+        await client.aclose()
+    elapsed, lease = await timed(service.admit(tenant, "r2", Cost(text_tokens=10), "interactive"))
+    assert lease.metered
 
 
 async def test_fail_open_tenant_is_admitted_unmetered_and_counted(redis_server, quota):
