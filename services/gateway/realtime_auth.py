@@ -20,8 +20,6 @@ from services.realtime.session import unserved
 # the server answers with the `realtime` subprotocol.
 SUBPROTOCOL = "realtime"
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
-# A secret's session settings: instructions (64 KiB) and tools fit; the rest of a body does not stay.
-MAX_SESSION_BYTES = 256 * 1024
 
 
 class ExpiresAfter(BaseModel):
@@ -41,8 +39,8 @@ def session_settings(session: dict, profile: Profile) -> ev.SessionConfig:
     checked now (a 422 naming the field) rather than when the session opens: their shape, size,
     model, voice and token cap (tools and input transcription are checked when the session opens,
     as a `session.update`'s)."""
-    if len(json.dumps(session)) > MAX_SESSION_BYTES:  # a secret's stay in Redis for its life
-        raise OmniError(413, f"session settings are larger than {MAX_SESSION_BYTES} bytes",
+    if len(json.dumps(session)) > ev.MAX_SESSION_BYTES:  # a secret's stay in Redis for its life
+        raise OmniError(413, f"session settings are larger than {ev.MAX_SESSION_BYTES} bytes",
                         code="request_too_large", param="session")  # fmt: skip
     try:
         config = ev.SessionConfig.model_validate(session)

@@ -31,7 +31,6 @@ from services.common.errors import OmniError, bad_request, internal_error
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.gateway.openai_api import parse_form
-from services.gateway.realtime_auth import MAX_SESSION_BYTES
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
@@ -400,7 +399,7 @@ async def read_offer(body: bytes, headers: Headers) -> tuple[str, dict | None]:
     if media_type != "multipart/form-data":
         raise OmniError(415, "send the SDP offer as the body (Content-Type: application/sdp) or as the "
                         "'sdp' field of a multipart/form-data form", code="unsupported_media_type")  # fmt: skip
-    form = await parse_form(body, headers, max_files=len(FORM_FIELDS), max_part_size=MAX_SESSION_BYTES)
+    form = await parse_form(body, headers, max_files=len(FORM_FIELDS), max_part_size=ev.MAX_SESSION_BYTES)
     try:
         fields: dict[str, bytes] = {}
         for name, value in form.multi_items():

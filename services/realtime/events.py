@@ -29,6 +29,9 @@ MAX_CONTENT_PARTS = 8
 MAX_RESPONSE_INPUT_ITEMS = 64
 MAX_TOOLS = 128  # OpenAI's
 MAX_TOOL_TEXT_CHARS = 64 * 1024  # a call's arguments, a call's output
+# A session's settings as JSON, however many updates built them (unknown keys are kept and echoed,
+# as OpenAI's are): instructions (64 KiB) and tools fit. A client secret's are kept in Redis too.
+MAX_SESSION_BYTES = 256 * 1024
 Id = Annotated[str, Field(max_length=MAX_ID_CHARS)]
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
 ItemText = Annotated[str, Field(max_length=MAX_ITEM_TEXT_CHARS)]

@@ -571,6 +571,10 @@ class RealtimeSession:
             await self.send(
                 se.error(f"session.{where}: {why}", "invalid_value", event_id, param=f"session.{where}")
             )
+        if not deployment and len(config.model_dump_json()) > ev.MAX_SESSION_BYTES:
+            why = f"session settings would be larger than {ev.MAX_SESSION_BYTES} bytes; nothing applied"
+            await self.send(se.error(why, "invalid_value", event_id, param="session"))
+            return
         if not deployment:
             if config.audio.input.format.type != self.config.audio.input.format.type:
                 self.input_audio = InputAudio(config.audio.input.format.type)
@@ -721,6 +725,11 @@ class RealtimeSession:
         previous = self.items[at - 1].id if at > 0 else None
         await self.send(se.ConversationItemAdded(previous_item_id=previous, item=item.describe()))
         await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
+        # Items between responses are bounded as a response's window is (each create would
+        # otherwise grow the conversation, and what is saved of it, without end).
+        limit = self.config.max_output_tokens
+        max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
+        self._fit_history(self.config.instructions, max_output, None)
 
     # ---- server VAD and barge-in ---------------------------------------------------------------
 

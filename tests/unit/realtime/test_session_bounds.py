@@ -23,6 +23,7 @@ from services.pipeline.pipeline import Event, prompt_tokens
 from services.pipeline.turn import AudioClip
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
+from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.session import PCM_RATE, RealtimeSession
 
@@ -318,3 +319,28 @@ async def test_a_response_asking_for_more_than_the_cap_is_refused_before_the_win
     await s.handle(json.dumps({"type": "response.create", "response": {"max_output_tokens": cap + 1}}))
     assert _errors(sent)[-1]["message"] == f"max_output_tokens must be at most {cap}"
     assert [i.id for i in s.items] == items and not s.busy  # the conversation is as it was
+
+
+async def test_session_settings_do_not_grow_past_their_bound():
+    """Unknown keys are kept and echoed (as OpenAI's are), so updates could pile them up without end:
+    an update that would take the settings past MAX_SESSION_BYTES applies nothing."""
+    s, sent = await _session(_profile())
+    half = "x" * (ev.MAX_SESSION_BYTES // 2)
+    await s.handle(json.dumps({"type": "session.update", "session": {"type": "realtime", "junk1": half}}))
+    assert not _errors(sent)
+    update = {"type": "realtime", "junk2": half, "instructions": "be brief"}
+    await s.handle(json.dumps({"type": "session.update", "session": update}))
+    assert _errors(sent)[-1]["param"] == "session" and sent[-1]["type"] == "session.updated"
+    settings = s.config.model_dump()
+    assert "junk1" in settings and "junk2" not in settings and s.config.instructions != "be brief"
+
+
+async def test_items_created_between_responses_stay_within_the_window():
+    """tiny: at most 4 turns (ratio 0.75): a client that only creates items keeps a window of them,
+    as a response would, not a conversation that grows with every create."""
+    s, sent = await _session(_profile())
+    for i in range(40):
+        await s.handle(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"note {i}"}]}}))  # fmt: skip
+    assert not _errors(sent) and 3 <= len(s.items) <= 4
+    assert s.items[-1].text == "note 39"  # the newest kept
