@@ -105,6 +105,11 @@ class Kept:
         weakref.finalize(self, object_refs.release, self.ref)
 
 
+# The longest an object-store fetch may take (ray.exceptions.GetTimeoutError after it): a tensor of
+# the largest media items moves between nodes well within it.
+FETCH_TIMEOUT_S = 30.0
+
+
 def materialize(desc: common_pb2.TensorDescriptor) -> np.ndarray:
     dtype = _FROM_PROTO.get(desc.dtype)
     if dtype is None:
@@ -112,6 +117,6 @@ def materialize(desc: common_pb2.TensorDescriptor) -> np.ndarray:
     where = desc.WhichOneof("location")
     if where == "inline_data":
         return np.frombuffer(desc.inline_data, dtype=dtype).reshape(tuple(desc.shape))
-    if where == "object_ref":
-        return np.asarray(ray.get(object_refs.loads(desc.object_ref)))
+    if where == "object_ref":  # bounded: an object on a node that stopped answering is no hang
+        return np.asarray(ray.get(object_refs.loads(desc.object_ref), timeout=FETCH_TIMEOUT_S))
     raise ValueError(f"tensor location {where!r} is not available in this build")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from omni.v1 import common_pb2, stages_pb2
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, ObjectLostError, RayActorError
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
@@ -66,8 +66,15 @@ log = logging.getLogger("ray.serve")
 WHOLE_AUDIO_PIECE_S = 0.5
 # Conversations with more text than this are laid out (rendered, tokenized) off the event loop.
 INLINE_LAYOUT_CHARS = 16_384
-# A stage replica's process died or is unreachable (a handle call raises one of these).
-STAGE_GONE = (RayActorError, ActorUnavailableError, DeploymentUnavailableError)
+# A stage replica's process died or is unreachable (a handle call raises one of these), or the
+# object a stage left in the object store is gone with it or cannot be fetched in time.
+STAGE_GONE = (
+    RayActorError,
+    ActorUnavailableError,
+    DeploymentUnavailableError,
+    ObjectLostError,
+    GetTimeoutError,
+)
 
 
 class DecodeDropped(Exception):

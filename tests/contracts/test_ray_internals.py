@@ -1,5 +1,6 @@
 """Contract: the Ray internals in services/extensions/ray/ (written for Ray 2.60), driven against a real
-Ray: an out-of-band reference keeps its object alive until released; a counter exported at 0 is a
+Ray: an out-of-band reference keeps its object alive until released; a tensor whose object cannot
+be fetched gives up within its bound (services/dataplane/tensors.py); a counter exported at 0 is a
 series Ray's metrics pipeline accepts."""
 
 from __future__ import annotations
@@ -61,6 +62,25 @@ def test_out_of_band_reference_pins_until_released(local_ray):
     del released
     gc.collect()
     assert _gone(data)
+
+
+def test_a_tensor_whose_object_never_comes_gives_up_within_its_bound(local_ray, monkeypatch):
+    from omni.v1 import common_pb2
+
+    from services.dataplane import tensors
+
+    never = ray.remote(lambda: time.sleep(3600)).remote()  # an object that is never ready
+    desc = common_pb2.TensorDescriptor(
+        shape=[1], dtype=common_pb2.DTYPE_FLOAT32, object_ref=object_refs.dumps(never)
+    )
+    monkeypatch.setattr(tensors, "FETCH_TIMEOUT_S", 1.0)
+    start = time.monotonic()
+    try:
+        with pytest.raises(ray.exceptions.GetTimeoutError):
+            tensors.materialize(desc)
+        assert time.monotonic() - start < 5
+    finally:
+        ray.cancel(never, force=True)
 
 
 def test_zero_records_a_counter_series(local_ray):
