@@ -224,13 +224,14 @@ def test_a_speech_file_cut_by_a_dead_talker_fails_its_transfer(omniray, model_na
     body = {"model": model_name, "voice": "alloy", "input": text, "response_format": "pcm"}
     got, killed, error = 0, False, None
     url = f"{omniray.http_url}/v1/audio/speech"
+    talker = _replica_pid("Talker")  # looked up first: the kill lands while the file is being made
     with httpx.stream("POST", url, json=body, headers=AUTH, timeout=RECOVER_S) as r:
         assert r.status_code == 200
         try:
             for chunk in r.iter_bytes():
                 got += len(chunk)
                 if not killed:
-                    _kill(_replica_pid("Talker"))
+                    _kill(talker)
                     killed = True
         except httpx.TransportError as e:
             error = e
