@@ -727,9 +727,7 @@ class RealtimeSession:
         await self.send(se.ConversationItemDone(previous_item_id=previous, item=item.describe()))
         # Items between responses are bounded as a response's window is (each create would
         # otherwise grow the conversation, and what is saved of it, without end).
-        limit = self.config.max_output_tokens
-        max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
-        self._fit_history(self.config.instructions, max_output, None)
+        self._fit_history(self.config.instructions, self._max_output(self.config.max_output_tokens), None)
 
     # ---- server VAD and barge-in ---------------------------------------------------------------
 
@@ -983,6 +981,10 @@ class RealtimeSession:
 
     # ---- responses ------------------------------------------------------------------------------
 
+    def _max_output(self, limit: int | str | None) -> int:
+        """A response's token budget: its `max_output_tokens`, or the profile's default ("inf", unset)."""
+        return limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
+
     def _turn(
         self, config: ev.ResponseConfig, pending: Item | None = None, items: list[Item] | None = None
     ) -> tuple[Turn, list[list[Item]]]:
@@ -992,7 +994,7 @@ class RealtimeSession:
         modalities = config.output_modalities or self.config.output_modalities
         instructions = config.instructions or self.config.instructions
         limit = config.max_output_tokens or self.config.max_output_tokens
-        max_output = limit if isinstance(limit, int) else self.profile.pipeline.default_max_tokens
+        max_output = self._max_output(limit)
         if max_output > (cap := self.profile.limits.max_tokens_cap):  # before the window is cut to fit it
             raise ev.RealtimeEventError(f"max_output_tokens must be at most {cap}")
         if items is None:
