@@ -76,9 +76,16 @@ def _declared() -> list[Metric]:
         Metric(
             "omniray_gateway_decode_resumes_total",
             c,
-            "Responses whose decode was lost mid-stream (its replica died, or its engine dropped the "
-            "request): resumed from the tokens sent, or failed.",
+            "Responses whose decode was lost mid-stream (its replica died or stalled past its deadline, "
+            "or its engine dropped the request): resumed from the tokens sent, or failed.",
             ("outcome", "cause"),
+        ),
+        Metric(
+            "omniray_gateway_stage_stalls_total",
+            c,
+            "Calls to a stage replica cancelled past their deadline (pipeline.stage_deadlines): no reply "
+            "or first item within reply_s, or no next item within between_s.",
+            ("stage", "wait"),
         ),
         Metric(
             "omniray_gateway_decode_resume_seconds",

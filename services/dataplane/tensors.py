@@ -9,6 +9,7 @@ with NIXL transfers.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import weakref
@@ -120,3 +121,14 @@ def materialize(desc: common_pb2.TensorDescriptor) -> np.ndarray:
     if where == "object_ref":  # bounded: an object on a node that stopped answering is no hang
         return np.asarray(ray.get(object_refs.loads(desc.object_ref), timeout=FETCH_TIMEOUT_S))
     raise ValueError(f"tensor location {where!r} is not available in this build")
+
+
+async def materialized(desc: common_pb2.TensorDescriptor) -> np.ndarray:
+    """`materialize` for a caller on an event loop (the gateway): an object-store fetch is awaited,
+    so the loop serves its other requests meanwhile; bounded alike."""
+    if desc.WhichOneof("location") != "object_ref" or desc.dtype not in _FROM_PROTO:
+        return materialize(desc)
+    try:
+        return np.asarray(await asyncio.wait_for(object_refs.loads(desc.object_ref), FETCH_TIMEOUT_S))
+    except TimeoutError:
+        raise ray.exceptions.GetTimeoutError(f"object not fetched within {FETCH_TIMEOUT_S:g} s") from None

@@ -248,6 +248,18 @@ class DecodeResumeSpec(_Strict):
     retry_s: float = Field(default=1.0, gt=0)
 
 
+class StageDeadlinesSpec(_Strict):
+    """How long a call to a stage replica may go unanswered (services/pipeline/stage_deadlines.py):
+    then it is cancelled and the stage counts as gone (a 503, or a decode resumed elsewhere)."""
+
+    # A reply, or a stream's first item: a request's wait for a seat in a busy engine and a long
+    # prompt's prefill on CPU come within it.
+    reply_s: float = Field(default=120.0, gt=0)
+    # A stream's next item: a paced request held back (a few seconds of audio ahead) and a busy
+    # engine's step come within it.
+    between_s: float = Field(default=60.0, gt=0)
+
+
 class PipelineSpec(_Strict):
     # Async chunk: the talker starts on the first text chunk instead of the whole answer.
     async_chunk: bool = True
@@ -261,6 +273,15 @@ class PipelineSpec(_Strict):
     # "hermes" for Qwen): tool_choice "auto" needs one (services/pipeline/tool_parser.py).
     tool_call_parser: str | None = None
     decode_resume: DecodeResumeSpec = Field(default_factory=DecodeResumeSpec)
+    stage_deadlines: StageDeadlinesSpec = Field(default_factory=StageDeadlinesSpec)
+
+    def thinker_gap_s(self) -> float:
+        """The longest a response's thinker may go without a token and still go on: its first (a
+        prefill's reply, then decode's first item), or the next after a stall is found and the
+        decode resumed (`between_s`, then a replica answering within `decode_resume.wait_s` and
+        its first item). A token talker waits this long for the thinker."""
+        d, r = self.stage_deadlines, self.decode_resume
+        return max(2 * d.reply_s, d.between_s + (r.wait_s + d.reply_s if r.enabled else 0.0))
 
 
 class AliasSpec(_Strict):

@@ -41,6 +41,7 @@ from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
 from services.pipeline.resampler import OUTPUT_RATE, StreamResampler
+from services.pipeline.stage_deadlines import StageDeadlines, StageStalled
 from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.tool_parser import ToolCallParser
@@ -66,14 +67,16 @@ log = logging.getLogger("ray.serve")
 WHOLE_AUDIO_PIECE_S = 0.5
 # Conversations with more text than this are laid out (rendered, tokenized) off the event loop.
 INLINE_LAYOUT_CHARS = 16_384
-# A stage replica's process died or is unreachable (a handle call raises one of these), or the
-# object a stage left in the object store is gone with it or cannot be fetched in time.
+# A stage replica's process died or is unreachable (a handle call raises one of these), its call
+# went past its deadline (alive but not answering), or the object a stage left in the object store
+# is gone with it or cannot be fetched in time.
 STAGE_GONE = (
     RayActorError,
     ActorUnavailableError,
     DeploymentUnavailableError,
     ObjectLostError,
     GetTimeoutError,
+    StageStalled,
 )
 
 
@@ -142,6 +145,16 @@ def stage_calls() -> Iterator[None]:
             code="stage_unavailable",
             headers={"retry-after": "1"},
         ) from None
+
+
+RESUME_CAUSES = ("replica_lost", "replica_stalled", "engine_dropped")
+
+
+def _cause(lost: Exception) -> str:
+    """Why a decode was lost (RESUME_CAUSES)."""
+    if isinstance(lost, DecodeDropped):
+        return "engine_dropped"
+    return "replica_stalled" if isinstance(lost, StageStalled) else "replica_lost"
 
 
 def _continued(request: stages_pb2.DecodeRequest, sent: list[int]) -> stages_pb2.DecodeRequest:
@@ -215,9 +228,10 @@ class Pipeline:
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
         self.tool_calls = metric("omniray_gateway_tool_calls_total")
+        self.deadlines = StageDeadlines(profile.pipeline.stage_deadlines)
         self.decode_resumes = metric("omniray_gateway_decode_resumes_total")
         for outcome in ("resumed", "failed"):
-            for cause in ("replica_lost", "engine_dropped"):
+            for cause in RESUME_CAUSES:
                 zero(self.decode_resumes, outcome=outcome, cause=cause)
         self.resume_seconds = metric("omniray_gateway_decode_resume_seconds")
         for choice in ("auto", "required", "function"):
@@ -492,16 +506,18 @@ class Pipeline:
                     )
             for i, out in zip(new, encoded, strict=True):
                 if items[i].keep:
-                    out = _owned(out, items[i])
+                    out = await _owned(out, items[i])
                 items[i].encoded[out.encoder_version] = out
         return [item.encoded[self._version(item)] for item in items]
 
     async def _encode_items(self, request: stages_pb2.EncodeRequest, progress=None) -> list:
         with stage_calls():
             if progress is None:
-                return list((await self.h.encoder.Encode.remote(request)).items)
+                reply = await self.deadlines.reply("encoder", self.h.encoder.Encode.remote(request))
+                return list(reply.items)
             encoded: list = []
-            async for event in self.h.encoder.options(stream=True).EncodeStream.remote(request):
+            events = self.h.encoder.options(stream=True).EncodeStream.remote(request)
+            async for event in self.deadlines.stream("encoder", events):
                 if event.HasField("progress"):
                     await progress(event.progress)
                 else:
@@ -567,8 +583,11 @@ class Pipeline:
                 self.profile.engine.kv_transfer != "none"
                 and tokens >= self.profile.engine.disagg_min_prompt_tokens
             ):
-                pre = await self.h.prefill.options(**session).Prefill.remote(
-                    stages_pb2.PrefillRequest(ctx=ctx, prompt=prompt, sampling=sampling)
+                pre = await self.deadlines.reply(
+                    "prefill",
+                    self.h.prefill.options(**session).Prefill.remote(
+                        stages_pb2.PrefillRequest(ctx=ctx, prompt=prompt, sampling=sampling)
+                    ),
                 )
                 kv_params = pre.kv_transfer_params
             request = stages_pb2.DecodeRequest(
@@ -584,13 +603,13 @@ class Pipeline:
     async def _decode(
         self, request: stages_pb2.DecodeRequest, session: dict
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
-        """Decode, streamed. When the replica serving it dies mid-response, or its engine drops the
-        request (DecodeDropped), the response goes on on another (or the replaced, or the same)
-        replica from the tokens already sent: the prompt and those tokens are computed again
-        (prefix caching and the KV store hold the prompt's pages) and generation continues for what
-        is left of max_tokens — one visible hiccup, counted, and bounded by
-        `pipeline.decode_resume.wait_s`. Not for answers under a grammar (structured output would
-        restart its state mid-answer): those fail as before."""
+        """Decode, streamed. When the replica serving it dies mid-response, stalls past its deadline
+        (StageStalled), or its engine drops the request (DecodeDropped), the response goes on on
+        another (or the replaced, or the same) replica from the tokens already sent: the prompt and
+        those tokens are computed again (prefix caching and the KV store hold the prompt's pages)
+        and generation continues for what is left of max_tokens — one visible hiccup, counted, and
+        bounded by `pipeline.decode_resume.wait_s`. Not for answers under a grammar (structured
+        output would restart its state mid-answer): those fail as before."""
         resume = self.profile.pipeline.decode_resume
         original, sent, resent = request, [], 0
         lost_at: float | None = None  # when the decode was lost (None: serving)
@@ -598,7 +617,8 @@ class Pipeline:
         while True:
             try:
                 finished = False
-                async for chunk in self.h.decode.options(stream=True, **session).Decode.remote(request):
+                chunks = self.h.decode.options(stream=True, **session).Decode.remote(request)
+                async for chunk in self.deadlines.stream("decode", chunks):
                     if lost_at is not None:
                         self.decode_resumes.inc(tags={"outcome": "resumed", "cause": cause})
                         self.resume_seconds.observe(time.monotonic() - lost_at)
@@ -617,7 +637,7 @@ class Pipeline:
                 now = time.monotonic()
                 if lost_at is None:
                     lost_at = now
-                    cause = "engine_dropped" if isinstance(e, DecodeDropped) else "replica_lost"
+                    cause = _cause(e)
                 left = original.sampling.max_tokens - len(sent)
                 grammar = original.sampling.json_schema or original.sampling.json_object
                 if not resume.enabled or grammar or left <= 0 or now - lost_at > resume.wait_s:
@@ -757,6 +777,11 @@ class Pipeline:
                 for ev in _merge_text(await next_batch(out)):
                     if ev is None:
                         done += 1
+                        # A failed stage fails the response now: the other stops (below), rather
+                        # than thinking on for nothing or a talker waiting out its thinker.
+                        for t in tasks:
+                            if t.done() and not t.cancelled() and t.exception() is not None:
+                                t.result()
                     else:
                         yield ev
             for t in tasks:  # re-raise a stage failure
@@ -794,11 +819,13 @@ class Pipeline:
         for the whole output of the one before (the baseline). `transcript()` gives the text that
         goes with the next audio."""
         vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
-        units = (
-            tensors.materialize(uc.units)
-            async for uc in self.h.talker.options(stream=True).Talk.remote(talk)
-            if not uc.is_final
-        )
+        talked = self.h.talker.options(stream=True).Talk.remote(talk)
+        if talk.HasField("thinker"):  # a token talker waits on the thinker's tokens as well
+            gap, d = self.profile.pipeline.thinker_gap_s(), self.deadlines
+            talked = d.stream("talker", talked, reply_s=gap + d.reply_s, between_s=gap + d.between_s)
+        else:
+            talked = self.deadlines.stream("talker", talked)
+        units = (await tensors.materialized(uc.units) async for uc in talked if not uc.is_final)
         if self.async_chunk:
             window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
             async for chunk in units:
@@ -825,7 +852,7 @@ class Pipeline:
             req.left_context.CopyFrom(tensors.describe(call.left))
         if call.right is not None:
             req.right_context.CopyFrom(tensors.describe(call.right))
-        chunk = await self.h.vocoder.Vocode.remote(req)
+        chunk = await self.deadlines.reply("vocoder", self.h.vocoder.Vocode.remote(req))
         p.resampler = p.resampler or StreamResampler(chunk.sample_rate)
         pcm = p.resampler.push(chunk.pcm16)
         step = len(pcm) if split_s is None else max(2, int(split_s * OUTPUT_RATE) * 2)
@@ -982,7 +1009,8 @@ class Pipeline:
                 temperature=t.turn.temperature,
             )
             with stage_calls():
-                async for segment in self.h.encoder.options(stream=True).Transcribe.remote(request):
+                segments = self.h.encoder.options(stream=True).Transcribe.remote(request)
+                async for segment in self.deadlines.stream("encoder", segments):
                     yield segment
             self.transcribed.inc(t.turn.audio.seconds, tags={"api": t.api})
         finally:
@@ -1032,13 +1060,13 @@ def _spoken_pieces(text: str, profile: Profile) -> list[str]:
     return pieces
 
 
-def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:
+async def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:
     """An encoder output this process can keep using: features left in the object store by the
     encoder replica (pinned there only for a while) are taken into an object this process owns,
     pinned for as long as the item that holds them lives (a realtime session's turn)."""
     if out.WhichOneof("output") != "embeddings" or out.embeddings.WhichOneof("location") != "object_ref":
         return out
-    kept = tensors.Kept(tensors.materialize(out.embeddings), out.embeddings)
+    kept = tensors.Kept(await tensors.materialized(out.embeddings), out.embeddings)
     item.keepalive.append(kept)
     owned = stages_pb2.EncodedItem()
     owned.CopyFrom(out)

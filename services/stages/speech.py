@@ -25,8 +25,6 @@ from services.stages.urgency_gate import UrgencyGate
 
 log = logging.getLogger("ray.serve")
 _DONE = object()
-# A token talker waits this long for the thinker's next token before it gives up on the response.
-TOKEN_WAIT_S = 30.0
 STREAM_ENDS = ("codec_eos", "text_budget", "max_frames", "error")  # omniray_talker_streams_total
 
 
@@ -54,7 +52,10 @@ class Talker(_SpeechStage):
         super().__init__(profile)
         self.model = self.load_model(self.profile.models.talker)
         self.redis = async_client()  # token streams (token talkers)
-        self.token_wait_s = TOKEN_WAIT_S
+        # How long a token talker waits for the thinker's next token before it gives up on the
+        # response: as long as a stalled or lost decode may take to go on. A response that fails
+        # sooner cancels its talk (the gateway), so this bounds a talker whose gateway went away.
+        self.token_wait_s = self.profile.pipeline.thinker_gap_s()
         self.frames = metric("omniray_talker_frames_total")
         self.streams = metric("omniray_talker_streams_total")
         # Exported at 0 on every talker: the panel shows a healthy run, not "no data".

@@ -79,6 +79,12 @@ def test_a_tensor_whose_object_never_comes_gives_up_within_its_bound(local_ray, 
         with pytest.raises(ray.exceptions.GetTimeoutError):
             tensors.materialize(desc)
         assert time.monotonic() - start < 5
+        big = np.arange(200_000, dtype=np.float32)  # past the inline limit: in the object store
+        assert np.array_equal(asyncio.run(tensors.materialized(tensors.describe(big))), big)
+        start = time.monotonic()  # awaited (the gateway's loop): bounded alike
+        with pytest.raises(ray.exceptions.GetTimeoutError):
+            asyncio.run(tensors.materialized(desc))
+        assert time.monotonic() - start < 5
     finally:
         ray.cancel(never, force=True)
 

@@ -5,11 +5,14 @@ response completes — with one hiccup, counted in `omniray_gateway_decode_resum
 under a grammar (structured output) cannot be resumed: its client gets a clean error within 5 s
 (an SSE error chunk then `[DONE]`), never a hang. The same session's next turn is served. A speech
 file whose talker replica dies mid-stream is cut off before its end (a failed transfer) or, killed
-between pieces, comes whole from the replacement — never a short file that looks whole."""
+between pieces, comes whole from the replacement — never a short file that looks whole. A decode
+engine that stalls (alive, not answering) is given up after the profile's deadline and the response
+resumed."""
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -27,6 +30,7 @@ import websockets.sync.client as ws_client
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
 from services.gateway.audio_api import MAX_SPEECH_CHARS
+from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import AUTH, grpc_channel
@@ -111,13 +115,16 @@ def _grpc_stream(omniray, model_name, out: _Outcome) -> None:
         channel.close()
 
 
-def _resumes(omniray) -> float:
+def _counter(omniray, name: str, **labels: str) -> float:
+    """A counter's sum over the series with these labels (every replica's)."""
     with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
         scrape = resp.read().decode()
-    found = re.findall(
-        r'^ray_omniray_gateway_decode_resumes_total\{[^}]*outcome="resumed"[^}]*\} ([0-9.e+]+)', scrape, re.M
-    )
-    return sum(float(v) for v in found)
+    found = re.findall(rf"^ray_{name}\{{([^}}]*)\}} ([0-9.e+]+)", scrape, re.M)
+    return sum(float(v) for tags, v in found if all(f'{k}="{x}"' in tags for k, x in labels.items()))
+
+
+def _resumes(omniray, **labels: str) -> float:
+    return _counter(omniray, "omniray_gateway_decode_resumes_total", outcome="resumed", **labels)
 
 
 class _Realtime:
@@ -213,6 +220,43 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     while _resumes(omniray) < before + 4 and time.monotonic() < deadline:
         time.sleep(2)
     assert _resumes(omniray) >= before + 4
+
+
+def test_a_response_whose_decode_engine_stalls_goes_on(omniray, ray_driver, model_name):
+    """The decode replica lives on and passes Serve's health checks while its engine answers
+    nothing (the engine's processes stopped: SIGSTOP), as a deadlocked engine would. The gateway
+    waits `pipeline.stage_deadlines.between_s` for the next token, cancels the call and resumes the
+    response as for a lost replica — here on the same replica, whose engine is back by then: the
+    response finishes with every token, counted as a stall and a resume. Before the deadlines the
+    stream waited on the engine (for ever, had it not come back) and nothing was counted."""
+    between_s = load_profile("tiny").pipeline.stage_deadlines.between_s
+    stalls = functools.partial(_counter, omniray, "omniray_gateway_stage_stalls_total", stage="decode")
+    resumes = functools.partial(_resumes, omniray, cause="replica_stalled")
+    before = stalls(), resumes()
+    rest = _Outcome()
+    thread = threading.Thread(target=_rest_stream, args=(omniray, model_name, rest))
+    thread.start()
+    assert rest.started.wait(30), "the stream did not start"
+    engine = psutil.Process(_replica_pid("Decode")).children(recursive=True)
+    assert engine, "the decode replica runs its engine in processes of its own"
+    for proc in engine:
+        proc.suspend()
+    try:
+        time.sleep(between_s + 5)  # the gateway gives up on the call and sends the continuation
+    finally:
+        for proc in engine:
+            proc.resume()
+    thread.join(RECOVER_S)
+    assert not thread.is_alive(), "the client hung on a stalled engine"
+    assert rest.error_at is None and (rest.finish, rest.tokens) == ("length", MAX_TOKENS), rest.detail
+
+    def counted() -> bool:
+        return stalls() >= before[0] + 1 and resumes() >= before[1] + 1
+
+    deadline = time.monotonic() + 60  # Ray exports metrics with a lag
+    while not counted() and time.monotonic() < deadline:
+        time.sleep(2)
+    assert counted()
 
 
 def test_a_speech_file_whose_talker_dies_is_whole_or_cut_never_short(omniray, model_name):
