@@ -8,7 +8,8 @@ and when the response ends an end entry (or an error entry); the talker reads fr
 bounded blocking reads. A decode lost mid-response (its replica killed, or its request given up by
 its engine) writes no end: the decode that resumes it (services/pipeline/pipeline.py `_decode`)
 appends to the same stream after what is there (`TokenStreamWriter.continued`). The stream expires a
-while after its last write, so an abandoned one does not stay.
+while after its last write (the decode stage keeps it as long as a resume may take on top:
+`PipelineSpec.thinker_gap_s`), so an abandoned one does not stay.
 
 The stream is speech's side channel: a slow Redis answer (a loaded node) is retried for a few
 seconds, and a Redis that stays away breaks the stream, not the response — decode's text goes on,
@@ -42,8 +43,8 @@ def key(request_id: str) -> str:
 
 
 class TokenStreamWriter:
-    def __init__(self, stream: str, client=None):
-        self.stream = stream
+    def __init__(self, stream: str, client=None, ttl_s: float = TTL_S):
+        self.stream, self.ttl_s = stream, int(ttl_s)
         self.redis = client or async_client()
         self._seq = 0
         self.broken = False  # a write failed for good: the rest are dropped (the talker times out)
@@ -87,7 +88,7 @@ class TokenStreamWriter:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.xadd(self.stream, fields, id=f"{self._seq}-0")
-                    pipe.expire(self.stream, TTL_S)
+                    pipe.expire(self.stream, self.ttl_s)
                     await pipe.execute()
                 return
             except redis.ResponseError as e:

@@ -276,12 +276,13 @@ class PipelineSpec(_Strict):
     stage_deadlines: StageDeadlinesSpec = Field(default_factory=StageDeadlinesSpec)
 
     def thinker_gap_s(self) -> float:
-        """The longest a response's thinker may go without a token and still go on: its first (a
-        prefill's reply, then decode's first item), or the next after a stall is found and the
-        decode resumed (`between_s`, then a replica answering within `decode_resume.wait_s` and
-        its first item). A token talker waits this long for the thinker."""
+        """The longest a response's thinker may go without a token and still go on: until its
+        first (a prefill's reply, then decode's first item) or its next (`between_s`), and when
+        that call is found stalled, a resume (tries `retry_s` apart for `decode_resume.wait_s`,
+        the last one answering within `reply_s`). A token talker waits this long for the thinker."""
         d, r = self.stage_deadlines, self.decode_resume
-        return max(2 * d.reply_s, d.between_s + (r.wait_s + d.reply_s if r.enabled else 0.0))
+        resume = r.retry_s + r.wait_s + d.reply_s if r.enabled else 0.0
+        return max(2 * d.reply_s, d.between_s) + resume
 
 
 class AliasSpec(_Strict):

@@ -619,7 +619,7 @@ class Pipeline:
                 finished = False
                 chunks = self.h.decode.options(stream=True, **session).Decode.remote(request)
                 async for chunk in self.deadlines.stream("decode", chunks):
-                    if lost_at is not None:
+                    if lost_at is not None and (chunk.token_ids or chunk.finish_reason):
                         self.decode_resumes.inc(tags={"outcome": "resumed", "cause": cause})
                         self.resume_seconds.observe(time.monotonic() - lost_at)
                         lost_at = None
@@ -634,6 +634,8 @@ class Pipeline:
                     raise DecodeDropped()
                 return
             except (*STAGE_GONE, DecodeDropped) as e:
+                if finished:  # lost after the answer's last chunk: nothing to resume
+                    return
                 now = time.monotonic()
                 if lost_at is None:
                     lost_at = now
@@ -777,11 +779,11 @@ class Pipeline:
                 for ev in _merge_text(await next_batch(out)):
                     if ev is None:
                         done += 1
-                        # A failed stage fails the response now: the other stops (below), rather
-                        # than thinking on for nothing or a talker waiting out its thinker.
-                        for t in tasks:
-                            if t.done() and not t.cancelled() and t.exception() is not None:
-                                t.result()
+                        # Thinking failed: the response fails now and its speech stops (below)
+                        # rather than a talker waiting out its thinker. Speech that fails alone
+                        # lets the text answer go on (raised at the end).
+                        if tasks[0].done() and not tasks[0].cancelled() and tasks[0].exception():
+                            tasks[0].result()
                     else:
                         yield ev
             for t in tasks:  # re-raise a stage failure

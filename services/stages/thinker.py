@@ -11,6 +11,7 @@ from ray import serve
 
 from services.common.redis_config import UNAVAILABLE, async_client
 from services.common.streams import coalesce
+from services.dataplane import token_stream
 from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
 from services.extensions.vllm.media_rows import read_rows_async
@@ -58,6 +59,8 @@ class Decode(_Thinker):
     def __init__(self, profile: dict):
         super().__init__(profile)
         self.redis = async_client()  # token streams to token talkers
+        # kept while a lost decode may still be resumed on it, and a while after
+        self.token_stream_ttl_s = token_stream.TTL_S + self.profile.pipeline.thinker_gap_s()
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):
@@ -68,12 +71,17 @@ class Decode(_Thinker):
                 request.kv_transfer_params,
                 request.ctx,
             )
-            talker = TokenStreamWriter(request.token_stream, self.redis) if request.token_stream else None
+            talker = (
+                TokenStreamWriter(request.token_stream, self.redis, self.token_stream_ttl_s)
+                if request.token_stream
+                else None
+            )
             # a resumed decode (the stream holds a lost one's part): the talker has the media rows
             resumed = talker is not None and await talker.continued()
-            # What the talker reads when this call ends: the end (the response answered, or its
-            # reader gone: the talker stops), an error, or nothing — an answer the engine gave up
-            # on (no finish), which the pipeline resumes on this stream.
+            # What the talker reads when this call ends: the end (the response answered), an
+            # error, or nothing — an answer the engine gave up on (no finish), or a call its
+            # reader cancelled (a stall the pipeline resumes on this stream; a response that ended
+            # otherwise cancels its talk itself).
             last = "end"
             try:
                 finished = False
@@ -87,6 +95,9 @@ class Decode(_Thinker):
                     yield self._chunk(delta, self.engine.frame_s())
                 if not finished:
                     last = None
+            except (asyncio.CancelledError, GeneratorExit):
+                last = None
+                raise
             except Exception:
                 last = "error"
                 raise

@@ -2,8 +2,9 @@
 the response ends, on the tiny thinker's real engine and a real Redis: an answer the engine gave up
 on (vLLM aborted it under its reader) leaves the stream open — no end entry — and the decode that
 resumes it (the pipeline's continuation: prompt + tokens sent) appends after it, so the talker reads
-one answer to its end; a decode that fails writes an error entry, so the talker stops at once
-rather than finish a cut-off answer as if it were whole."""
+one answer to its end; so does a decode its reader cancelled (a stall the pipeline gave up on: the
+call's generator closed mid-answer); a decode that fails writes an error entry, so the talker stops
+at once rather than finish a cut-off answer as if it were whole."""
 
 from __future__ import annotations
 
@@ -58,6 +59,24 @@ async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode
     redis = async_client(redis_url)
     heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
     assert heard == sent + rest  # one answer, in order, to its end entry
+
+
+async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decode, redis_url):
+    request = _request(list(range(100, 140)))
+    call, sent = decode.Decode(request), []
+    async for chunk in call:
+        sent += chunk.token_ids
+        if sent:
+            break
+    await call.aclose()  # the pipeline's deadline cancelled the call (Serve closes the generator)
+    rest, finish = [], ""
+    async for chunk in decode.Decode(_continued(request, sent)):
+        rest += chunk.token_ids
+        finish = chunk.finish_reason or finish
+    assert sent and finish in ("stop", "length")
+    redis = async_client(redis_url)
+    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+    assert heard == sent + rest  # no end entry after the cancelled part: the talker reads on
 
 
 async def test_a_decode_that_fails_tells_the_talker(decode, redis_url):
