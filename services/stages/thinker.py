@@ -95,8 +95,8 @@ class Decode(_Thinker):
                     yield self._chunk(delta, self.engine.frame_s())
                 if not finished:
                     last = None
-            except (asyncio.CancelledError, GeneratorExit):
-                last = None
+            except (asyncio.CancelledError, GeneratorExit):  # Serve cancels with CancelledError
+                last = "end" if finished else None  # cancelled after the answer's last chunk: whole
                 raise
             except Exception:
                 last = "error"

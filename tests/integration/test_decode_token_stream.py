@@ -2,12 +2,14 @@
 the response ends, on the tiny thinker's real engine and a real Redis: an answer the engine gave up
 on (vLLM aborted it under its reader) leaves the stream open — no end entry — and the decode that
 resumes it (the pipeline's continuation: prompt + tokens sent) appends after it, so the talker reads
-one answer to its end; so does a decode its reader cancelled (a stall the pipeline gave up on: the
-call's generator closed mid-answer); a decode that fails writes an error entry, so the talker stops
-at once rather than finish a cut-off answer as if it were whole."""
+one answer to its end; so does a decode its reader cancelled mid-answer (a stall the pipeline gave
+up on; Serve cancels the call's generator with CancelledError), while one cancelled after its last
+chunk is whole (the end entry is written); a decode that fails writes an error entry, so the
+talker stops at once rather than finish a cut-off answer as if it were whole."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 
@@ -68,7 +70,9 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
         sent += chunk.token_ids
         if sent:
             break
-    await call.aclose()  # the pipeline's deadline cancelled the call (Serve closes the generator)
+    # the pipeline's deadline cancelled the call: Serve throws CancelledError into the generator
+    with pytest.raises(asyncio.CancelledError):
+        await call.athrow(asyncio.CancelledError())
     rest, finish = [], ""
     async for chunk in decode.Decode(_continued(request, sent)):
         rest += chunk.token_ids
@@ -77,6 +81,20 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
     redis = async_client(redis_url)
     heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
     assert heard == sent + rest  # no end entry after the cancelled part: the talker reads on
+
+
+async def test_a_decode_cancelled_after_its_last_chunk_ends_the_stream(decode, redis_url):
+    request = _request(list(range(100, 140)), max_tokens=8)
+    call, sent = decode.Decode(request), []
+    async for chunk in call:
+        sent += chunk.token_ids
+        if chunk.finish_reason:
+            break
+    with pytest.raises(asyncio.CancelledError):
+        await call.athrow(asyncio.CancelledError())
+    redis = async_client(redis_url)
+    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+    assert sent and heard == sent  # read to its end entry, not to the read's timeout
 
 
 async def test_a_decode_that_fails_tells_the_talker(decode, redis_url):
