@@ -29,7 +29,7 @@ class StageStalled(Exception):
 
     def __init__(self, stage: str, wait: str, after_s: float):
         super().__init__(f"{stage} gave no {wait} within {after_s:g} s")
-        self.stage, self.wait = stage, wait
+        self.wait = wait
 
 
 class StageDeadlines:
