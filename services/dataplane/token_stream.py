@@ -5,15 +5,25 @@ serve the two calls find each other, and nothing passes through the gateway.
 Decode appends, first, the thinker's hidden states at the prompt's media placeholders when the prompt
 has media (the talker's input, services/extensions/vllm/media_rows.py), then each chunk's token ids,
 and when the response ends an end entry (or an error entry); the talker reads from the start with
-bounded blocking reads. A decode lost mid-response (its replica killed, or its request given up by
-its engine) writes no end: the decode that resumes it (services/pipeline/pipeline.py `_decode`)
-appends to the same stream after what is there (`TokenStreamWriter.continued`). The stream expires a
-while after its last write (the decode stage keeps it as long as a resume may take on top:
+bounded blocking reads. A decode lost mid-response (its replica killed or stalled, or its request
+given up by its engine) writes no end: the decode that resumes it (services/pipeline/pipeline.py
+`_decode`) appends to the same stream after what is there (`TokenStreamWriter.take_over`). Each
+decode of a response writes under its own epoch (entry ids `<epoch>-<n>`) behind a fence entry
+(`<epoch>-0`), so a lost decode that wakes up later (a stalled replica resumed) has every write
+refused by Redis rather than interleaved with its successor's; and the successor lines the stream up
+with the answer the gateway has: a lost decode may have written tokens the gateway never received
+(written before they were sent), which its successor generates again — those it does not write a
+second time, so the talker speaks each position of the answer once. The stream expires a while
+after its last write (the decode stage keeps it as long as a resume may take on top:
 `PipelineSpec.thinker_gap_s`), so an abandoned one does not stay.
 
 The stream is speech's side channel: a slow Redis answer (a loaded node) is retried for a few
 seconds, and a Redis that stays away breaks the stream, not the response — decode's text goes on,
 the talker's read times out and the speech fails alone.
+
+Known limit: where a lost decode wrote tokens the gateway never received, the talker speaks those
+(the lost decode's) and the text has its successor's for the same positions — the same tokens under
+greedy sampling, up to a chunk of different ones otherwise.
 """
 
 from __future__ import annotations
@@ -46,29 +56,58 @@ class TokenStreamWriter:
     def __init__(self, stream: str, client=None, ttl_s: float = TTL_S):
         self.stream, self.ttl_s = stream, int(ttl_s)
         self.redis = client or async_client()
-        self._seq = 0
-        self.broken = False  # a write failed for good: the rest are dropped (the talker times out)
+        self._epoch, self._seq = 1, 0
+        self._skip = 0  # tokens the stream already holds past the answer (take_over)
+        # a write failed for good, or a later decode took the stream over: the rest are dropped
+        self.broken = False
 
-    async def continued(self) -> bool:
-        """Write after what the stream holds (a decode resumed after a lost one wrote part of it);
-        whether it holds anything (then the talker has the media rows). A Redis that stays away
-        breaks the stream, as a write would."""
+    async def take_over(self, answered: list[int] | None = None) -> bool:
+        """Start this decode's writes, fencing off any earlier decode of the response (its later
+        writes are refused), and line the stream up with `answered` — the answer's tokens the
+        gateway has, which a resumed decode's prompt ends with: tokens held past them are not
+        written again, tokens missing from it are written now. Whether an earlier decode wrote
+        anything (then the talker has the media rows). A Redis that stays away breaks the stream,
+        as a write would."""
+        top = await self._read(lambda: self.redis.xrevrange(self.stream, count=1))
+        if top is None:
+            return False
+        if top:
+            self._epoch = int(top[0][0].split(b"-")[0]) + 1
+        self._seq = -1
+        await self._add({"fence": b"1"})  # id <epoch>-0
+        if not top or self.broken:
+            return False
+        before = await self._read(lambda: self.redis.xrange(self.stream, max=f"({self._epoch}-0"))
+        if before is None:
+            return False
+        held = [t for _, fields in before if b"ids" in fields for t in _ids(fields)]
+        answered = answered or []
+        if held[: len(answered)] != answered[: len(held)]:
+            log.warning("token stream %s: the lost decode's tokens differ from the answer sent", self.stream)
+        self._skip = max(0, len(held) - len(answered))
+        if len(held) < len(answered):  # a lost decode's writes dropped (its Redis away): the rest now
+            await self._add({"ids": _bytes(answered[len(held) :])})
+        return any(b"fence" not in fields for _, fields in before)
+
+    async def _read(self, call):
+        """A read, retried on slow answers until WRITE_DEADLINE_S; None (the stream broken) after."""
         deadline = time.monotonic() + WRITE_DEADLINE_S
         while True:
             try:
-                top = await self.redis.xrevrange(self.stream, count=1)
-                break
+                return await call()
             except UNAVAILABLE:
                 if time.monotonic() > deadline:
                     self.broken = True
-                    return False
+                    return None
                 await asyncio.sleep(RETRY_PAUSE_S)
-        if top:
-            self._seq = int(top[0][0].split(b"-")[0])
-        return bool(top)
 
     async def add(self, token_ids) -> None:
-        await self._add({"ids": np.asarray(token_ids, dtype="<i4").tobytes()})
+        if self._skip:  # held already, from a lost decode (take_over)
+            skipped = min(self._skip, len(token_ids))
+            token_ids, self._skip = token_ids[skipped:], self._skip - skipped
+            if not len(token_ids):
+                return
+        await self._add({"ids": _bytes(token_ids)})
 
     async def add_media_rows(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype="<f4")
@@ -78,8 +117,9 @@ class TokenStreamWriter:
         await self._add({"error": reason.encode()})
 
     async def _add(self, fields: dict) -> None:
-        # Entries carry their own ids (1-0, 2-0, ...): a write retried after a slow answer that did
-        # land is refused as a duplicate id, never read twice.
+        # Entries carry their own ids (<epoch>-1, <epoch>-2, ...): a write retried after a slow answer
+        # that did land is refused as a duplicate id, never read twice; a first attempt refused was
+        # fenced off by a later decode's epoch (take_over).
         if self.broken:
             return
         self._seq += 1
@@ -87,14 +127,19 @@ class TokenStreamWriter:
         while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.xadd(self.stream, fields, id=f"{self._seq}-0")
+                    pipe.xadd(self.stream, fields, id=f"{self._epoch}-{self._seq}")
                     pipe.expire(self.stream, self.ttl_s)
                     await pipe.execute()
                 return
             except redis.ResponseError as e:
-                if "equal or smaller" not in str(e) or not retried:
+                if "equal or smaller" not in str(e):
                     raise
-                return  # an earlier attempt landed
+                if not retried:
+                    self.broken = True
+                    log.info(
+                        "token stream %s: taken over by a resumed decode; this one's writes stop", self.stream
+                    )
+                return  # else an earlier attempt landed
             except UNAVAILABLE as e:
                 if time.monotonic() > deadline:
                     self.broken = True
@@ -136,5 +181,13 @@ async def read(stream: str, wait_s: float, client=None) -> AsyncIterator[list[in
                 raise ThinkerFailed(fields[b"error"].decode(errors="replace"))
             if b"media" in fields:
                 yield np.frombuffer(fields[b"media"], dtype="<f4").reshape(-1, int(fields[b"width"]))
-            else:
-                yield np.frombuffer(fields[b"ids"], dtype="<i4").tolist()
+            elif b"ids" in fields:  # else a decode's fence
+                yield _ids(fields)
+
+
+def _bytes(token_ids) -> bytes:
+    return np.asarray(token_ids, dtype="<i4").tobytes()
+
+
+def _ids(fields: dict) -> list[int]:
+    return np.frombuffer(fields[b"ids"], dtype="<i4").tolist()

@@ -167,6 +167,7 @@ def _continued(request: stages_pb2.DecodeRequest, sent: list[int]) -> stages_pb2
     if sent:
         continued.prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=sent))
         continued.sampling.max_tokens = request.sampling.max_tokens - len(sent)
+        continued.answered_tokens = len(sent)
     return continued
 
 

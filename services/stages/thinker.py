@@ -77,7 +77,7 @@ class Decode(_Thinker):
                 else None
             )
             # a resumed decode (the stream holds a lost one's part): the talker has the media rows
-            resumed = talker is not None and await talker.continued()
+            resumed = talker is not None and await talker.take_over(_answered(request))
             # What the talker reads when this call ends: the end (the response answered), an
             # error, or nothing — an answer the engine gave up on (no finish), or a call its
             # reader cancelled (a stall the pipeline resumes on this stream; a response that ended
@@ -135,3 +135,9 @@ class Decode(_Thinker):
                 cached_prompt_tokens=delta.cached_tokens,
             ),
         )
+
+
+def _answered(request: stages_pb2.DecodeRequest) -> list[int]:
+    """The answer's tokens the gateway has, which a resumed decode's prompt ends with."""
+    n = request.answered_tokens
+    return list(request.prompt.segments[-1].tokens.ids[-n:]) if n else []

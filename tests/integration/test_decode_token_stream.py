@@ -5,7 +5,9 @@ resumes it (the pipeline's continuation: prompt + tokens sent) appends after it,
 one answer to its end; so does a decode its reader cancelled mid-answer (a stall the pipeline gave
 up on; Serve cancels the call's generator with CancelledError), while one cancelled after its last
 chunk is whole (the end entry is written); a decode that fails writes an error entry, so the
-talker stops at once rather than finish a cut-off answer as if it were whole."""
+talker stops at once rather than finish a cut-off answer as if it were whole. A lost decode that
+wrote a chunk the gateway never got has its successor skip those positions (spoken once), and one
+that goes on after its successor took over writes nothing more."""
 
 from __future__ import annotations
 
@@ -81,6 +83,51 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
     redis = async_client(redis_url)
     heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
     assert heard == sent + rest  # no end entry after the cancelled part: the talker reads on
+
+
+async def _heard(request, redis_url) -> list[int]:
+    redis = async_client(redis_url)
+    return [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+
+
+async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
+    """Decode writes a chunk to the stream before it goes to the gateway: lost in between, the
+    talker has a chunk the gateway lacks, which the resumed decode generates again."""
+    request = _request(list(range(100, 140)))
+    call, chunks = decode.Decode(request), []
+    async for chunk in call:
+        if chunk.token_ids:
+            chunks.append(list(chunk.token_ids))
+        if len(chunks) == 2:
+            break
+    with pytest.raises(asyncio.CancelledError):
+        await call.athrow(asyncio.CancelledError())
+    sent, unsent = chunks  # the gateway got the first chunk only
+    rest, finish = [], ""
+    async for chunk in decode.Decode(_continued(request, sent)):
+        rest += chunk.token_ids
+        finish = chunk.finish_reason or finish
+    assert finish in ("stop", "length") and len(rest) > len(unsent)
+    # each position once: the lost decode's chunk, then the resumed decode's tokens after it
+    assert await _heard(request, redis_url) == sent + unsent + rest[len(unsent) :]
+
+
+async def test_a_lost_decode_that_goes_on_after_the_take_over_writes_nothing(decode, redis_url):
+    """A stalled decode given up (its call's cancel not yet delivered) runs on after its successor
+    took the stream over: its writes are refused and dropped; it fails nothing."""
+    request = _request(list(range(100, 140)))
+    lost, sent = decode.Decode(request), []
+    async for chunk in lost:
+        sent += chunk.token_ids
+        if sent:
+            break
+    rest, finish = [], ""
+    async for chunk in decode.Decode(_continued(request, sent)):
+        rest += chunk.token_ids
+        finish = chunk.finish_reason or finish
+    late = [t async for chunk in lost for t in chunk.token_ids]  # the stalled one wakes up
+    assert late and finish in ("stop", "length")
+    assert await _heard(request, redis_url) == sent + rest
 
 
 async def test_a_decode_cancelled_after_its_last_chunk_ends_the_stream(decode, redis_url):

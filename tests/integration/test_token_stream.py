@@ -2,7 +2,9 @@
 the end entry; a reader that sees nothing for its wait gives up with TimeoutError (a thinker that
 stalled or died) rather than waiting forever; a stream expires after its last write; a writer whose
 Redis stays away stops writing (speech fails alone) instead of failing decode's response; a resumed
-decode's writer appends after what a lost one wrote, and the talker reads both as one answer."""
+decode's writer appends after what a lost one wrote, and the talker reads both as one answer — the
+lost one's later writes refused, tokens it wrote past the answer the gateway has not written twice,
+tokens missing from the stream written."""
 
 from __future__ import annotations
 
@@ -41,14 +43,67 @@ async def test_chunks_arrive_in_order_until_the_end(redis):
 async def test_a_resumed_writer_appends_after_a_lost_ones_part(redis):
     stream = token_stream.key(uuid.uuid4().hex)
     lost = TokenStreamWriter(stream, redis)
-    assert not await lost.continued()  # a new stream: nothing before it
+    assert not await lost.take_over()  # a new stream: nothing before it
     await lost.add([1, 2])
     await lost.add([3])  # then its replica dies: no end entry
     resumed = TokenStreamWriter(stream, redis)
-    assert await resumed.continued()
+    assert await resumed.take_over([1, 2, 3])
     await resumed.add([4])
     await resumed.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3], [4]]
+
+
+async def test_a_lost_writer_that_wakes_up_later_is_refused(redis):
+    """A stalled decode resumed elsewhere, then let go on (its process continued): its writes after
+    the take-over are refused by Redis and dropped, not interleaved with its successor's."""
+    stream = token_stream.key(uuid.uuid4().hex)
+    lost = TokenStreamWriter(stream, redis)
+    await lost.take_over()
+    await lost.add([1, 2])
+    resumed = TokenStreamWriter(stream, redis)
+    assert await resumed.take_over([1, 2])
+    await resumed.add([3])
+    await lost.add([8])  # refused: dropped, no exception
+    await lost.end()
+    assert lost.broken and not resumed.broken
+    await resumed.add([4])
+    await resumed.end()
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3], [4]]
+
+
+async def test_tokens_a_lost_writer_wrote_past_the_answer_are_not_written_again(redis):
+    """Decode writes a chunk before sending it: the gateway had [1, 2] when the decode was lost,
+    the talker [1, 2, 3, 4]. The successor generates 3, 4 again (from the gateway's answer): those
+    are not written a second time, what follows them is."""
+    stream = token_stream.key(uuid.uuid4().hex)
+    lost = TokenStreamWriter(stream, redis)
+    await lost.take_over()
+    await lost.add([1, 2])
+    await lost.add([3, 4])
+    resumed = TokenStreamWriter(stream, redis)
+    assert await resumed.take_over([1, 2])
+    await resumed.add([3])
+    await resumed.add([4, 5])
+    await resumed.end()
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3, 4], [5]]
+
+
+async def test_tokens_the_answer_has_and_the_stream_lacks_are_written_at_the_take_over(redis):
+    stream = token_stream.key(uuid.uuid4().hex)
+    lost = TokenStreamWriter(stream, redis)
+    await lost.take_over()
+    await lost.add([1])  # its next write was dropped (its Redis away), the gateway got [1, 2, 3]
+    resumed = TokenStreamWriter(stream, redis)
+    assert await resumed.take_over([1, 2, 3])
+    await resumed.add([4])
+    await resumed.end()
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2, 3], [4]]
+
+
+async def test_a_successor_of_a_decode_lost_before_writing_hands_the_media_rows(redis):
+    stream = token_stream.key(uuid.uuid4().hex)
+    await TokenStreamWriter(stream, redis).take_over()  # then lost: its fence alone
+    assert not await TokenStreamWriter(stream, redis).take_over()
 
 
 async def test_a_silent_stream_times_out_within_its_wait(redis):
