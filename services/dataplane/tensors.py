@@ -9,7 +9,6 @@ with NIXL transfers.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import weakref
@@ -18,6 +17,7 @@ import numpy as np
 import ray
 from omni.v1 import common_pb2
 
+from services.common.deadline import Overdue, within
 from services.extensions.ray import object_refs
 
 # Per tensor. Small enough that a message with the most media items a request may carry stays far
@@ -128,11 +128,7 @@ async def materialized(desc: common_pb2.TensorDescriptor) -> np.ndarray:
     so the loop serves its other requests meanwhile; bounded alike."""
     if desc.WhichOneof("location") != "object_ref" or desc.dtype not in _FROM_PROTO:
         return materialize(desc)
-    deadline = asyncio.timeout(FETCH_TIMEOUT_S)  # not wait_for: 3.11's can swallow a cancellation
     try:
-        async with deadline:
-            return np.asarray(await object_refs.loads(desc.object_ref))
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-    raise ray.exceptions.GetTimeoutError(f"object not fetched within {FETCH_TIMEOUT_S:g} s")
+        return np.asarray(await within(FETCH_TIMEOUT_S, object_refs.loads(desc.object_ref)))
+    except Overdue:
+        raise ray.exceptions.GetTimeoutError(f"object not fetched within {FETCH_TIMEOUT_S:g} s") from None

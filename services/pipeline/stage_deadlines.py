@@ -11,11 +11,11 @@ failed at another stage) — is cancelled on its replica too, which stops workin
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from services.common.deadline import Overdue, within
 from services.common.telemetry import metric
 from services.extensions.ray.metrics import zero
 from services.models.profile import STAGES, StageDeadlinesSpec
@@ -42,19 +42,16 @@ class StageDeadlines:
 
     async def reply(self, stage: str, response: Any) -> Any:
         """A unary call's reply (a Serve DeploymentResponse), within `reply_s`."""
-        deadline, answered = asyncio.timeout(self.reply_s), False
+        answered = False
         try:
-            async with deadline:
-                reply = await response
-                answered = True
-                return reply
-        except TimeoutError:
-            if not deadline.expired():  # the call's own error
-                raise
+            reply = await within(self.reply_s, response)
+            answered = True
+            return reply
+        except Overdue:
+            raise self._stalled(stage, "reply", self.reply_s) from None
         finally:
             if not answered:  # stalled, failed, or its caller cancelled: the replica stops too
                 _cancel(stage, response)
-        raise self._stalled(stage, "reply", self.reply_s)
 
     async def stream(
         self, stage: str, responses: Any, reply_s: float | None = None, between_s: float | None = None
@@ -66,16 +63,12 @@ class StageDeadlines:
         ended = False
         try:
             while True:
-                deadline = asyncio.timeout(after_s)
                 try:
-                    async with deadline:
-                        item = await anext(responses)
+                    item = await within(after_s, anext(responses))
                 except StopAsyncIteration:
                     ended = True
                     return
-                except TimeoutError:
-                    if not deadline.expired():
-                        raise
+                except Overdue:
                     raise self._stalled(stage, wait, after_s) from None
                 yield item
                 wait, after_s = "between", self.between_s if between_s is None else between_s
