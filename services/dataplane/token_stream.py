@@ -8,14 +8,15 @@ and when the response ends an end entry (or an error entry); the talker reads fr
 bounded blocking reads. A decode lost mid-response (its replica killed or stalled, or its request
 given up by its engine) writes no end: the decode that resumes it (services/pipeline/pipeline.py
 `_decode`) appends to the same stream after what is there (`TokenStreamWriter.take_over`). Each
-decode of a response writes under its own epoch (entry ids `<epoch>-<n>`) behind a fence entry
-(`<epoch>-0`), so a lost decode that wakes up later (a stalled replica resumed) has every write
-refused by Redis rather than interleaved with its successor's; and the successor lines the stream up
-with the answer the gateway has: a lost decode may have written tokens the gateway never received
-(written before they were sent), which its successor generates again — those it does not write a
-second time, so the talker speaks each position of the answer once. The stream expires a while
-after its last write (the decode stage keeps it as long as a resume may take on top:
-`PipelineSpec.thinker_gap_s`), so an abandoned one does not stay.
+decode of a response writes under its own epoch (entry ids `<epoch>-<n>`; the epoch counts the
+response's decodes, DecodeRequest.attempt) behind a fence entry (`<epoch>-0`), so a lost decode
+that runs on later (a stalled replica let go) has every write refused by Redis rather than
+interleaved with its successor's; and the successor lines the stream up with the answer the gateway
+has: a lost decode may have written tokens the gateway never received (written before they were
+sent), which its successor generates again — those it does not write a second time, so the talker
+speaks each position of the answer once. The stream expires a while after its last write (the
+decode stage keeps it as long as a resume may take on top: `PipelineSpec.thinker_gap_s`), so an
+abandoned one does not stay.
 
 The stream is speech's side channel: a slow Redis answer (a loaded node) is retried for a few
 seconds, and a Redis that stays away breaks the stream, not the response — decode's text goes on,
@@ -53,11 +54,16 @@ def key(request_id: str) -> str:
 
 
 class TokenStreamWriter:
-    def __init__(self, stream: str, client=None, ttl_s: float = TTL_S):
+    """One decode's writes to a response's stream; `attempt`: which decode of the response it is (0
+    the first, n the n-th resumed: DecodeRequest.attempt, set by the gateway, so a later decode's
+    epoch is higher whichever of them takes the stream over last)."""
+
+    def __init__(self, stream: str, client=None, ttl_s: float = TTL_S, attempt: int = 0):
         self.stream, self.ttl_s = stream, int(ttl_s)
         self.redis = client or async_client()
-        self._epoch, self._seq = 1, 0
+        self._epoch, self._seq = attempt + 1, 0  # ids <epoch>-<n>; 0-0 is no stream id
         self._skip = 0  # tokens the stream already holds past the answer (take_over)
+        self._missing: list[int] = []  # tokens of the answer the stream lacks (take_over)
         # a write failed for good, or a later decode took the stream over: the rest are dropped
         self.broken = False
 
@@ -65,33 +71,29 @@ class TokenStreamWriter:
         """Start this decode's writes, fencing off any earlier decode of the response (its later
         writes are refused), and line the stream up with `answered` — the answer's tokens the
         gateway has, which a resumed decode's prompt ends with: tokens held past them are not
-        written again, tokens missing from it are written now. Whether an earlier decode wrote
-        anything (then the talker has the media rows). A Redis that stays away breaks the stream,
-        as a write would."""
-        top = await self._read(lambda: self.redis.xrevrange(self.stream, count=1))
-        if top is None:
-            return False
-        if top:
-            self._epoch = int(top[0][0].split(b"-")[0]) + 1
+        written again, tokens missing from it go ahead of this decode's first. Whether an earlier
+        decode wrote anything (then the talker has the media rows). A Redis that stays away breaks
+        the stream, as a write would; a later decode's fence, found here, too."""
+        deadline = time.monotonic() + WRITE_DEADLINE_S
         self._seq = -1
-        await self._add({"fence": b"1"})  # id <epoch>-0
-        if not top or self.broken:
+        # `ids` empty: a reader that knows no fences reads no tokens from it (a rolling update)
+        await self._add({"fence": b"1", "ids": b""}, deadline)  # id <epoch>-0
+        if self._epoch == 1 or self.broken:
+            self._missing = list(answered or [])
             return False
-        before = await self._read(lambda: self.redis.xrange(self.stream, max=f"({self._epoch}-0"))
+        before = await self._read(lambda: self.redis.xrange(self.stream, max=f"({self._epoch}-0"), deadline)
         if before is None:
             return False
-        held = [t for _, fields in before if b"ids" in fields for t in _ids(fields)]
+        held = [t for _, fields in before for t in _ids(fields)]
         answered = answered or []
         if held[: len(answered)] != answered[: len(held)]:
             log.warning("token stream %s: the lost decode's tokens differ from the answer sent", self.stream)
         self._skip = max(0, len(held) - len(answered))
-        if len(held) < len(answered):  # a lost decode's writes dropped (its Redis away): the rest now
-            await self._add({"ids": _bytes(answered[len(held) :])})
+        self._missing = answered[len(held) :]  # a lost decode's writes dropped (its Redis away)
         return any(b"fence" not in fields for _, fields in before)
 
-    async def _read(self, call):
-        """A read, retried on slow answers until WRITE_DEADLINE_S; None (the stream broken) after."""
-        deadline = time.monotonic() + WRITE_DEADLINE_S
+    async def _read(self, call, deadline: float):
+        """A read, retried on slow answers until `deadline`; None (the stream broken) after."""
         while True:
             try:
                 return await call()
@@ -102,12 +104,14 @@ class TokenStreamWriter:
                 await asyncio.sleep(RETRY_PAUSE_S)
 
     async def add(self, token_ids) -> None:
+        token_ids = list(token_ids)
         if self._skip:  # held already, from a lost decode (take_over)
             skipped = min(self._skip, len(token_ids))
             token_ids, self._skip = token_ids[skipped:], self._skip - skipped
-            if not len(token_ids):
-                return
-        await self._add({"ids": _bytes(token_ids)})
+        if self._missing:  # after the media rows, ahead of this decode's tokens
+            token_ids, self._missing = self._missing + token_ids, []
+        if token_ids:
+            await self._add({"ids": _bytes(token_ids)})
 
     async def add_media_rows(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype="<f4")
@@ -116,14 +120,14 @@ class TokenStreamWriter:
     async def fail(self, reason: str) -> None:
         await self._add({"error": reason.encode()})
 
-    async def _add(self, fields: dict) -> None:
+    async def _add(self, fields: dict, deadline: float | None = None) -> None:
         # Entries carry their own ids (<epoch>-1, <epoch>-2, ...): a write retried after a slow answer
         # that did land is refused as a duplicate id, never read twice; a first attempt refused was
         # fenced off by a later decode's epoch (take_over).
         if self.broken:
             return
         self._seq += 1
-        deadline, retried = time.monotonic() + WRITE_DEADLINE_S, False
+        deadline, retried = deadline or time.monotonic() + WRITE_DEADLINE_S, False
         while True:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
@@ -150,6 +154,8 @@ class TokenStreamWriter:
                 await asyncio.sleep(RETRY_PAUSE_S)  # a refused connection answers at once
 
     async def end(self) -> None:
+        if self._missing:
+            await self.add([])
         await self._add({"end": b"1"})
 
 
@@ -181,8 +187,8 @@ async def read(stream: str, wait_s: float, client=None) -> AsyncIterator[list[in
                 raise ThinkerFailed(fields[b"error"].decode(errors="replace"))
             if b"media" in fields:
                 yield np.frombuffer(fields[b"media"], dtype="<f4").reshape(-1, int(fields[b"width"]))
-            elif b"ids" in fields:  # else a decode's fence
-                yield _ids(fields)
+            elif ids := _ids(fields):  # none: a decode's fence
+                yield ids
 
 
 def _bytes(token_ids) -> bytes:
@@ -190,4 +196,4 @@ def _bytes(token_ids) -> bytes:
 
 
 def _ids(fields: dict) -> list[int]:
-    return np.frombuffer(fields[b"ids"], dtype="<i4").tolist()
+    return np.frombuffer(fields.get(b"ids", b""), dtype="<i4").tolist()

@@ -157,13 +157,14 @@ def _cause(lost: Exception) -> str:
     return "replica_stalled" if isinstance(lost, StageStalled) else "replica_lost"
 
 
-def _continued(request: stages_pb2.DecodeRequest, sent: list[int]) -> stages_pb2.DecodeRequest:
-    """The request again, its prompt followed by the tokens already sent, for what is left of
-    max_tokens; decode computes the prompt itself (the prefill replica's hand-off was for the lost
-    one)."""
+def _continued(request: stages_pb2.DecodeRequest, sent: list[int], attempt: int) -> stages_pb2.DecodeRequest:
+    """The request again as its `attempt`-th resumed decode, its prompt followed by the tokens
+    already sent, for what is left of max_tokens; decode computes the prompt itself (the prefill
+    replica's hand-off was for the lost one)."""
     continued = stages_pb2.DecodeRequest()
     continued.CopyFrom(request)
     continued.kv_transfer_params = ""
+    continued.attempt = attempt
     if sent:
         continued.prompt.segments.add(tokens=stages_pb2.TokenSpan(ids=sent))
         continued.sampling.max_tokens = request.sampling.max_tokens - len(sent)
@@ -653,7 +654,7 @@ class Pipeline:
                     cause,
                     len(sent),
                 )
-                request, resent = _continued(original, sent), len(sent)
+                request, resent = _continued(original, sent, request.attempt + 1), len(sent)
                 await asyncio.sleep(resume.retry_s)
 
     # ---- generation ----------------------------------------------------------------------

@@ -72,7 +72,7 @@ class Decode(_Thinker):
                 request.ctx,
             )
             talker = (
-                TokenStreamWriter(request.token_stream, self.redis, self.token_stream_ttl_s)
+                TokenStreamWriter(request.token_stream, self.redis, self.token_stream_ttl_s, request.attempt)
                 if request.token_stream
                 else None
             )

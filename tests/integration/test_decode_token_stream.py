@@ -56,7 +56,7 @@ async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode
         finishes.append(chunk.finish_reason)
     assert sent and len(sent) < 40 and not any(finishes)  # unanswered
     rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent)):
+    async for chunk in decode.Decode(_continued(request, sent, 1)):
         rest += chunk.token_ids
         finish = chunk.finish_reason or finish
     assert finish in ("stop", "length") and len(sent) + len(rest) <= 40
@@ -76,7 +76,7 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
     with pytest.raises(asyncio.CancelledError):
         await call.athrow(asyncio.CancelledError())
     rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent)):
+    async for chunk in decode.Decode(_continued(request, sent, 1)):
         rest += chunk.token_ids
         finish = chunk.finish_reason or finish
     assert sent and finish in ("stop", "length")
@@ -104,7 +104,7 @@ async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
         await call.athrow(asyncio.CancelledError())
     sent, unsent = chunks  # the gateway got the first chunk only
     rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent)):
+    async for chunk in decode.Decode(_continued(request, sent, 1)):
         rest += chunk.token_ids
         finish = chunk.finish_reason or finish
     assert finish in ("stop", "length") and len(rest) > len(unsent)
@@ -122,7 +122,7 @@ async def test_a_lost_decode_that_goes_on_after_the_take_over_writes_nothing(dec
         if sent:
             break
     rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent)):
+    async for chunk in decode.Decode(_continued(request, sent, 1)):
         rest += chunk.token_ids
         finish = chunk.finish_reason or finish
     late = [t async for chunk in lost for t in chunk.token_ids]  # the stalled one wakes up

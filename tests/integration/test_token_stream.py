@@ -4,13 +4,15 @@ stalled or died) rather than waiting forever; a stream expires after its last wr
 Redis stays away stops writing (speech fails alone) instead of failing decode's response; a resumed
 decode's writer appends after what a lost one wrote, and the talker reads both as one answer — the
 lost one's later writes refused, tokens it wrote past the answer the gateway has not written twice,
-tokens missing from the stream written."""
+tokens missing from the stream written ahead of the successor's, a stale decode that takes over
+after a later one fenced off."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 
+import numpy as np
 import pytest
 
 from services.common.redis_config import async_client
@@ -46,7 +48,7 @@ async def test_a_resumed_writer_appends_after_a_lost_ones_part(redis):
     assert not await lost.take_over()  # a new stream: nothing before it
     await lost.add([1, 2])
     await lost.add([3])  # then its replica dies: no end entry
-    resumed = TokenStreamWriter(stream, redis)
+    resumed = TokenStreamWriter(stream, redis, attempt=1)
     assert await resumed.take_over([1, 2, 3])
     await resumed.add([4])
     await resumed.end()
@@ -60,7 +62,7 @@ async def test_a_lost_writer_that_wakes_up_later_is_refused(redis):
     lost = TokenStreamWriter(stream, redis)
     await lost.take_over()
     await lost.add([1, 2])
-    resumed = TokenStreamWriter(stream, redis)
+    resumed = TokenStreamWriter(stream, redis, attempt=1)
     assert await resumed.take_over([1, 2])
     await resumed.add([3])
     await lost.add([8])  # refused: dropped, no exception
@@ -80,7 +82,7 @@ async def test_tokens_a_lost_writer_wrote_past_the_answer_are_not_written_again(
     await lost.take_over()
     await lost.add([1, 2])
     await lost.add([3, 4])
-    resumed = TokenStreamWriter(stream, redis)
+    resumed = TokenStreamWriter(stream, redis, attempt=1)
     assert await resumed.take_over([1, 2])
     await resumed.add([3])
     await resumed.add([4, 5])
@@ -88,22 +90,47 @@ async def test_tokens_a_lost_writer_wrote_past_the_answer_are_not_written_again(
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3, 4], [5]]
 
 
-async def test_tokens_the_answer_has_and_the_stream_lacks_are_written_at_the_take_over(redis):
+async def test_tokens_the_answer_has_and_the_stream_lacks_go_ahead_of_the_successors(redis):
     stream = token_stream.key(uuid.uuid4().hex)
     lost = TokenStreamWriter(stream, redis)
     await lost.take_over()
     await lost.add([1])  # its next write was dropped (its Redis away), the gateway got [1, 2, 3]
-    resumed = TokenStreamWriter(stream, redis)
+    resumed = TokenStreamWriter(stream, redis, attempt=1)
     assert await resumed.take_over([1, 2, 3])
     await resumed.add([4])
     await resumed.end()
-    assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2, 3], [4]]
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2, 3, 4]]
 
 
-async def test_a_successor_of_a_decode_lost_before_writing_hands_the_media_rows(redis):
+async def test_a_successor_of_a_decode_lost_before_writing_writes_the_start(redis):
+    """The lost decode wrote nothing (not even its fence): its successor hands the media rows (its
+    take-over says the talker has nothing), then the answer the gateway has, then its own."""
     stream = token_stream.key(uuid.uuid4().hex)
-    await TokenStreamWriter(stream, redis).take_over()  # then lost: its fence alone
-    assert not await TokenStreamWriter(stream, redis).take_over()
+    resumed = TokenStreamWriter(stream, redis, attempt=1)
+    assert not await resumed.take_over([1, 2])
+    await resumed.add_media_rows(np.ones((2, 4), dtype=np.float32))
+    await resumed.add([3])
+    await resumed.end()
+    got = [item async for item in read(stream, 5.0, redis)]
+    assert got[0].shape == (2, 4) and got[1:] == [[1, 2, 3]]
+
+
+async def test_a_decode_whose_take_over_comes_after_its_successors_is_fenced_off(redis):
+    """A decode given up before it began (its replica slow to start) begins after the gateway's
+    next try took the stream over: the later try's epoch is higher, so the stale one is refused."""
+    stream = token_stream.key(uuid.uuid4().hex)
+    first = TokenStreamWriter(stream, redis)
+    await first.take_over()
+    await first.add([1])
+    successor = TokenStreamWriter(stream, redis, attempt=2)
+    assert await successor.take_over([1])
+    stale = TokenStreamWriter(stream, redis, attempt=1)
+    await stale.take_over([1])
+    await stale.add([9])
+    assert stale.broken and not successor.broken
+    await successor.add([2])
+    await successor.end()
+    assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2]]
 
 
 async def test_a_silent_stream_times_out_within_its_wait(redis):
