@@ -240,6 +240,14 @@ def _declared() -> list[Metric]:
             ("stage",),
             (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         ),
+        Metric(
+            "omniray_decode_stream_takeovers_total",
+            c,
+            "A resumed decode taking the lost one's token stream over (services/dataplane/token_stream.py):"
+            " continued, overlap (tokens it held past the answer sent, not written again), filled (tokens"
+            " it lacked, written); fenced: a decode whose writes were refused, a later one having taken over.",
+            ("outcome",),
+        ),
         # token talkers (services/stages/speech.py; Qwen3-Omni)
         Metric("omniray_talker_frames_total", c, "Codec frames a token talker drew."),
         Metric(

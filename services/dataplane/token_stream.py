@@ -66,6 +66,9 @@ class TokenStreamWriter:
         self._missing: list[int] = []  # tokens of the answer the stream lacks (take_over)
         # a write failed for good, or a later decode took the stream over: the rest are dropped
         self.broken = False
+        self.fenced = False  # a later decode took the stream over
+        # a take-over of a lost decode's stream: tokens it held past the answer, tokens it lacked
+        self.overlap = self.filled = 0
 
     async def take_over(self, answered: list[int] | None = None) -> bool:
         """Start this decode's writes, fencing off any earlier decode of the response (its later
@@ -88,8 +91,9 @@ class TokenStreamWriter:
         answered = answered or []
         if held[: len(answered)] != answered[: len(held)]:
             log.warning("token stream %s: the lost decode's tokens differ from the answer sent", self.stream)
-        self._skip = max(0, len(held) - len(answered))
+        self._skip = self.overlap = max(0, len(held) - len(answered))
         self._missing = answered[len(held) :]  # a lost decode's writes dropped (its Redis away)
+        self.filled = len(self._missing)
         return any(b"fence" not in fields for _, fields in before)
 
     async def _read(self, call, deadline: float):
@@ -139,7 +143,7 @@ class TokenStreamWriter:
                 if "equal or smaller" not in str(e):
                     raise
                 if not retried:
-                    self.broken = True
+                    self.broken = self.fenced = True
                     log.info(
                         "token stream %s: taken over by a resumed decode; this one's writes stop", self.stream
                     )

@@ -67,7 +67,7 @@ async def test_a_lost_writer_that_wakes_up_later_is_refused(redis):
     await resumed.add([3])
     await lost.add([8])  # refused: dropped, no exception
     await lost.end()
-    assert lost.broken and not resumed.broken
+    assert lost.fenced and not resumed.broken
     await resumed.add([4])
     await resumed.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3], [4]]
@@ -83,7 +83,7 @@ async def test_tokens_a_lost_writer_wrote_past_the_answer_are_not_written_again(
     await lost.add([1, 2])
     await lost.add([3, 4])
     resumed = TokenStreamWriter(stream, redis, attempt=1)
-    assert await resumed.take_over([1, 2])
+    assert await resumed.take_over([1, 2]) and resumed.overlap == 2
     await resumed.add([3])
     await resumed.add([4, 5])
     await resumed.end()
@@ -96,7 +96,7 @@ async def test_tokens_the_answer_has_and_the_stream_lacks_go_ahead_of_the_succes
     await lost.take_over()
     await lost.add([1])  # its next write was dropped (its Redis away), the gateway got [1, 2, 3]
     resumed = TokenStreamWriter(stream, redis, attempt=1)
-    assert await resumed.take_over([1, 2, 3])
+    assert await resumed.take_over([1, 2, 3]) and resumed.filled == 2
     await resumed.add([4])
     await resumed.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2, 3, 4]]
@@ -127,7 +127,7 @@ async def test_a_decode_whose_take_over_comes_after_its_successors_is_fenced_off
     stale = TokenStreamWriter(stream, redis, attempt=1)
     await stale.take_over([1])
     await stale.add([9])
-    assert stale.broken and not successor.broken
+    assert stale.fenced and not successor.broken
     await successor.add([2])
     await successor.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2]]
