@@ -46,6 +46,15 @@ def _request(ids: list[int], max_tokens: int = 40) -> stages_pb2.DecodeRequest:
     )
 
 
+async def _answer(call) -> tuple[list[int], str]:
+    """A decode call's tokens and finish reason, read to its end."""
+    tokens, finish = [], ""
+    async for chunk in call:
+        tokens += chunk.token_ids
+        finish = chunk.finish_reason or finish
+    return tokens, finish
+
+
 async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode, redis_url):
     request = _request(list(range(100, 140)))
     sent, finishes = [], []
@@ -55,10 +64,7 @@ async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode
         sent += chunk.token_ids
         finishes.append(chunk.finish_reason)
     assert sent and len(sent) < 40 and not any(finishes)  # unanswered
-    rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent, 1)):
-        rest += chunk.token_ids
-        finish = chunk.finish_reason or finish
+    rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     assert finish in ("stop", "length") and len(sent) + len(rest) <= 40
     redis = async_client(redis_url)
     heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
@@ -75,10 +81,7 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
     # the pipeline's deadline cancelled the call: Serve throws CancelledError into the generator
     with pytest.raises(asyncio.CancelledError):
         await call.athrow(asyncio.CancelledError())
-    rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent, 1)):
-        rest += chunk.token_ids
-        finish = chunk.finish_reason or finish
+    rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     assert sent and finish in ("stop", "length")
     redis = async_client(redis_url)
     heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
@@ -103,10 +106,7 @@ async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
     with pytest.raises(asyncio.CancelledError):
         await call.athrow(asyncio.CancelledError())
     sent, unsent = chunks  # the gateway got the first chunk only
-    rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent, 1)):
-        rest += chunk.token_ids
-        finish = chunk.finish_reason or finish
+    rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     assert finish in ("stop", "length") and len(rest) > len(unsent)
     # each position once: the lost decode's chunk, then the resumed decode's tokens after it
     assert await _heard(request, redis_url) == sent + unsent + rest[len(unsent) :]
@@ -121,10 +121,7 @@ async def test_a_lost_decode_that_goes_on_after_the_take_over_writes_nothing(dec
         sent += chunk.token_ids
         if sent:
             break
-    rest, finish = [], ""
-    async for chunk in decode.Decode(_continued(request, sent, 1)):
-        rest += chunk.token_ids
-        finish = chunk.finish_reason or finish
+    rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     late = [t async for chunk in lost for t in chunk.token_ids]  # the stalled one wakes up
     assert late and finish in ("stop", "length")
     assert await _heard(request, redis_url) == sent + rest
