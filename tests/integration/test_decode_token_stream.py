@@ -55,6 +55,20 @@ async def _answer(call) -> tuple[list[int], str]:
     return tokens, finish
 
 
+async def _first_tokens(call) -> list[int]:
+    """A decode call read until its first chunk with tokens (the call left open)."""
+    async for chunk in call:
+        if chunk.token_ids:
+            return list(chunk.token_ids)
+    raise AssertionError("the decode ended without a token")
+
+
+async def _heard(request, redis_url) -> list[int]:
+    """What the talker reads from the request's token stream, to its end entry."""
+    redis = async_client(redis_url)
+    return [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+
+
 async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode, redis_url):
     request = _request(list(range(100, 140)))
     sent, finishes = [], []
@@ -66,31 +80,21 @@ async def test_an_answer_the_engine_gave_up_is_resumed_on_the_same_stream(decode
     assert sent and len(sent) < 40 and not any(finishes)  # unanswered
     rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     assert finish in ("stop", "length") and len(sent) + len(rest) <= 40
-    redis = async_client(redis_url)
-    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
-    assert heard == sent + rest  # one answer, in order, to its end entry
+    assert await _heard(request, redis_url) == sent + rest  # one answer, in order, to its end entry
 
 
 async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decode, redis_url):
     request = _request(list(range(100, 140)))
-    call, sent = decode.Decode(request), []
-    async for chunk in call:
-        sent += chunk.token_ids
-        if sent:
-            break
+    call = decode.Decode(request)
+    sent = await _first_tokens(call)
     # the pipeline's deadline cancelled the call: Serve throws CancelledError into the generator
     with pytest.raises(asyncio.CancelledError):
         await call.athrow(asyncio.CancelledError())
     rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     assert sent and finish in ("stop", "length")
-    redis = async_client(redis_url)
-    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
-    assert heard == sent + rest  # no end entry after the cancelled part: the talker reads on
-
-
-async def _heard(request, redis_url) -> list[int]:
-    redis = async_client(redis_url)
-    return [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
+    assert (
+        await _heard(request, redis_url) == sent + rest
+    )  # no end entry after the cancelled part: the talker reads on
 
 
 async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
@@ -116,11 +120,8 @@ async def test_a_lost_decode_that_goes_on_after_the_take_over_writes_nothing(dec
     """A stalled decode given up (its call's cancel not yet delivered) runs on after its successor
     took the stream over: its writes are refused and dropped; it fails nothing."""
     request = _request(list(range(100, 140)))
-    lost, sent = decode.Decode(request), []
-    async for chunk in lost:
-        sent += chunk.token_ids
-        if sent:
-            break
+    lost = decode.Decode(request)
+    sent = await _first_tokens(lost)
     rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))
     late = [t async for chunk in lost for t in chunk.token_ids]  # the stalled one wakes up
     assert late and finish in ("stop", "length")
@@ -136,9 +137,9 @@ async def test_a_decode_cancelled_after_its_last_chunk_ends_the_stream(decode, r
             break
     with pytest.raises(asyncio.CancelledError):
         await call.athrow(asyncio.CancelledError())
-    redis = async_client(redis_url)
-    heard = [t async for ids in token_stream.read(request.token_stream, 5.0, redis) for t in ids]
-    assert sent and heard == sent  # read to its end entry, not to the read's timeout
+    assert (
+        sent and await _heard(request, redis_url) == sent
+    )  # read to its end entry, not to the read's timeout
 
 
 async def test_a_decode_that_fails_tells_the_talker(decode, redis_url):
