@@ -46,6 +46,10 @@ BLOCK_MS = 200
 # How long one write keeps retrying slow answers (each bounded by the client's socket timeout).
 WRITE_DEADLINE_S = 5.0
 RETRY_PAUSE_S = 0.05
+# How a resumed decode took the lost one's stream over (omniray_decode_stream_takeovers_total): as it
+# was, skipping tokens it held past the answer sent, writing tokens it lacked; or a decode's writes
+# were refused, a later one having taken over.
+TAKEOVERS = ("continued", "overlap", "filled", "fenced")
 log = logging.getLogger(__name__)
 
 
@@ -67,8 +71,8 @@ class TokenStreamWriter:
         # a write failed for good, or a later decode took the stream over: the rest are dropped
         self.broken = False
         self.fenced = False  # a later decode took the stream over
-        # a take-over of a lost decode's stream: tokens it held past the answer, tokens it lacked
-        self.overlap = self.filled = 0
+        self.takeover = ""  # a resumed decode's take-over of the lost one's stream: TAKEOVERS[:3]
+        self.overlap = 0  # tokens the lost decode held past the answer sent
 
     async def take_over(self, answered: list[int] | None = None) -> bool:
         """Start this decode's writes, fencing off any earlier decode of the response (its later
@@ -93,7 +97,7 @@ class TokenStreamWriter:
             log.warning("token stream %s: the lost decode's tokens differ from the answer sent", self.stream)
         self._skip = self.overlap = max(0, len(held) - len(answered))
         self._missing = answered[len(held) :]  # a lost decode's writes dropped (its Redis away)
-        self.filled = len(self._missing)
+        self.takeover = "overlap" if self._skip else "filled" if self._missing else "continued"
         return any(b"fence" not in fields for _, fields in before)
 
     async def _read(self, call, deadline: float):

@@ -21,10 +21,6 @@ from services.extensions.vllm.media_rows import read_rows_async
 from services.stages._stage import Stage
 
 log = logging.getLogger("ray.serve")
-# omniray_decode_stream_takeovers_total: a resumed decode took the lost one's token stream over as
-# it was (continued), skipping tokens it held past the answer sent (overlap), writing tokens it lacked
-# (filled); or a decode's writes were refused, a later one having taken over (fenced)
-TAKEOVERS = ("continued", "overlap", "filled", "fenced")
 
 
 class _Thinker(Stage):
@@ -71,7 +67,7 @@ class Decode(_Thinker):
         # kept while a lost decode may still be resumed on it, and a while after
         self.token_stream_ttl_s = token_stream.TTL_S + self.profile.pipeline.thinker_gap_s()
         self.takeovers = metric("omniray_decode_stream_takeovers_total")
-        for outcome in TAKEOVERS:  # exported at 0: the panel shows a healthy run
+        for outcome in token_stream.TAKEOVERS:  # exported at 0: the panel shows a healthy run
             zero(self.takeovers, outcome=outcome)
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
@@ -90,8 +86,12 @@ class Decode(_Thinker):
             )
             # a resumed decode (the stream holds a lost one's part): the talker has the media rows
             resumed = talker is not None and await talker.take_over(_answered(request))
-            if talker is not None and request.attempt:
-                self._took_over(talker)
+            if talker is not None and talker.takeover:
+                self.takeovers.inc(tags={"outcome": talker.takeover})
+                if talker.overlap:  # spoken as the lost decode wrote them; the text has this decode's
+                    log.info(
+                        "token stream %s: %d tokens held past the answer sent", talker.stream, talker.overlap
+                    )
             # What the talker reads when this call ends: the end (the response answered), an
             # error, or nothing — an answer the engine gave up on (no finish), or a call its
             # reader cancelled (a stall the pipeline resumes on this stream; a response that ended
@@ -120,18 +120,8 @@ class Decode(_Thinker):
                     await asyncio.shield(talker.end())
                 elif talker is not None and last == "error":
                     await asyncio.shield(talker.fail("the thinker failed; ask again"))
-                if talker is not None and talker.fenced:
+                if talker is not None and talker.fenced:  # at take-over or at a later write
                     self.takeovers.inc(tags={"outcome": "fenced"})
-
-    def _took_over(self, talker: TokenStreamWriter) -> None:
-        """Count a resumed decode's take-over of the lost one's token stream (one fenced off is
-        counted as its call ends: a later write may find the fence too)."""
-        if talker.fenced:
-            return
-        outcome = "overlap" if talker.overlap else "filled" if talker.filled else "continued"
-        self.takeovers.inc(tags={"outcome": outcome})
-        if talker.overlap:  # spoken as the lost decode wrote them; the text has this decode's
-            log.info("token stream %s: %d tokens held past the answer sent", talker.stream, talker.overlap)
 
     async def _hand_media_rows(self, talker: TokenStreamWriter, keys: tuple[str, ...]) -> None:
         """The thinker's rows at the prompt's media, in prompt order, ahead of the tokens (written

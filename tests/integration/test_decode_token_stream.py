@@ -100,7 +100,7 @@ async def test_a_decode_its_reader_cancelled_is_resumed_on_the_same_stream(decod
 async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
     """Decode writes a chunk to the stream before it goes to the gateway: lost in between, the
     talker has a chunk the gateway lacks, which the resumed decode generates again."""
-    request = _request(list(range(100, 140)))
+    request = _request(list(range(100, 140)), max_tokens=200)  # tokens left after two chunks
     call, chunks = decode.Decode(request), []
     async for chunk in call:
         if chunk.token_ids:
@@ -119,7 +119,7 @@ async def test_a_chunk_written_but_never_sent_is_spoken_once(decode, redis_url):
 async def test_a_lost_decode_that_goes_on_after_the_take_over_writes_nothing(decode, redis_url):
     """A stalled decode given up (its call's cancel not yet delivered) runs on after its successor
     took the stream over: its writes are refused and dropped; it fails nothing."""
-    request = _request(list(range(100, 140)))
+    request = _request(list(range(100, 140)), max_tokens=200)  # tokens left for the lost one
     lost = decode.Decode(request)
     sent = await _first_tokens(lost)
     rest, finish = await _answer(decode.Decode(_continued(request, sent, 1)))

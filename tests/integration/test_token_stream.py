@@ -49,7 +49,7 @@ async def test_a_resumed_writer_appends_after_a_lost_ones_part(redis):
     await lost.add([1, 2])
     await lost.add([3])  # then its replica dies: no end entry
     resumed = TokenStreamWriter(stream, redis, attempt=1)
-    assert await resumed.take_over([1, 2, 3])
+    assert await resumed.take_over([1, 2, 3]) and resumed.takeover == "continued"
     await resumed.add([4])
     await resumed.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1, 2], [3], [4]]
@@ -83,7 +83,7 @@ async def test_tokens_a_lost_writer_wrote_past_the_answer_are_not_written_again(
     await lost.add([1, 2])
     await lost.add([3, 4])
     resumed = TokenStreamWriter(stream, redis, attempt=1)
-    assert await resumed.take_over([1, 2]) and resumed.overlap == 2
+    assert await resumed.take_over([1, 2]) and (resumed.takeover, resumed.overlap) == ("overlap", 2)
     await resumed.add([3])
     await resumed.add([4, 5])
     await resumed.end()
@@ -96,7 +96,7 @@ async def test_tokens_the_answer_has_and_the_stream_lacks_go_ahead_of_the_succes
     await lost.take_over()
     await lost.add([1])  # its next write was dropped (its Redis away), the gateway got [1, 2, 3]
     resumed = TokenStreamWriter(stream, redis, attempt=1)
-    assert await resumed.take_over([1, 2, 3]) and resumed.filled == 2
+    assert await resumed.take_over([1, 2, 3]) and resumed.takeover == "filled"
     await resumed.add([4])
     await resumed.end()
     assert [ids async for ids in read(stream, 5.0, redis)] == [[1], [2, 3, 4]]
