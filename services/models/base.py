@@ -6,7 +6,7 @@ speaks these interfaces, so a new profile is a YAML plus adapters, never new plu
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -132,8 +132,12 @@ class TokenTalker(Protocol):
     version: str
     chunk_frames: list[int]  # frames per unit chunk sent on: the first, then the rest
 
-    def stream(self, prompt: ThinkerPrompt, voice: str, seed: int | None = None) -> TokenTalkerStream:
-        """One response's talker; with a `seed`, its draws depend on the seed and its input only."""
+    def stream(
+        self, prompt: ThinkerPrompt, voice: str, seed: int | None = None, stop_token_ids: Iterable[int] = ()
+    ) -> TokenTalkerStream:
+        """One response's talker; with a `seed`, its draws depend on the seed and its input only.
+        A token of `stop_token_ids` ends the text to speak as the thinker's end does (a tool call's
+        marker: the talker says what came before it)."""
 
 
 class Vocoder(Protocol):

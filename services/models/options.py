@@ -97,6 +97,9 @@ class Qwen3OmniTalker(Qwen3OmniModule):
     # A response's speech is at most this many frames (80 ms each) per token of its text, plus a
     # second: the talker stops there if it has not ended itself (trained weights end well before).
     max_frames_per_token: int = Field(default=6, ge=1, le=64)
+    # A response's speech is at most this many frames (transformers' talker_max_new_tokens): one
+    # that reaches it is cut there and the response ends incomplete (`finish_reason: length`).
+    max_frames: int = Field(default=4096, ge=2, le=65536)
 
 
 # ---- tiny (random weights, built locally) --------------------------------------------------------

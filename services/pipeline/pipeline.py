@@ -668,6 +668,11 @@ class Pipeline:
         thought = asyncio.Event()
         calls_in = self._call_stream(p.turn.tools)
         calling = asyncio.Event()  # a tool call began
+        # A token talker stops at the call's marker token (tool_parser.call_start_ids) where the
+        # model wrote one: it says the lead-in whole rather than being cut when the call is parsed.
+        auto = p.turn.tools is not None and p.turn.tools.choice == "auto"
+        stops = frozenset(self.tool_parser.call_start_ids if tokens_to and auto else ())
+        marked = asyncio.Event()  # the talker has the marker the call began with
 
         async def think() -> None:
             try:
@@ -709,6 +714,8 @@ class Pipeline:
 
             async for chunk in self._think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, tokens_to):
                 final["generated"] = final.get("generated", 0) + len(chunk.token_ids)
+                if stops and not stops.isdisjoint(chunk.token_ids):
+                    marked.set()
                 content, calls = calls_in.feed(chunk.text) if calls_in else (chunk.text, [])
                 await wrote(content, calls, len(chunk.token_ids), chunk.frame_ms)
                 if chunk.finish_reason:
@@ -730,7 +737,8 @@ class Pipeline:
                 talk = stages_pb2.TalkRequest(ctx=p.ctx, text=piece, voice=p.voice, chunk_index=index)
                 index += 1
                 # the piece goes with its first audio
-                await self._voice(p, talk, out, functools.partial(next, iter([piece]), None))
+                if await self._voice(p, talk, out, functools.partial(next, iter([piece]), None)):
+                    final["speech_cut"] = True
             await self._end_speech(p, out)
 
         async def speak_tokens() -> None:
@@ -742,7 +750,9 @@ class Pipeline:
             talk = stages_pb2.TalkRequest(
                 ctx=p.ctx,
                 voice=p.voice,
-                thinker=stages_pb2.ThinkerOutput(prompt_ids=ids, media=placements, token_stream=tokens_to),
+                thinker=stages_pb2.ThinkerOutput(
+                    prompt_ids=ids, media=placements, token_stream=tokens_to, stop_token_ids=sorted(stops)
+                ),
                 seed=p.sampling.seed,
             )
             spoken = 0
@@ -754,15 +764,19 @@ class Pipeline:
 
             voice = asyncio.create_task(self._voice(p, talk, out, transcript))
             called = asyncio.create_task(calling.wait())
+            lead_in = False  # a call came after content, at a marker the talker stops at
             try:
                 await asyncio.wait((voice, called), return_when=asyncio.FIRST_COMPLETED)
+                lead_in = calling.is_set() and marked.is_set() and "".join(written).strip() != ""
+                if lead_in:
+                    await asyncio.wait((voice,))
             finally:
                 called.cancel()
                 if not voice.done():
                     voice.cancel()
                     await asyncio.gather(voice, return_exceptions=True)
-            if not calling.is_set():
-                voice.result()
+            if lead_in or not calling.is_set():
+                final["speech_cut"] = voice.result()
             await self._end_speech(p, out)
 
         async def run(coro) -> None:
@@ -793,9 +807,10 @@ class Pipeline:
             usage = final.get("usage")
             if usage is not None:
                 usage.audio_prompt_tokens = p.audio_prompt_tokens
-            yield Event(
-                finish_reason=final.get("finish_reason", "stop"), usage=usage, tokens=final.get("unsent", 0)
-            )
+            finish = final.get("finish_reason", "stop")
+            if finish == "stop" and final.get("speech_cut"):
+                finish = "length"  # the talker's frame limit cut the speech (UnitChunk.truncated)
+            yield Event(finish_reason=finish, usage=usage, tokens=final.get("unsent", 0))
         finally:
             for t in tasks:
                 t.cancel()
@@ -817,11 +832,11 @@ class Pipeline:
         release.add_done_callback(self._releasing.discard)
         await asyncio.shield(release)
 
-    async def _voice(self, p: Prepared, talk: stages_pb2.TalkRequest, out: asyncio.Queue, transcript) -> None:
+    async def _voice(self, p: Prepared, talk: stages_pb2.TalkRequest, out: asyncio.Queue, transcript) -> bool:
         """One talker stream to PCM: with async chunk its units are vocoded as they arrive, each call
         with the context that makes it equal to a whole-utterance decode; without, each stage waits
         for the whole output of the one before (the baseline). `transcript()` gives the text that
-        goes with the next audio."""
+        goes with the next audio. Whether the talker's frame limit cut the speech."""
         vocoder = self.profile.models.vocoder  # present: validation rejected audio out otherwise
         talked = self.h.talker.options(stream=True).Talk.remote(talk)
         if talk.HasField("thinker"):  # a token talker waits on the thinker's tokens as well
@@ -829,7 +844,17 @@ class Pipeline:
             talked = d.stream("talker", talked, reply_s=gap + d.reply_s, between_s=gap + d.between_s)
         else:
             talked = self.deadlines.stream("talker", talked)
-        units = (await tensors.materialized(uc.units) async for uc in talked if not uc.is_final)
+        truncated = False
+
+        async def units_of() -> AsyncIterator[np.ndarray]:
+            nonlocal truncated
+            async for uc in talked:
+                if uc.is_final:
+                    truncated = uc.truncated
+                else:
+                    yield await tensors.materialized(uc.units)
+
+        units = units_of()
         if self.async_chunk:
             window = VocoderWindow(vocoder.context_frames, vocoder.lookahead_frames)
             async for chunk in units:
@@ -842,6 +867,7 @@ class Pipeline:
             if whole:
                 call = VocodeCall(np.concatenate(whole), None, None)
                 await self._vocode(p, call, out, transcript(), split_s=WHOLE_AUDIO_PIECE_S)
+        return truncated
 
     async def _vocode(
         self,

@@ -19,6 +19,9 @@ class ToolCallParser:
 
     def __init__(self, name: str, tokenizer, model: str):
         self._parsers = VllmToolParsers(name, tokenizer, model)
+        # The token a call's marker is (Qwen's `<tool_call>`), where it is one: a token talker
+        # stops before it, so a spoken answer says its lead-in whole (none: speech is cut at the call).
+        self.call_start_ids = self._parsers.call_start_ids
 
     def stream(self, tools: Tools) -> ParsedCalls:
         return ParsedCalls(*self._parsers.for_tools([t.openai() for t in tools.specs], tools.parallel))

@@ -90,6 +90,7 @@ class Talker(_SpeechStage):
                 _thinker_prompt(thinker),
                 request.voice or self.profile.pipeline.default_voice,
                 seed=request.seed or None,
+                stop_token_ids=thinker.stop_token_ids,
             )
 
             async def follow() -> None:
@@ -132,7 +133,7 @@ class Talker(_SpeechStage):
                 log.info(
                     "talker %s: %d frames, ended by %s", request.ctx.request_id, frames_sent, stream.ended_by
                 )
-                yield stages_pb2.UnitChunk(is_final=True)
+                yield stages_pb2.UnitChunk(is_final=True, truncated=stream.ended_by == "max_frames")
             except Exception:
                 self.streams.inc(tags={"end": "error"})
                 raise

@@ -181,4 +181,25 @@ def test_speech_is_bounded_by_the_texts_length(talker, reference):
         while (frame := (a, b)[len(frames) % 2].submit(next, generator, None).result()) is not None:
             frames.append(frame)
     assert stream.ended_by == "text_budget"
-    assert len(frames) == talker.max_frames_per_token * 3 + qt.TAIL_FRAMES - 1
+    assert len(frames) == talker.sampling.max_frames_per_token * 3 + qt.TAIL_FRAMES - 1
+
+
+def test_a_stop_token_ends_the_text_as_the_thinkers_end_does(talker, reference):
+    """A tool call's marker (the stream's stop token) ends what the talker says, as the thinker's eos
+    there would: the same frames, drawn without waiting for the thinker to finish (the call's
+    tokens after the marker are never read)."""
+    _, processor = reference
+    prompt = _text_inputs(processor)["input_ids"][0].tolist()
+    marker = processor.tokenizer.convert_tokens_to_ids("<tool_call>")  # one token, as in Qwen's vocabulary
+    assert marker is not None
+
+    def frames(stream) -> np.ndarray:
+        return np.concatenate(list(stream.frames(timeout=5)))
+
+    ended = talker.stream(ThinkerPrompt(prompt), "aiden", seed=1)
+    ended.feed([100, 200, 300, talker.config.im_end_token_id])
+    calling = talker.stream(ThinkerPrompt(prompt), "aiden", seed=1, stop_token_ids=[marker])
+    calling.feed([100, 200, 300])
+    calling.feed([marker, 400, 500])  # never finished: a thinker still writing its call
+    np.testing.assert_array_equal(frames(calling), frames(ended))
+    assert calling.ended_by == ended.ended_by

@@ -1,7 +1,8 @@
 """tool_choice "auto" through vLLM's tool parser (the qwen3-omni profiles' `hermes`, with
 qwen3-omni-tiny's tokenizer): however decode cuts the answer, the content and the calls come out the
 same as a whole-answer parse; text that may begin a call is held back, not lost; a call that does not
-parse stays content; a marker that is a special token is refused at start."""
+parse stays content; a marker that is a special token is refused at start, one that is a single
+token is where a token talker stops."""
 
 from __future__ import annotations
 
@@ -128,3 +129,11 @@ def test_unknown_parsers_and_special_token_markers_fail_at_start():
     special.add_special_tokens({"additional_special_tokens": ["<tool_call>"]})
     with pytest.raises(ValueError, match="special token"):
         ToolCallParser("hermes", special, "m")
+
+
+def test_a_one_token_marker_is_where_a_token_talker_stops():
+    """Qwen's `<tool_call>` is one token of its vocabulary: the token a spoken answer's talker stops
+    at. A parser whose marker is several tokens (or none) gives none: speech is cut at the call."""
+    tokenizer = parser()._parsers._tokenizer
+    assert parser().call_start_ids == (tokenizer.convert_tokens_to_ids("<tool_call>"),)
+    assert ToolCallParser("llama3_json", tokenizer, "m").call_start_ids == ()

@@ -26,6 +26,10 @@ class VllmToolParsers:
                 f"tool parser {name!r} looks for {marker!r}, a special token decode does not write"
             )
         self._tokenizer, self._model = tokenizer, model
+        # A marker that is one token of the vocabulary: the token a call begins with (a token
+        # talker stops before it); none for a parser without one or a marker of several tokens.
+        ids = tokenizer.encode(marker, add_special_tokens=False) if marker else []
+        self.call_start_ids: tuple[int, ...] = tuple(ids) if len(ids) == 1 else ()
 
     def for_tools(self, tools: list[dict], parallel: bool) -> tuple[Callable[[], Any], Any]:
         """(a new parser for one answer, the request it is given) for the offered tools (OpenAI's

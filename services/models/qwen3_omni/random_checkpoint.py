@@ -4,9 +4,9 @@ The real classes (`Qwen3OmniMoeForConditionalGeneration`: thinker with MoE, deep
 audio encoder, talker with its code predictor, code2wav), the real vocabulary size and special-token
 ids, interleaved M-RoPE, 16 code groups and 1920 samples per code at 24 kHz — only the widths and
 depths are small, so the GPU profile's code paths run on a CPU in seconds. No Qwen tokenizer ships in
-any package: a small BPE is trained here (fixed corpus) and the special and role tokens are placed at
-the real ids; the rest of the vocabulary is filler that decodes to `<fN>`. The processor (image,
-video, audio features, tokenizer) is saved with it, as the real checkpoint has one.
+any package: a small BPE is trained here (fixed corpus) and the special, role and tool-call tokens
+are placed at the real ids; the rest of the vocabulary is filler that decodes to `<fN>`. The
+processor (image, video, audio features, tokenizer) is saved with it, as the real checkpoint has one.
 
 Keys transformers 5.19 does not default but it or vLLM read (vision `image_size`,
 `apply_vit_abs_pos_embed`, talker `spatial_merge_size`, `shared_expert_intermediate_size`, `head_dim`,
@@ -38,6 +38,9 @@ SPECIAL_TOKENS = {
     151673: "<tts_text_eod>",
     151675: "<|audio_pad|>",
 }
+# Qwen's tool-call markers: added tokens, not special ones (decode writes them, vLLM's hermes parser
+# reads them; a token talker stops at <tool_call>).
+TOOL_TOKENS = {151657: "<tool_call>", 151658: "</tool_call>"}
 ROLE_TOKENS = {872: "user", 8948: "system", 77091: "assistant"}  # the talker finds turns by these
 IDS = {name.strip("<|>"): i for i, name in SPECIAL_TOKENS.items()} | {v: k for k, v in ROLE_TOKENS.items()}
 # The processor finds media placeholders by these tokenizer attributes.
@@ -51,7 +54,7 @@ MEDIA_TOKENS = {
     "audio_eos_token": "<|audio_end|>",
 }
 # Bump when the builder's output changes: `make models` rebuilds checkpoints of another version.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 SPEAKERS = {"chelsie": 2301, "ethan": 2302, "aiden": 2303}  # the talker's speaker ids (codec vocabulary)
 # The codec's control codes (Qwen3-Omni-30B-A3B's; transformers defaults to Qwen2.5-Omni's, outside
 # the 3072-code vocabulary): codes 0-2047 are audio, the rest control codes and speakers.
@@ -178,12 +181,13 @@ def tokenizer():
     for want, word in ROLE_TOKENS.items():  # swap each role word onto its real id
         have = next(i for i, t in by_id.items() if t == word)
         by_id[have], by_id[want] = by_id[want], word
-    by_id |= {i: SPECIAL_TOKENS.get(i, f"<|extra_{i}|>") for i in range(min(SPECIAL_TOKENS), VOCAB_SIZE)}
+    named = SPECIAL_TOKENS | TOOL_TOKENS
+    by_id |= {i: named.get(i, f"<|extra_{i}|>") for i in range(min(SPECIAL_TOKENS), VOCAB_SIZE)}
     data["model"]["vocab"] = {token: i for i, token in by_id.items()}
     data["added_tokens"] = [
         {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
-         "special": True}
-        for i, t in sorted(SPECIAL_TOKENS.items())
+         "special": i in SPECIAL_TOKENS}
+        for i, t in sorted(named.items())
     ]  # fmt: skip
     fast = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(data)),

@@ -13,7 +13,8 @@ thinker output and seed):
 - the assistant turn: its three template tokens and the first generated token, with the codec's
   control codes and the speaker's id (the voice);
 - then one generated token's embedding per talker step (the text still to speak), `tts_eos` where
-  the thinker ended and `tts_pad` after it.
+  the thinker ended — or where a stop token came (a tool call's marker: the call is not spoken) —
+  and `tts_pad` after it.
 
 The talker starts on the thinker's first token and needs token k+2 only at its step k, so it
 streams while the thinker writes (async chunk); a step waits for the text it needs
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,16 +89,24 @@ class Talker:
             )[:, None].unbind(0)  # each [1, hidden]
         self.version = f"qwen3-omni-talker:{path.name}"
         self.chunk_frames = list(options.chunk_frames)
-        self.max_frames_per_token = options.max_frames_per_token
+        self.sampling = Sampling(
+            max_frames=options.max_frames, max_frames_per_token=options.max_frames_per_token
+        )
 
     def stream(
-        self, prompt: ThinkerPrompt, voice: str, seed: int | None = None, sampling: Sampling | None = None
+        self,
+        prompt: ThinkerPrompt,
+        voice: str,
+        seed: int | None = None,
+        stop_token_ids: Iterable[int] = (),
+        sampling: Sampling | None = None,
     ) -> TalkerStream:
         if voice not in self.voices:
             raise ValueError(f"unknown voice {voice!r}; this talker has {sorted(self.voices)}")
-        sampling = sampling or Sampling(max_frames_per_token=self.max_frames_per_token)
+        sampling = sampling or self.sampling
         rng = _Rng(seed, self.embed.device) if seed is not None else None
-        return TalkerStream(self, prompt, self.voices[voice], sampling, rng)
+        ends = {self.config.im_end_token_id, *stop_token_ids}
+        return TalkerStream(self, prompt, self.voices[voice], sampling, rng, ends)
 
 
 class _Rng:
@@ -136,7 +145,13 @@ class TalkerStream:
     `frames()` yields [n, 16] int64 codes as the talker writes them."""
 
     def __init__(
-        self, talker: Talker, prompt: ThinkerPrompt, speaker_id: int, sampling: Sampling, rng: _Rng | None
+        self,
+        talker: Talker,
+        prompt: ThinkerPrompt,
+        speaker_id: int,
+        sampling: Sampling,
+        rng: _Rng | None,
+        ends: set[int],
     ):
         self.t, self.prompt, self.speaker_id, self.sampling = talker, prompt, speaker_id, sampling
         self._rng = rng
@@ -145,12 +160,17 @@ class TalkerStream:
         self._error: BaseException | None = None
         self.ended_by = ""  # codec_eos | text_budget | max_frames, once frames() has returned
         self._more = threading.Condition()
-        self._eos = talker.config.im_end_token_id
+        self._ends = ends  # tokens that end the text: the thinker's eos, a tool call's marker
+        self._end_at: int | None = None  # the first of them fed, once there is one
 
     # ---- the thinker's side ---------------------------------------------------------------------
 
     def feed(self, token_ids: list[int]) -> None:
         with self._more:
+            if self._end_at is None:
+                end = next((i for i, t in enumerate(token_ids) if t in self._ends), None)
+                if end is not None:
+                    self._end_at = len(self._tokens) + end
             self._tokens.extend(token_ids)
             self._more.notify_all()
 
@@ -165,20 +185,19 @@ class TalkerStream:
             self._more.notify_all()
 
     def _generated(self, n: int, timeout: float | None) -> tuple[list[int], bool]:
-        """The thinker's tokens once it has written `n` of them or ended (up to its eos), and
-        whether it has ended."""
+        """The thinker's tokens once it has written `n` of them or ended (up to the first token
+        that ends the text, which is not read: as the thinker's eos), and whether it has ended."""
         with self._more:
             ok = self._more.wait_for(
-                lambda: len(self._tokens) >= n or self._finished or self._eos in self._tokens, timeout
+                lambda: len(self._tokens) >= n or self._finished or self._end_at is not None, timeout
             )
             if not ok:
                 raise TimeoutError(f"the thinker wrote no token {n - 1} within {timeout} s")
             if self._error is not None:
                 raise self._error
-            tokens = list(self._tokens)
-            if self._eos in tokens:
-                return tokens[: tokens.index(self._eos) + 1], True
-            return tokens, self._finished
+            if self._end_at is not None:
+                return self._tokens[: self._end_at + 1], True
+            return list(self._tokens), self._finished
 
     # ---- the talker -----------------------------------------------------------------------------
 
@@ -251,8 +270,9 @@ class TalkerStream:
         """Past its share of frames for a text that has ended (Sampling.max_frames_per_token)."""
         per_token = self.sampling.max_frames_per_token
         with self._more:
-            ended = self._finished or self._eos in self._tokens
-            return bool(per_token and ended and step + 1 >= per_token * len(self._tokens) + TAIL_FRAMES)
+            ended = self._finished or self._end_at is not None
+            said = len(self._tokens) if self._end_at is None else self._end_at + 1
+            return bool(per_token and ended and step + 1 >= per_token * said + TAIL_FRAMES)
 
     def frames(self, timeout: float | None = None) -> Iterator[np.ndarray]:
         """[1, 16] codes per frame as generated (callers batch them); `timeout` bounds each wait for
@@ -295,7 +315,7 @@ class TalkerStream:
             processors.extend([TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k),
                                TopPLogitsWarper(s.top_p)])  # fmt: skip
         tokens, _ = self._generated(1, timeout)
-        first = tokens[0] if tokens else self._eos
+        first = tokens[0] if tokens else self.t.config.im_end_token_id
         with self._step():
             embeds, talker_ids = self._prefill_embeds(first)
             mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
