@@ -24,7 +24,8 @@ the talker's read times out and the speech fails alone.
 
 Known limit: where a lost decode wrote tokens the gateway never received, the talker speaks those
 (the lost decode's) and the text has its successor's for the same positions — the same tokens under
-greedy sampling, up to a chunk of different ones otherwise.
+greedy sampling, up to a chunk of different ones otherwise; where a tool call's marker is among
+those, the talker may stop where the text goes on, or speak into a call the text has.
 """
 
 from __future__ import annotations

@@ -116,6 +116,10 @@ class TokenTalkerStream(Protocol):
 
     def feed(self, token_ids: list[int]) -> None: ...
 
+    @property
+    def text_ended(self) -> bool:
+        """A token that ends the text (the thinker's eos, a stop token) has been fed."""
+
     def set_media_hidden(self, rows: np.ndarray) -> None:
         """The thinker's hidden states at the prompt's media placeholders (before its first token)."""
 

@@ -100,6 +100,8 @@ class Talker(_SpeechStage):
                             stream.set_media_hidden(item)
                         else:
                             stream.feed(item)
+                            if stream.text_ended:  # e.g. at a tool call's marker: the call is not read
+                                break
                 except BaseException as e:  # a stalled thinker or Redis: the talker stops with it
                     stream.finish(e)
                     raise

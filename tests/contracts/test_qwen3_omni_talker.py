@@ -187,11 +187,11 @@ def test_speech_is_bounded_by_the_texts_length(talker, reference):
 def test_a_stop_token_ends_the_text_as_the_thinkers_end_does(talker, reference):
     """A tool call's marker (the stream's stop token) ends what the talker says, as the thinker's eos
     there would: the same frames, drawn without waiting for the thinker to finish (the call's
-    tokens after the marker are never read)."""
+    tokens after the marker are never read, nor is a thinker that fails while writing them)."""
     _, processor = reference
     prompt = _text_inputs(processor)["input_ids"][0].tolist()
-    marker = processor.tokenizer.convert_tokens_to_ids("<tool_call>")  # one token, as in Qwen's vocabulary
-    assert marker is not None
+    marker = processor.tokenizer.convert_tokens_to_ids("<tool_call>")
+    assert marker == 151657  # one token, at its id in Qwen's vocabulary
 
     def frames(stream) -> np.ndarray:
         return np.concatenate(list(stream.frames(timeout=5)))
@@ -201,5 +201,11 @@ def test_a_stop_token_ends_the_text_as_the_thinkers_end_does(talker, reference):
     calling = talker.stream(ThinkerPrompt(prompt), "aiden", seed=1, stop_token_ids=[marker])
     calling.feed([100, 200, 300])
     calling.feed([marker, 400, 500])  # never finished: a thinker still writing its call
-    np.testing.assert_array_equal(frames(calling), frames(ended))
-    assert calling.ended_by == ended.ended_by
+    failed = talker.stream(ThinkerPrompt(prompt), "aiden", seed=1, stop_token_ids=[marker])
+    failed.feed([100, 200, 300, marker, 400])
+    failed.finish(ConnectionError("redis went away while the call was written"))
+    said = frames(ended)
+    np.testing.assert_array_equal(frames(calling), said)
+    np.testing.assert_array_equal(frames(failed), said)
+    assert calling.ended_by == ended.ended_by == "text_budget"  # these draws: the text's share, 4 tokens
+    assert len(said) == talker.sampling.max_frames_per_token * 4 + qt.TAIL_FRAMES - 1

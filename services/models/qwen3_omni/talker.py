@@ -178,6 +178,12 @@ class TalkerStream:
         with self._more:
             self.prompt.media_hidden = rows
 
+    @property
+    def text_ended(self) -> bool:
+        """A token that ends the text has come: nothing the thinker writes after it is read."""
+        with self._more:
+            return self._end_at is not None
+
     def finish(self, error: BaseException | None = None) -> None:
         with self._more:
             self._finished = True
@@ -193,10 +199,10 @@ class TalkerStream:
             )
             if not ok:
                 raise TimeoutError(f"the thinker wrote no token {n - 1} within {timeout} s")
+            if self._end_at is not None:  # the text is whole: what the thinker writes after is not read
+                return self._tokens[: self._end_at + 1], True
             if self._error is not None:
                 raise self._error
-            if self._end_at is not None:
-                return self._tokens[: self._end_at + 1], True
             return list(self._tokens), self._finished
 
     # ---- the talker -----------------------------------------------------------------------------
@@ -315,7 +321,8 @@ class TalkerStream:
             processors.extend([TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k),
                                TopPLogitsWarper(s.top_p)])  # fmt: skip
         tokens, _ = self._generated(1, timeout)
-        first = tokens[0] if tokens else self.t.config.im_end_token_id
+        # an empty text (or one that ends at once: a call's marker first) opens as the eos would
+        first = tokens[0] if tokens and self._end_at != 0 else self.t.config.im_end_token_id
         with self._step():
             embeds, talker_ids = self._prefill_embeds(first)
             mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
