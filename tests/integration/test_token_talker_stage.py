@@ -2,12 +2,16 @@
 real Redis: it reads the thinker's tokens from the response's token stream as decode writes them and
 stops where the text ends — at a tool call's marker (ThinkerOutput.stop_token_ids) without waiting
 for the thinker to finish the call — and says on its last chunk when its frame limit (the talker's
-`max_frames`) cut the speech, so the response ends incomplete."""
+`max_frames`) cut the speech, so the response ends incomplete. Through the gateway's pipeline (the
+real talker and code2wav stages; decode a stand-in that writes a scripted answer as the decode stage
+does): the words an answer says before its tool call are spoken whole, not cut when the call is
+parsed."""
 
 from __future__ import annotations
 
 import os
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +20,13 @@ from omni.v1 import common_pb2, stages_pb2
 from services.common.redis_config import async_client
 from services.dataplane import tensors, token_stream
 from services.models.profile import load_profile
+from services.pipeline.pipeline import Pipeline
+from services.pipeline.prompt import PromptBuilder
+from services.pipeline.tools import Tool, Tools
+from services.pipeline.turn import Message, Sampling, SpeechOut, Turn
+from services.quota.buckets import Buckets
+from services.quota.service import QuotaService
+from services.quota.tenants import Tenants, TenantSpec
 
 SEED = 1  # these draws do not end the speech before its text's share (random weights may)
 
@@ -87,3 +98,84 @@ async def test_speech_cut_at_the_frame_limit_says_so(profile, prompt_ids):
     assert cut[-1].is_final and cut[-1].truncated
     np.testing.assert_array_equal(_frames(cut), _frames(whole)[: len(_frames(cut))])
     assert len(_frames(cut)) <= 6
+
+
+class _Handle:
+    """A stage object behind the calls the pipeline makes on a deployment handle (the requests kept)."""
+
+    def __init__(self, stage):
+        self._stage, self.requests = stage, []
+
+    def options(self, **_):
+        return self
+
+    def __getattr__(self, method: str):
+        def remote(request):
+            self.requests.append(request)
+            return getattr(self._stage, method)(request)
+
+        return SimpleNamespace(remote=remote)
+
+
+class _ScriptedDecode:
+    """The decode stage's side of a response, scripted: each chunk's token ids written to the
+    response's token stream, then streamed with their text (as services/stages/thinker.py does)."""
+
+    def __init__(self, tokenizer, chunks: list[list[int]]):
+        self.tokenizer, self.chunks = tokenizer, chunks
+
+    async def Decode(self, request: stages_pb2.DecodeRequest):
+        writer = token_stream.TokenStreamWriter(request.token_stream)
+        await writer.take_over()
+        total = sum(map(len, self.chunks))
+        for i, ids in enumerate(self.chunks):
+            await writer.add(ids)
+            last = i == len(self.chunks) - 1
+            usage = common_pb2.Usage(prompt_tokens=1, completion_tokens=total, total_tokens=total + 1)
+            yield stages_pb2.DecodeChunk(
+                token_ids=ids,
+                text=self.tokenizer.decode(ids),
+                finish_reason="stop" if last else "",
+                usage=usage if last else None,
+            )
+        await writer.end()
+
+
+async def test_the_words_before_a_tool_call_are_spoken_whole(profile, redis_url):
+    from services.stages.speech import Vocoder
+
+    talker = _talker(profile)
+    prompts = PromptBuilder(str(profile.model_path(profile.models.thinker)))
+    tok = prompts.tokenizer
+    lead_in = tok.encode("Let me check.", add_special_tokens=False)
+    call = tok.encode('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', add_special_tokens=False)
+    decode = _ScriptedDecode(tok, [lead_in, [151657, *call[:4]], [*call[4:], 151658]])
+    vocoder = Vocoder.func_or_class(profile.model_dump(mode="json"))
+    handles = {"decode": _Handle(decode), "talker": _Handle(talker), "vocoder": _Handle(vocoder)}
+    redis = async_client()
+    quota = QuotaService(Tenants(None), Buckets(redis, prefix=f"t{uuid.uuid4().hex}"))
+    pipeline = Pipeline(profile, SimpleNamespace(grpc=lambda: SimpleNamespace(**handles)), prompts, quota)
+    weather = Tool(
+        "get_weather", "The weather", '{"type": "object", "properties": {"city": {"type": "string"}}}'
+    )
+    turn = Turn(
+        profile.served_model_name,
+        (Message("user", ("Weather in Paris?",)),),
+        sampling=Sampling(seed=SEED),
+        speech=SpeechOut("aiden"),
+        tools=Tools((weather,), "auto"),
+    )
+    events = [e async for e in pipeline.generate(await pipeline.prepare(turn, TenantSpec(id="t")))]
+    await redis.aclose()
+    assert [d.name for e in events for d in e.calls if d.name] == ["get_weather"]
+    assert events[-1].finish_reason == "tool_calls"
+    assert "".join(e.text for e in events) == "Let me check."
+    pcm = b"".join(e.pcm16 for e in events if e.pcm16)
+    assert [e.transcript for e in events if e.transcript] == ["Let me check."]
+    # All the speech the talker has for the lead-in (ended as at the thinker's eos), not a cut.
+    (talk,) = handles["talker"].requests
+    assert list(talk.thinker.stop_token_ids) == [151657]
+    eos = talker.model.config.im_end_token_id
+    said = _frames(await _talk(talker, list(talk.thinker.prompt_ids), [*lead_in, eos], end=True))
+    vocoded = sum(tensors.materialize(r.units).shape[0] for r in handles["vocoder"].requests)
+    assert vocoded == len(said) and len(pcm) // 2 > 0.95 * len(said) * 1920  # 1920 samples a frame
