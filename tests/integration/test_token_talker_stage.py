@@ -5,7 +5,7 @@ for the thinker to finish the call — and says on its last chunk when its frame
 `max_frames`) cut the speech, so the response ends incomplete. Through the gateway's pipeline (the
 real talker and code2wav stages; decode a stand-in that writes a scripted answer as the decode stage
 does): the words an answer says before its tool call are spoken whole, not cut when the call is
-parsed."""
+parsed, and a response whose speech the frame limit cut finishes `length`."""
 
 from __future__ import annotations
 
@@ -141,32 +141,47 @@ class _ScriptedDecode:
         await writer.end()
 
 
-async def test_the_words_before_a_tool_call_are_spoken_whole(profile, redis_url):
+async def _generate(profile, talker, chunks, tools: Tools | None = None):
+    """A response through the pipeline on these stages (decode: `chunks`, scripted): its events and
+    the stage handles (with the requests they were given)."""
     from services.stages.speech import Vocoder
 
-    talker = _talker(profile)
     prompts = PromptBuilder(str(profile.model_path(profile.models.thinker)))
-    tok = prompts.tokenizer
-    lead_in = tok.encode("Let me check.", add_special_tokens=False)
-    call = tok.encode('\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', add_special_tokens=False)
-    decode = _ScriptedDecode(tok, [lead_in, [151657, *call[:4]], [*call[4:], 151658]])
+    decode = _ScriptedDecode(prompts.tokenizer, chunks)
     vocoder = Vocoder.func_or_class(profile.model_dump(mode="json"))
     handles = {"decode": _Handle(decode), "talker": _Handle(talker), "vocoder": _Handle(vocoder)}
     redis = async_client()
     quota = QuotaService(Tenants(None), Buckets(redis, prefix=f"t{uuid.uuid4().hex}"))
     pipeline = Pipeline(profile, SimpleNamespace(grpc=lambda: SimpleNamespace(**handles)), prompts, quota)
-    weather = Tool(
-        "get_weather", "The weather", '{"type": "object", "properties": {"city": {"type": "string"}}}'
-    )
     turn = Turn(
         profile.served_model_name,
         (Message("user", ("Weather in Paris?",)),),
         sampling=Sampling(seed=SEED),
         speech=SpeechOut("aiden"),
-        tools=Tools((weather,), "auto"),
+        tools=tools,
     )
-    events = [e async for e in pipeline.generate(await pipeline.prepare(turn, TenantSpec(id="t")))]
-    await redis.aclose()
+    try:
+        return [e async for e in pipeline.generate(await pipeline.prepare(turn, TenantSpec(id="t")))], handles
+    finally:
+        await redis.aclose()
+
+
+def _tokens(profile, text: str) -> list[int]:
+    return PromptBuilder(str(profile.model_path(profile.models.thinker))).tokenizer.encode(
+        text, add_special_tokens=False
+    )
+
+
+async def test_the_words_before_a_tool_call_are_spoken_whole(profile):
+    talker = _talker(profile)
+    lead_in = _tokens(profile, "Let me check.")
+    call = _tokens(profile, '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n')
+    weather = Tool(
+        "get_weather", "The weather", '{"type": "object", "properties": {"city": {"type": "string"}}}'
+    )
+    events, handles = await _generate(
+        profile, talker, [lead_in, [151657, *call[:4]], [*call[4:], 151658]], Tools((weather,), "auto")
+    )
     assert [d.name for e in events for d in e.calls if d.name] == ["get_weather"]
     assert events[-1].finish_reason == "tool_calls"
     assert "".join(e.text for e in events) == "Let me check."
@@ -179,3 +194,12 @@ async def test_the_words_before_a_tool_call_are_spoken_whole(profile, redis_url)
     said = _frames(await _talk(talker, list(talk.thinker.prompt_ids), [*lead_in, eos], end=True))
     vocoded = sum(tensors.materialize(r.units).shape[0] for r in handles["vocoder"].requests)
     assert vocoded == len(said) and len(pcm) // 2 > 0.95 * len(said) * 1920  # 1920 samples a frame
+
+
+async def test_a_response_whose_speech_the_frame_limit_cut_is_incomplete(profile):
+    answer = _tokens(profile, "It is sunny in Paris today.")
+    events, _ = await _generate(profile, _talker(profile, max_frames=6), [answer])
+    assert "".join(e.text for e in events) == "It is sunny in Paris today."
+    assert any(e.pcm16 for e in events) and events[-1].finish_reason == "length"
+    whole, _ = await _generate(profile, _talker(profile), [answer])
+    assert whole[-1].finish_reason == "stop"
