@@ -14,12 +14,8 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
-import re
-import signal
 import threading
 import time
-import urllib.request
 
 import grpc
 import httpx
@@ -34,69 +30,16 @@ from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import AUTH, grpc_channel
+from tests.faults import RECOVER_S, Outcome, counter, kill, replica_pid, rest_stream, resumes
 
 PCM_RATE = 24_000
 DETECT_S = 5.0  # the issue's bound: a clean error within 5 s of the replica's death
-RECOVER_S = 240.0  # Serve starts a new replica (its vLLM engine) well within this on 2 cores
-
-
-def _replica_pid(stage: str) -> int:
-    from ray.util.state import list_actors
-
-    (actor,) = list_actors(
-        filters=[("class_name", "=", f"ServeReplica:omniray:{stage}"), ("state", "=", "ALIVE")]
-    )
-    return actor["pid"]
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL the replica and what it started (its vLLM engine core), as a node failure would."""
-    proc = psutil.Process(pid)
-    children = proc.children(recursive=True)
-    os.kill(pid, signal.SIGKILL)
-    for child in children:
-        child.kill()
-
-
-class _Outcome:
-    def __init__(self):
-        self.error_at: float | None = None
-        self.detail = ""
-        self.finish = ""
-        self.tokens = 0  # completion tokens in the final usage
-        self.audio: list[tuple[float, int]] = []  # (when, base64 length) of each audio delta
-        self.started = threading.Event()
 
 
 MAX_TOKENS = 1200  # still streaming when the kill lands (tiny writes ~100 tokens/s here)
 
 
-def _rest_stream(omniray, model_name, out: _Outcome, extra: dict | None = None) -> None:
-    body = {"model": model_name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}  # fmt: skip
-    with httpx.stream(
-        "POST", f"{omniray.http_url}/v1/chat/completions", json=body, headers=AUTH, timeout=300
-    ) as r:
-        lines = []
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                event = json.loads(line.removeprefix("data: "))
-                if "error" in event:
-                    out.error_at, out.detail = time.monotonic(), json.dumps(event)
-                elif event.get("usage"):
-                    out.tokens = event["usage"]["completion_tokens"]
-                elif event.get("choices") and event["choices"][0].get("finish_reason"):
-                    out.finish = event["choices"][0]["finish_reason"]
-                elif event.get("choices") and event["choices"][0]["delta"].get("content"):
-                    out.started.set()
-                elif event.get("choices") and (event["choices"][0]["delta"].get("audio") or {}).get("data"):
-                    out.audio.append((time.monotonic(), len(event["choices"][0]["delta"]["audio"]["data"])))
-                    out.started.set()
-            lines.append(line)
-        out.detail += f" | last: {next((x for x in reversed(lines) if x), None)}"
-
-
-def _grpc_stream(omniray, model_name, out: _Outcome) -> None:
+def _grpc_stream(omniray, model_name, out: Outcome) -> None:
     channel = grpc_channel(omniray.grpc_target)
     request = omni_pb2.ChatRequest(
         model=model_name,
@@ -113,18 +56,6 @@ def _grpc_stream(omniray, model_name, out: _Outcome) -> None:
         out.error_at, out.detail = time.monotonic(), f"{e.code().name}: {e.details()}"
     finally:
         channel.close()
-
-
-def _counter(omniray, name: str, **labels: str) -> float:
-    """A counter's sum over the series with these labels (every replica's)."""
-    with urllib.request.urlopen(omniray.metrics_url, timeout=10) as resp:
-        scrape = resp.read().decode()
-    found = re.findall(rf"^ray_{name}\{{([^}}]*)\}} ([0-9.e+]+)", scrape, re.M)
-    return sum(float(v) for tags, v in found if all(f'{k}="{x}"' in tags for k, x in labels.items()))
-
-
-def _resumes(omniray, **labels: str) -> float:
-    return _counter(omniray, "omniray_gateway_decode_resumes_total", outcome="resumed", **labels)
 
 
 class _Realtime:
@@ -157,8 +88,8 @@ class _Realtime:
 
 
 def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name):
-    rest, rpc, grammar, spoken = _Outcome(), _Outcome(), _Outcome(), _Outcome()
-    before = _resumes(omniray)
+    rest, rpc, grammar, spoken = Outcome(), Outcome(), Outcome(), Outcome()
+    before = resumes(omniray.metrics_url)
     rt = _Realtime(omniray, model_name)
     rt.turn()
     rt.wait("response.output_text.delta")
@@ -171,10 +102,10 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     }
     schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": digits}}
     threads = [
-        threading.Thread(target=_rest_stream, args=(omniray, model_name, rest)),
+        threading.Thread(target=rest_stream, args=(omniray.http_url, model_name, rest, MAX_TOKENS)),
         threading.Thread(target=_grpc_stream, args=(omniray, model_name, rpc)),
-        threading.Thread(target=_rest_stream, args=(omniray, model_name, grammar, {"response_format": schema})),
-        threading.Thread(target=_rest_stream, args=(omniray, model_name, spoken, {"modalities": ["text", "audio"],
+        threading.Thread(target=rest_stream, args=(omniray.http_url, model_name, grammar, MAX_TOKENS, {"response_format": schema})),
+        threading.Thread(target=rest_stream, args=(omniray.http_url, model_name, spoken, MAX_TOKENS, {"modalities": ["text", "audio"],
                          "audio": {"voice": "alloy", "format": "pcm16"}})),
     ]  # fmt: skip
     for t in threads:
@@ -185,7 +116,7 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     time.sleep(1)  # the structured answer is under way too (it writes no content deltas: JSON is content)
 
     killed_at = time.monotonic()
-    _kill(_replica_pid("Decode"))
+    kill(replica_pid("Decode"))
 
     # the grammar-bound answer cannot be resumed: a clean error, fast
     threads[2].join(DETECT_S + 5)
@@ -217,9 +148,9 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
         a for a in spoken.audio if a[0] > killed_at + 10
     ]
     deadline = time.monotonic() + 60  # Ray exports metrics with a lag
-    while _resumes(omniray) < before + 4 and time.monotonic() < deadline:
+    while resumes(omniray.metrics_url) < before + 4 and time.monotonic() < deadline:
         time.sleep(2)
-    assert _resumes(omniray) >= before + 4
+    assert resumes(omniray.metrics_url) >= before + 4
 
 
 def test_a_response_whose_decode_engine_stalls_goes_on(omniray, ray_driver, model_name):
@@ -230,14 +161,16 @@ def test_a_response_whose_decode_engine_stalls_goes_on(omniray, ray_driver, mode
     response finishes with every token, counted as a stall and a resume. Before the deadlines the
     stream waited on the engine (for ever, had it not come back) and nothing was counted."""
     between_s = load_profile("tiny").pipeline.stage_deadlines.between_s
-    stalls = functools.partial(_counter, omniray, "omniray_gateway_stage_stalls_total", stage="decode")
-    resumes = functools.partial(_resumes, omniray, cause="replica_stalled")
-    before = stalls(), resumes()
-    rest = _Outcome()
-    thread = threading.Thread(target=_rest_stream, args=(omniray, model_name, rest))
+    stalls = functools.partial(
+        counter, omniray.metrics_url, "omniray_gateway_stage_stalls_total", stage="decode"
+    )
+    stalled = functools.partial(resumes, omniray.metrics_url, cause="replica_stalled")
+    before = stalls(), stalled()
+    rest = Outcome()
+    thread = threading.Thread(target=rest_stream, args=(omniray.http_url, model_name, rest, MAX_TOKENS))
     thread.start()
     assert rest.started.wait(30), "the stream did not start"
-    engine = psutil.Process(_replica_pid("Decode")).children(recursive=True)
+    engine = psutil.Process(replica_pid("Decode")).children(recursive=True)
     assert engine, "the decode replica runs its engine in processes of its own"
     for proc in engine:
         proc.suspend()
@@ -251,7 +184,7 @@ def test_a_response_whose_decode_engine_stalls_goes_on(omniray, ray_driver, mode
     assert rest.error_at is None and (rest.finish, rest.tokens) == ("length", MAX_TOKENS), rest.detail
 
     def counted() -> bool:
-        return stalls() >= before[0] + 1 and resumes() >= before[1] + 1
+        return stalls() >= before[0] + 1 and stalled() >= before[1] + 1
 
     deadline = time.monotonic() + 60  # Ray exports metrics with a lag
     while not counted() and time.monotonic() < deadline:
@@ -278,13 +211,13 @@ def test_a_speech_file_whose_talker_dies_is_whole_or_cut_never_short(omniray, mo
                 for chunk in r.iter_bytes():
                     got += len(chunk)
                     if kill is not None:
-                        _kill(kill)
+                        kill(kill)
                         kill = None
             except httpx.TransportError as e:
                 error = e
         return got, error
 
-    got, error = read(_replica_pid("Talker"))  # looked up first: the kill lands during the file
+    got, error = read(replica_pid("Talker"))  # looked up first: the kill lands during the file
     if error is None:  # the kill fell between pieces: the rest came from the replacement
         whole, error = read(None)
         assert error is None and got == whole, (got, whole)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 
 import numpy as np
 import openai
@@ -20,6 +22,7 @@ from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import collect_audio, data_url, grpc_channel, local_cluster, png_bytes, wav_bytes
+from tests.faults import RECOVER_S, Outcome, kill, replica_pid, rest_stream, resumes
 
 MODEL = "qwen3-omni-tiny"
 # The talker samples (as the model's generate does) and random weights draw the codec's end now and
@@ -262,3 +265,60 @@ def test_auto_tools_go_through_the_models_tool_parser(client):
             if event.type == "response.done":
                 assert event.response.status in WHOLE and event.response.output
                 break
+
+
+@pytest.fixture(scope="module")
+def ray_driver(cluster):
+    """This process joined to the test cluster (to find a replica's process)."""
+    import ray
+
+    ray.init(address=cluster.ray_address, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+KILLED_ANSWER_TOKENS = 400  # still being written when the kill lands
+
+
+def test_a_spoken_answer_survives_its_decode_replica(cluster, ray_driver):
+    """Last here (it kills a replica): the thinker's decode replica dies mid-answer (a SIGKILL of its
+    process and engine) while the talker speaks what it wrote. Once Serve has replaced it, the answer
+    goes on from the tokens already sent: the new decode writes the thinker's token stream on, under
+    the response's next epoch (services/dataplane/token_stream.py), and the talker, which reads that
+    stream, speaks on: every token asked for, one resume counted, and the same text and speech as
+    the same answer uninterrupted (greedy text; the talker's draws seeded, it reads the same
+    tokens)."""
+    speech = {
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "chelsie", "format": "pcm16"},
+        "seed": SPEECH_SEED,
+    }
+    whole = Outcome()
+    rest_stream(cluster.http_url, MODEL, whole, KILLED_ANSWER_TOKENS, speech)
+    out = Outcome()
+    before = resumes(cluster.metrics_url)
+    thread = threading.Thread(
+        target=rest_stream, args=(cluster.http_url, MODEL, out, KILLED_ANSWER_TOKENS, speech)
+    )
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not out.audio and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert out.audio, f"no speech before the kill: {out.detail}"
+    spoken = len(out.transcript)  # spoken text comes as the audio's transcript
+    killed_at = time.monotonic()
+    kill(replica_pid("Decode"))
+    thread.join(RECOVER_S)
+    assert not thread.is_alive(), "the client hung after the replica died"
+    print(f"\n[qwen3-faults] decode killed after {spoken} chars: answer done {time.monotonic() - killed_at:.0f} s "
+          f"later, {len(out.audio)} audio deltas, transcript {len(out.transcript)} chars; "
+          f"audio {sum(n for _, n in out.audio)} b64 chars, uninterrupted {sum(n for _, n in whole.audio)}, "
+          f"transcript {len(whole.transcript)}")  # fmt: skip
+    assert out.error_at is None and (out.finish, out.tokens) == ("length", KILLED_ANSWER_TOKENS), out.detail
+    assert spoken < len(out.transcript) and out.transcript == whole.transcript
+    assert sum(n for _, n in out.audio) == sum(n for _, n in whole.audio), "speech lost or repeated"
+    assert [a for a in out.audio if a[0] > killed_at + 10], "no speech after the replacement's tokens"
+    deadline = time.monotonic() + 60  # Ray exports metrics with a lag
+    while resumes(cluster.metrics_url) < before + 1 and time.monotonic() < deadline:
+        time.sleep(2)
+    assert resumes(cluster.metrics_url) >= before + 1
