@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from services.app import SERVE_ENV, serve_config
-from services.common import redis_config
+from services.common import redis_config, shm
 from services.common.paths import REPO_ROOT, data_dir
 from services.models.profile import load_profile
 
@@ -356,27 +356,6 @@ def processes(run_id: str) -> list:
     return procs
 
 
-SHM_DIR = "/dev/shm/"
-
-
-def shared_memory(procs: list) -> set[str]:
-    """The POSIX shared memory (files in /dev/shm, not yet unlinked) the processes map: vLLM's
-    queues between an engine core and its workers (psm_*: `multiprocessing.shared_memory`) and
-    their semaphores (sem.*). A process that is killed, or ended before vLLM's own cleanup, leaves
-    them behind."""
-    found: set[str] = set()
-    for proc in procs:
-        try:  # /proc/<pid>/maps, not psutil's memory_maps: that parses smaps, ~40x the time
-            with open(f"/proc/{proc.pid}/maps") as f:
-                for line in f:  # address perms offset dev inode [path]
-                    path = line.rstrip("\n").split(maxsplit=5)[-1]
-                    if path.startswith(SHM_DIR) and not path.endswith(" (deleted)"):
-                        found.add(path)
-        except OSError:  # gone meanwhile
-            continue
-    return found
-
-
 def _kill_tagged(procs: list, grace_s: float = 5.0) -> None:
     """End these processes: SIGTERM, SIGKILL after `grace_s`, and wait until they are gone."""
     import psutil
@@ -400,7 +379,7 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> N
         return
     procs = processes(cluster.run_id)
     # Only the run's processes map these: once they are gone, nothing else will.
-    segments = shared_memory(procs)
+    segments = shm.mapped(procs)
     if graceful:
         with contextlib.suppress(subprocess.TimeoutExpired):
             subprocess.run(
@@ -417,6 +396,7 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> N
     for path in segments:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    shm.ShmLedger().sweep()  # the engines of replicas killed during the run: their owners are gone now
     if cluster.redis_pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(cluster.redis_pid, signal.SIGTERM)

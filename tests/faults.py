@@ -15,6 +15,7 @@ import urllib.request
 import httpx
 import psutil
 
+from services.common import shm
 from tests.conftest import AUTH
 
 RECOVER_S = 240.0  # Serve starts a new replica (its vLLM engine) well within this on 2 cores
@@ -30,13 +31,17 @@ def replica_pid(stage: str) -> int:
     return actor["pid"]
 
 
-def kill(pid: int) -> None:
-    """SIGKILL the replica and what it started (its vLLM engine core), as a node failure would."""
+def kill(pid: int) -> set[str]:
+    """SIGKILL the replica and what it started (its vLLM engine core), as a node failure would.
+    Returns the shared memory they mapped: what the engine's clean exit would have unlinked, and
+    the replacement's start on this node does (services/common/shm.py)."""
     proc = psutil.Process(pid)
     children = proc.children(recursive=True)
+    segments = shm.mapped([proc, *children])
     os.kill(pid, signal.SIGKILL)
     for child in children:
         child.kill()
+    return segments
 
 
 class Outcome:

@@ -69,6 +69,11 @@ def _declared() -> list[Metric]:
             ("outcome",),
         ),
         Metric(
+            "omniray_engine_shm_reclaimed_total",
+            c,
+            "Shared-memory segments (vLLM's engine-core/worker queues in /dev/shm) of engines that died without unlinking them, unlinked by an engine starting on the same node.",
+        ),
+        Metric(
             "omniray_engine_session_kv_requests",
             g,
             "Long-lived session requests open on a decode replica (engine.session_kv).",

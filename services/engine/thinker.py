@@ -24,8 +24,10 @@ import numpy as np
 import torch
 from omni.v1 import common_pb2, stages_pb2
 
+from services.common import telemetry
 from services.common.paths import data_dir
 from services.common.redis_config import redis_url
+from services.common.shm import ShmLedger
 from services.dataplane import tensors
 from services.engine.session_kv import GAVE_UP, SessionKv
 from services.engine.session_kv import export_metrics as export_session_kv_metrics
@@ -244,7 +246,13 @@ class ThinkerEngine:
             **extensions,
             **profile.engine.extra,
         )
+        # Segments of engines that died on this node without unlinking theirs, freed before this
+        # one takes its own; this one's are recorded for whoever starts after it dies.
+        ledger = ShmLedger()
+        if freed := ledger.sweep():
+            telemetry.metric("omniray_engine_shm_reclaimed_total").inc(len(freed))
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
+        ledger.record()
         # A model whose rows at the media go to a talker (profile: engine.extra.worker_extension_cls).
         self.media_rows = profile.engine.extra.get("worker_extension_cls") == MEDIA_ROWS_WORKER
         self._media_rows_on = False

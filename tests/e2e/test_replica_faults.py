@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import threading
 import time
 
@@ -116,7 +117,7 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     time.sleep(1)  # the structured answer is under way too (it writes no content deltas: JSON is content)
 
     killed_at = time.monotonic()
-    kill(replica_pid("Decode"))
+    segments = kill(replica_pid("Decode"))
 
     # the grammar-bound answer cannot be resumed: a clean error, fast
     threads[2].join(DETECT_S + 5)
@@ -147,6 +148,8 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     assert [a for a in spoken.audio if a[0] < killed_at] and [
         a for a in spoken.audio if a[0] > killed_at + 10
     ]
+    # the killed engine's shared memory, left in /dev/shm, was unlinked when its replacement started
+    assert segments and not [path for path in segments if os.path.exists(path)]
     deadline = time.monotonic() + 60  # Ray exports metrics with a lag
     while resumes(omniray.metrics_url) < before + 4 and time.monotonic() < deadline:
         time.sleep(2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 import time
 
@@ -287,7 +288,7 @@ def test_a_spoken_answer_survives_its_decode_replica(cluster, ray_driver):
     the response's next epoch (services/dataplane/token_stream.py), and the talker, which reads that
     stream, speaks on: every token asked for, one resume counted, and the same text and speech as
     the same answer uninterrupted (greedy text; the talker's draws seeded, it reads the same
-    tokens)."""
+    tokens). The dead engine's shared memory is unlinked by its replacement."""
     speech = {
         "modalities": ["text", "audio"],
         "audio": {"voice": "chelsie", "format": "pcm16"},
@@ -307,7 +308,7 @@ def test_a_spoken_answer_survives_its_decode_replica(cluster, ray_driver):
     assert out.audio, f"no speech before the kill: {out.detail}"
     spoken = len(out.transcript)  # spoken text comes as the audio's transcript
     killed_at = time.monotonic()
-    kill(replica_pid("Decode"))
+    segments = kill(replica_pid("Decode"))
     thread.join(RECOVER_S)
     assert not thread.is_alive(), "the client hung after the replica died"
     print(f"\n[qwen3-faults] decode killed after {spoken} chars: answer done {time.monotonic() - killed_at:.0f} s "
@@ -318,6 +319,9 @@ def test_a_spoken_answer_survives_its_decode_replica(cluster, ray_driver):
     assert spoken < len(out.transcript) and out.transcript == whole.transcript
     assert sum(n for _, n in out.audio) == sum(n for _, n in whole.audio), "speech lost or repeated"
     assert [a for a in out.audio if a[0] > killed_at + 10], "no speech after the replacement's tokens"
+    assert segments and not [path for path in segments if os.path.exists(path)], (
+        "the dead engine's shm is left"
+    )
     deadline = time.monotonic() + 60  # Ray exports metrics with a lag
     while resumes(cluster.metrics_url) < before + 1 and time.monotonic() < deadline:
         time.sleep(2)

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from services import runtime
+from services.common import shm
 
 # What vLLM's MessageQueue does in an engine process: a segment it will unlink only if it exits
 # cleanly (here, no resource tracker does it for it either).
@@ -35,14 +36,14 @@ def _holder(run_id: str) -> tuple[subprocess.Popen, str]:
     return proc, name
 
 
-@pytest.mark.skipif(not os.path.isdir(runtime.SHM_DIR), reason="no /dev/shm")
+@pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="no /dev/shm")
 def test_stop_ends_the_runs_processes_and_unlinks_their_shared_memory(tmp_path):
     run_id, other_run = uuid.uuid4().hex, uuid.uuid4().hex
     ours, our_segment = _holder(run_id)
     theirs, their_segment = _holder(other_run)  # another run on the same machine
     kept = shared_memory.SharedMemory(create=True, size=4096)  # this process's, not the run's
     try:
-        assert runtime.shared_memory(runtime.processes(run_id)) == {runtime.SHM_DIR + our_segment}
+        assert shm.mapped(runtime.processes(run_id)) == {shm.SHM_DIR + our_segment}
         runtime.LocalCluster(
             run_dir=tmp_path,
             http_port=0,
@@ -55,17 +56,17 @@ def test_stop_ends_the_runs_processes_and_unlinks_their_shared_memory(tmp_path):
         runtime.stop(tmp_path, log=lambda *_: None, graceful=False)
 
         assert ours.wait(timeout=10) is not None
-        assert not os.path.exists(runtime.SHM_DIR + our_segment)
-        assert theirs.poll() is None and os.path.exists(runtime.SHM_DIR + their_segment)
-        assert os.path.exists(runtime.SHM_DIR + kept.name)
+        assert not os.path.exists(shm.SHM_DIR + our_segment)
+        assert theirs.poll() is None and os.path.exists(shm.SHM_DIR + their_segment)
+        assert os.path.exists(shm.SHM_DIR + kept.name)
         assert not (tmp_path / "state.json").exists()
     finally:
         for proc in (ours, theirs):
             proc.kill()
             proc.wait(timeout=10)
         for name in (our_segment, their_segment):
-            if os.path.exists(runtime.SHM_DIR + name):
-                os.unlink(runtime.SHM_DIR + name)
+            if os.path.exists(shm.SHM_DIR + name):
+                os.unlink(shm.SHM_DIR + name)
         kept.close()
         kept.unlink()
 
@@ -74,4 +75,4 @@ def test_a_process_gone_meanwhile_maps_nothing():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     gone = psutil.Process(proc.pid)
     proc.wait(timeout=10)
-    assert runtime.shared_memory([gone]) == set()
+    assert shm.mapped([gone]) == set()
