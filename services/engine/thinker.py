@@ -31,6 +31,7 @@ from services.common.shm import ShmLedger
 from services.dataplane import tensors
 from services.engine.session_kv import GAVE_UP, SessionKv
 from services.engine.session_kv import export_metrics as export_session_kv_metrics
+from services.extensions.ray.metrics import zero
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
@@ -248,9 +249,10 @@ class ThinkerEngine:
         )
         # Segments of engines that died on this node without unlinking theirs, freed before this
         # one takes its own; this one's are recorded for whoever starts after it dies.
-        ledger = ShmLedger()
+        ledger, reclaimed = ShmLedger(), telemetry.metric("omniray_engine_shm_reclaimed_total")
+        zero(reclaimed)  # the series exists before any engine dies
         if freed := ledger.sweep():
-            telemetry.metric("omniray_engine_shm_reclaimed_total").inc(len(freed))
+            reclaimed.inc(len(freed))
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
         ledger.record()
         # A model whose rows at the media go to a talker (profile: engine.extra.worker_extension_cls).

@@ -206,16 +206,16 @@ def test_a_speech_file_whose_talker_dies_is_whole_or_cut_never_short(omniray, mo
     body = {"model": model_name, "voice": "alloy", "input": text, "response_format": "pcm"}
     url = f"{omniray.http_url}/v1/audio/speech"
 
-    def read(kill: int | None) -> tuple[int, Exception | None]:
+    def read(victim: int | None) -> tuple[int, Exception | None]:
         got, error = 0, None
         with httpx.stream("POST", url, json=body, headers=AUTH, timeout=RECOVER_S) as r:
             assert r.status_code == 200
             try:
                 for chunk in r.iter_bytes():
                     got += len(chunk)
-                    if kill is not None:
-                        kill(kill)
-                        kill = None
+                    if victim is not None:
+                        kill(victim)
+                        victim = None
             except httpx.TransportError as e:
                 error = e
         return got, error
