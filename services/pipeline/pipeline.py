@@ -808,8 +808,10 @@ class Pipeline:
             if usage is not None:
                 usage.audio_prompt_tokens = p.audio_prompt_tokens
             finish = final.get("finish_reason", "stop")
-            if finish == "stop" and final.get("speech_cut"):
-                finish = "length"  # the talker's frame limit cut the speech (UnitChunk.truncated)
+            # Speech cut short of the text: by the talker's frame limit (UnitChunk.truncated), or at
+            # a marker the talker stopped at that began no call (what follows is content it never read).
+            if finish == "stop" and (final.get("speech_cut") or marked.is_set()):
+                finish = "length"
             yield Event(finish_reason=finish, usage=usage, tokens=final.get("unsent", 0))
         finally:
             for t in tasks:

@@ -5,7 +5,8 @@ for the thinker to finish the call — and says on its last chunk when its frame
 `max_frames`) cut the speech, so the response ends incomplete. Through the gateway's pipeline (the
 real talker and code2wav stages; decode a stand-in that writes a scripted answer as the decode stage
 does): the words an answer says before its tool call are spoken whole, not cut when the call is
-parsed, and a response whose speech the frame limit cut finishes `length`."""
+parsed; a response whose speech the frame limit cut finishes `length`, as does one whose marker
+began no call (the talker stopped there; the rest of the text is content it never spoke)."""
 
 from __future__ import annotations
 
@@ -172,15 +173,17 @@ def _tokens(profile, text: str) -> list[int]:
     )
 
 
+def _weather() -> Tools:
+    schema = '{"type": "object", "properties": {"city": {"type": "string"}}}'
+    return Tools((Tool("get_weather", "The weather", schema),), "auto")
+
+
 async def test_the_words_before_a_tool_call_are_spoken_whole(profile):
     talker = _talker(profile)
     lead_in = _tokens(profile, "Let me check.")
     call = _tokens(profile, '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n')
-    weather = Tool(
-        "get_weather", "The weather", '{"type": "object", "properties": {"city": {"type": "string"}}}'
-    )
     events, handles = await _generate(
-        profile, talker, [lead_in, [151657, *call[:4]], [*call[4:], 151658]], Tools((weather,), "auto")
+        profile, talker, [lead_in, [151657, *call[:4]], [*call[4:], 151658]], _weather()
     )
     assert [d.name for e in events for d in e.calls if d.name] == ["get_weather"]
     assert events[-1].finish_reason == "tool_calls"
@@ -203,3 +206,14 @@ async def test_a_response_whose_speech_the_frame_limit_cut_is_incomplete(profile
     assert any(e.pcm16 for e in events) and events[-1].finish_reason == "length"
     whole, _ = await _generate(profile, _talker(profile), [answer])
     assert whole[-1].finish_reason == "stop"
+
+
+async def test_a_marker_that_begins_no_call_leaves_the_speech_incomplete(profile):
+    """The talker stops at the marker; the parser then finds no call in what follows, which is
+    content: the text goes on where the speech does not, so the response is not complete."""
+    lead_in, junk = _tokens(profile, "Let me check."), _tokens(profile, " not a call at all")
+    events, handles = await _generate(profile, _talker(profile), [lead_in, [151657, *junk]], _weather())
+    assert not [d for e in events for d in e.calls]
+    assert "".join(e.text for e in events) == "Let me check.<tool_call> not a call at all"
+    assert [e.transcript for e in events if e.transcript] == ["Let me check."]
+    assert events[-1].finish_reason == "length"
