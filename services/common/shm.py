@@ -56,9 +56,14 @@ class ShmLedger:
         self.root = root or Path(tempfile.gettempdir()) / f"omniray-shm-{os.getuid()}"
 
     def _ready(self) -> bool:
-        self.root.mkdir(mode=0o700, exist_ok=True)
-        st = self.root.stat()
-        return st.st_uid == os.getuid() and not st.st_mode & 0o022  # nobody else's names to unlink
+        """The ledger can be used: ours alone (nobody else's names to unlink), and writable — an
+        engine never fails to start over this bookkeeping (a read-only temp dir: no ledger)."""
+        try:
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            st = self.root.stat()
+        except OSError:
+            return False
+        return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
     def record(self, owner: psutil.Process | None = None) -> set[str]:
         """Record the segments the owner (this process by default) and its children map; returns them."""
@@ -69,8 +74,9 @@ class ShmLedger:
         entry = self.root / f"{owner.pid}-{owner.create_time():.2f}.json"
         body = {"pid": owner.pid, "started": owner.create_time(), "segments": sorted(segments)}
         tmp = entry.with_suffix(".tmp")
-        tmp.write_text(json.dumps(body))
-        tmp.replace(entry)  # whole or absent: a sweep never reads half a record
+        with contextlib.suppress(OSError):  # a full disk: this engine's segments go unrecorded
+            tmp.write_text(json.dumps(body))
+            tmp.replace(entry)  # whole or absent: a sweep never reads half a record
         return segments
 
     def sweep(self) -> list[str]:

@@ -95,3 +95,10 @@ def test_a_ledger_another_user_could_write_is_not_read(tmp_path):
     root.chmod(0o777)
     (root / "1-0.json").write_text(json.dumps({"pid": 2**22 + 1, "started": 0.0, "segments": []}))
     assert shm.ShmLedger(root).sweep() == [] and (root / "1-0.json").exists()
+
+
+def test_a_ledger_it_cannot_create_is_no_ledger(tmp_path):
+    """An engine never fails to start over the ledger: a temp dir it cannot use means no ledger."""
+    (tmp_path / "a-file").write_text("")
+    ledger = shm.ShmLedger(tmp_path / "a-file" / "ledger")  # mkdir fails, even for root
+    assert ledger.sweep() == [] and isinstance(ledger.record(), set)
