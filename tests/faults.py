@@ -20,6 +20,17 @@ from tests.conftest import AUTH
 
 RECOVER_S = 240.0  # Serve starts a new replica (its vLLM engine) well within this on 2 cores
 
+# What vLLM's MessageQueue does in an engine process (`python -c SEGMENT_HOLDER`): a segment only
+# its clean exit would unlink (no resource tracker does it for it either); prints its name, then waits.
+SEGMENT_HOLDER = """
+import time
+from multiprocessing import resource_tracker, shared_memory
+shm = shared_memory.SharedMemory(create=True, size=1 << 16)
+resource_tracker.unregister(shm._name, "shared_memory")
+print(shm.name, flush=True)
+time.sleep(600)
+"""
+
 
 def replica_pid(stage: str) -> int:
     """The process of the stage's one live replica (needs this process joined to the cluster)."""

@@ -15,22 +15,14 @@ import pytest
 
 from services import runtime
 from services.common import shm
-
-# What vLLM's MessageQueue does in an engine process: a segment it will unlink only if it exits
-# cleanly (here, no resource tracker does it for it either).
-HOLDER = """
-import time
-from multiprocessing import resource_tracker, shared_memory
-shm = shared_memory.SharedMemory(create=True, size=1 << 16)
-resource_tracker.unregister(shm._name, "shared_memory")
-print(shm.name, flush=True)
-time.sleep(600)
-"""
+from tests.faults import SEGMENT_HOLDER
 
 
 def _holder(run_id: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, runtime.RUN_ID_ENV: run_id}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SEGMENT_HOLDER], env=env, stdout=subprocess.PIPE, text=True
+    )
     name = proc.stdout.readline().strip()
     assert name, "the holder did not create its segment"
     return proc, name

@@ -13,21 +13,15 @@ import psutil
 import pytest
 
 from services.common import shm
+from tests.faults import SEGMENT_HOLDER
 
-# An engine owner: its child (the engine core) creates a segment as vLLM's MessageQueue does, which
-# only a clean exit would unlink; once the child has it mapped, the owner records the ledger entry.
+# An engine owner: its child (the engine core, argv[2]) creates a segment as vLLM's MessageQueue
+# does; once the child has it mapped, the owner records the ledger entry (argv[1]).
 OWNER = """
 import subprocess, sys, time
 from pathlib import Path
 from services.common.shm import ShmLedger
-core = subprocess.Popen([sys.executable, "-c", '''
-import time
-from multiprocessing import resource_tracker, shared_memory
-shm = shared_memory.SharedMemory(create=True, size=1 << 16)
-resource_tracker.unregister(shm._name, "shared_memory")
-print(shm.name, flush=True)
-time.sleep(600)
-'''], stdout=subprocess.PIPE, text=True)
+core = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdout=subprocess.PIPE, text=True)
 name = core.stdout.readline().strip()
 ShmLedger(Path(sys.argv[1])).record()
 print(name, flush=True)
@@ -38,7 +32,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="no /dev/
 
 
 def _owner(root) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(root)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(root), SEGMENT_HOLDER], stdout=subprocess.PIPE, text=True
+    )
     name = proc.stdout.readline().strip()
     assert name, "the owner did not record its engine's segment"
     return proc, shm.SHM_DIR + name

@@ -10,6 +10,7 @@ began no call (the talker stopped there; the rest of the text is content it neve
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from types import SimpleNamespace
@@ -147,7 +148,7 @@ async def _generate(profile, talker, chunks, tools: Tools | None = None):
     the stage handles (with the requests they were given)."""
     from services.stages.speech import Vocoder
 
-    prompts = PromptBuilder(str(profile.model_path(profile.models.thinker)))
+    prompts = _prompts(str(profile.model_path(profile.models.thinker)))
     decode = _ScriptedDecode(prompts.tokenizer, chunks)
     vocoder = Vocoder.func_or_class(profile.model_dump(mode="json"))
     handles = {"decode": _Handle(decode), "talker": _Handle(talker), "vocoder": _Handle(vocoder)}
@@ -167,8 +168,13 @@ async def _generate(profile, talker, chunks, tools: Tools | None = None):
         await redis.aclose()
 
 
+@functools.cache
+def _prompts(model_path: str) -> PromptBuilder:
+    return PromptBuilder(model_path)
+
+
 def _tokens(profile, text: str) -> list[int]:
-    return PromptBuilder(str(profile.model_path(profile.models.thinker))).tokenizer.encode(
+    return _prompts(str(profile.model_path(profile.models.thinker))).tokenizer.encode(
         text, add_special_tokens=False
     )
 
