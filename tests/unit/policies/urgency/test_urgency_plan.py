@@ -447,3 +447,20 @@ def test_a_token_in_flight_as_a_request_falls_to_the_yielding_end_counts_toward_
         if requests is None:
             return
     raise AssertionError("never held")
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_the_plans_pending_timers_and_checks_stay_bounded_by_its_requests(seed):
+    """Timers and checks of requests gone or classified again since are dropped, so what a plan
+    keeps pending grows with the requests in it, not with the rounds it has run."""
+    policy = urgency.create(
+        "liveserve", {"safe_ms": 1000, "hold_ms": 3000, "resume_ms": 1000}, piece_tokens=10
+    )
+    plan = UrgencyPlan(policy, lambda r: (r.session, r.arrival), lambda r: (KV, r.generated), refresh_s=0.5)
+    world = _World(random.Random(seed))
+    for _ in range(1500):
+        _, held = plan.arrange(list(world.requests), world.views, world.now, 0.5)
+        pending = sum(map(len, (plan._timers, plan._releases, plan._checks, plan._tail_checks, plan._rekeys)))
+        assert pending <= 8 * len(world.requests) + 128
+        world.step(held)
