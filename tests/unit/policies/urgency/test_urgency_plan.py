@@ -462,5 +462,6 @@ def test_the_plans_pending_timers_and_checks_stay_bounded_by_its_requests(seed):
     for _ in range(1500):
         _, held = plan.arrange(list(world.requests), world.views, world.now, 0.5)
         pending = sum(map(len, (plan._timers, plan._releases, plan._checks, plan._tail_checks, plan._rekeys)))
-        assert pending <= 8 * len(world.requests) + 128
+        # the plan compacts past 4 × its requests + 64; a round's pushes may wait for the next one
+        assert pending <= 4 * len(world.requests) + 64 + 32
         world.step(held)
