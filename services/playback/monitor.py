@@ -97,10 +97,12 @@ class PlaybackMonitor:
         s.sent_ms += ms
 
     def played(self, session_id: str, played_ms: float) -> None:
-        """The client's playback position in the current response's audio (never moves back, never
-        past what was sent)."""
+        """The client's playback position in the current response's audio, never past what was sent.
+        A report is the new anchor even behind the estimate: a player that started late or fell
+        behind real time (a WebRTC track whose gateway was starved of CPU goes on from where it
+        was, docs/webrtc.md) is where it says, and a barge-in cuts there, not where the clock says."""
         s = self._state(session_id)
-        s.played_ms = min(max(s.played_now(s.updated_at), played_ms), s.sent_ms)
+        s.played_ms = min(played_ms, s.sent_ms)
         s.played_at = s.updated_at if s.played_at is not None or s.played_ms > 0 else None
 
     def response_finished(self, session_id: str, tokens: int = 0, audio_ms: float = 0.0) -> None:
