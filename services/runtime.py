@@ -202,9 +202,18 @@ def temporary(
     """A whole local run on free ports in a temporary directory, stopped and removed afterwards
     (tests and benchmarks)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{Path(profile).stem}-"))  # a name or a YAML path
-    cluster = start(
-        profile, http_port=free_port(), grpc_port=free_port(), run_dir=run_dir, timeout_s=timeout_s, **kwargs
-    )
+    try:
+        cluster = start(
+            profile,
+            http_port=free_port(),
+            grpc_port=free_port(),
+            run_dir=run_dir,
+            timeout_s=timeout_s,
+            **kwargs,
+        )
+    except BaseException:  # start stopped what it had started
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     try:
         yield cluster
     finally:
@@ -356,6 +365,9 @@ def processes(run_id: str) -> list:
     return procs
 
 
+KILL_ROUNDS = 3  # runtime.stop: passes over the run's processes
+
+
 def _kill_tagged(procs: list, grace_s: float = 5.0) -> None:
     """End these processes: SIGTERM, SIGKILL after `grace_s`, and wait until they are gone."""
     import psutil
@@ -391,8 +403,14 @@ def stop(run_dir: Path = DEFAULT_RUN_DIR, log=print, graceful: bool = True) -> N
                 check=False,
             )
         procs = processes(cluster.run_id)  # what the shutdown left
-    # `ray stop` would end every Ray on the machine: the run's processes only (engines included)
-    _kill_tagged(procs)
+    # `ray stop` would end every Ray on the machine: the run's processes only (engines included).
+    # Again while any is left: one started as the others ended (an agent a raylet brought up as it
+    # went down, a start that failed half-way) was not in the list.
+    for _ in range(KILL_ROUNDS):
+        _kill_tagged(procs)
+        procs = processes(cluster.run_id)
+        if not procs:
+            break
     for path in segments:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

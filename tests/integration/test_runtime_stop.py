@@ -4,6 +4,7 @@ before."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -68,3 +69,41 @@ def test_a_process_gone_meanwhile_maps_nothing():
     gone = psutil.Process(proc.pid)
     proc.wait(timeout=10)
     assert shm.mapped([gone]) == set()
+
+
+# A process of the run that, told to end, brings up another before it goes (a raylet restarting an
+# agent as it shuts down): the new one, not in the list stop took first, is ended too.
+RESPAWNER = """
+import os, signal, subprocess, sys, time
+def respawn(*_):
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    time.sleep(0.5)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, respawn)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_ends_a_process_the_run_started_as_it_went_down(tmp_path):
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, runtime.RUN_ID_ENV: run_id}
+    proc = subprocess.Popen([sys.executable, "-c", RESPAWNER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        runtime.LocalCluster(
+            run_dir=tmp_path,
+            http_port=0,
+            grpc_port=0,
+            gcs_port=0,
+            dashboard_port=0,
+            redis_port=0,
+            run_id=run_id,
+        ).save()
+        runtime.stop(tmp_path, log=lambda *_: None, graceful=False)
+        assert proc.wait(timeout=10) == 0  # it ended as told, after bringing up another
+        assert runtime.processes(run_id) == []
+    finally:
+        for left in [proc, *runtime.processes(run_id)]:
+            with contextlib.suppress(psutil.Error, ProcessLookupError):
+                left.kill()
