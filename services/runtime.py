@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -35,28 +36,50 @@ RUN_ID_ENV = "OMNIRAY_RUN_ID"
 GRPC_MAX_MESSAGE_ENV = "RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"  # Serve's gRPC proxy: max send/receive bytes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+# A run's listening ports come from below the kernel's ephemeral range, above Ray's worker ports
+# (10002-19999): a port picked inside it (bind to 0) stays free only until the kernel gives it to
+# some process's outgoing connection, and a run's start opens hundreds of them before HAProxy and
+# Ray bind the ports picked for them.
+LISTEN_PORTS = (20000, 32767)
+EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 INGRESS_PORTS = 16  # per protocol: gateway replicas of one run on this machine
+PORT_TRIES = 1000
 
 
-def free_port_range(n: int) -> int:
-    """The first of `n` consecutive ports that are free now."""
-    while True:
-        first = free_port()
+def _listen_range() -> tuple[int, int] | None:
+    """(first, last) listening ports clear of the ephemeral range; None if it leaves too few."""
+    try:
+        ephemeral = [int(x) for x in Path(EPHEMERAL_PORTS).read_text().split()]
+    except (OSError, ValueError):
+        ephemeral = [32768, 60999]  # Linux's default
+    first, last = LISTEN_PORTS[0], min(LISTEN_PORTS[1], ephemeral[0] - 1)
+    return (first, last) if last - first >= 1000 else None
+
+
+def free_port_range(n: int = 1) -> int:
+    """The first of `n` consecutive ports that are free now (bindable on every address)."""
+    span = _listen_range()
+    for _ in range(PORT_TRIES):
+        if span is None:  # no room below the ephemeral range: the kernel's pick
+            with socket.socket() as s:
+                s.bind(("", 0))
+                first = s.getsockname()[1]
+        else:
+            first = random.randint(span[0], span[1] - n + 1)
         if first + n > 65536:
             continue
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(first, first + n):
-                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+                    stack.enter_context(socket.socket()).bind(("", port))
             return first
         except OSError:
             continue
+    raise RuntimeError(f"no {n} free consecutive ports found in {PORT_TRIES} tries")
+
+
+def free_port() -> int:
+    return free_port_range(1)
 
 
 def _bin(name: str) -> str:
