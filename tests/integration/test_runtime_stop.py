@@ -29,6 +29,13 @@ def _holder(run_id: str) -> tuple[subprocess.Popen, str]:
     return proc, name
 
 
+def _stop(run_dir, run_id: str) -> None:
+    """`runtime.stop` on a run of these processes (no Ray, no Redis: nothing else to end)."""
+    ports = dict.fromkeys(("http_port", "grpc_port", "gcs_port", "dashboard_port", "redis_port"), 0)
+    runtime.LocalCluster(run_dir=run_dir, run_id=run_id, **ports).save()
+    runtime.stop(run_dir, log=lambda *_: None, graceful=False)
+
+
 @pytest.mark.skipif(not os.path.isdir(shm.SHM_DIR), reason="no /dev/shm")
 def test_stop_ends_the_runs_processes_and_unlinks_their_shared_memory(tmp_path):
     run_id, other_run = uuid.uuid4().hex, uuid.uuid4().hex
@@ -37,16 +44,7 @@ def test_stop_ends_the_runs_processes_and_unlinks_their_shared_memory(tmp_path):
     kept = shared_memory.SharedMemory(create=True, size=4096)  # this process's, not the run's
     try:
         assert shm.mapped(runtime.processes(run_id)) == {shm.SHM_DIR + our_segment}
-        runtime.LocalCluster(
-            run_dir=tmp_path,
-            http_port=0,
-            grpc_port=0,
-            gcs_port=0,
-            dashboard_port=0,
-            redis_port=0,
-            run_id=run_id,
-        ).save()
-        runtime.stop(tmp_path, log=lambda *_: None, graceful=False)
+        _stop(tmp_path, run_id)
 
         assert ours.wait(timeout=10) is not None
         assert not os.path.exists(shm.SHM_DIR + our_segment)
@@ -91,16 +89,7 @@ def test_stop_ends_a_process_the_run_started_as_it_went_down(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", RESPAWNER], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        runtime.LocalCluster(
-            run_dir=tmp_path,
-            http_port=0,
-            grpc_port=0,
-            gcs_port=0,
-            dashboard_port=0,
-            redis_port=0,
-            run_id=run_id,
-        ).save()
-        runtime.stop(tmp_path, log=lambda *_: None, graceful=False)
+        _stop(tmp_path, run_id)
         assert proc.wait(timeout=10) == 0  # it ended as told, after bringing up another
         assert runtime.processes(run_id) == []
     finally:
