@@ -44,6 +44,9 @@ LISTEN_PORTS = (20000, 32767)
 EPHEMERAL_PORTS = "/proc/sys/net/ipv4/ip_local_port_range"
 INGRESS_PORTS = 16  # per protocol: gateway replicas of one run on this machine
 PORT_TRIES = 1000
+# Not the `random` module's shared generator: a process that seeded it (vLLM seeds it in-process)
+# would draw the same ports as every other process seeded alike.
+_PORT_RNG = random.SystemRandom()
 
 
 def _listen_range() -> tuple[int, int] | None:
@@ -65,7 +68,7 @@ def free_port_range(n: int = 1) -> int:
                 s.bind(("", 0))
                 first = s.getsockname()[1]
         else:
-            first = random.randint(span[0], span[1] - n + 1)
+            first = _PORT_RNG.randint(span[0], span[1] - n + 1)
         if first + n > 65536:
             continue
         try:
@@ -79,6 +82,7 @@ def free_port_range(n: int = 1) -> int:
 
 
 def free_port() -> int:
+    """A port that is free now (free_port_range)."""
     return free_port_range(1)
 
 

@@ -4,6 +4,7 @@ listeners in two of eight starts one afternoon, with ports picked inside that ra
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -38,3 +39,12 @@ def test_no_room_below_the_ephemeral_range_falls_back_to_the_kernels_pick(monkey
     assert runtime._listen_range() is None
     with socket.socket() as s:
         s.bind(("", runtime.free_port()))
+
+
+def test_a_seeded_random_module_does_not_repeat_the_ports():
+    """Two processes that seeded `random` alike (vLLM seeds it) must not draw the same ports."""
+    drawn = []
+    for _ in range(2):
+        random.seed(0)
+        drawn.append([runtime.free_port() for _ in range(5)])
+    assert drawn[0] != drawn[1]
