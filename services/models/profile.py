@@ -242,8 +242,10 @@ class DecodeResumeSpec(_Strict):
     (services/pipeline/pipeline.py: Pipeline._decode)."""
 
     enabled: bool = True
-    # How long after the loss a live replica may take to answer (Serve replaces a dead one).
-    wait_s: float = Field(default=120.0, gt=0)
+    # How long after the loss a live replica may take to answer. With one replica that is Serve
+    # starting its replacement: up to ~3 min on two busy CI cores, as long as a GPU engine loading
+    # a large checkpoint.
+    wait_s: float = Field(default=240.0, gt=0)
     # Between tries while no replica answers.
     retry_s: float = Field(default=1.0, gt=0)
 

@@ -1,22 +1,30 @@
 """The shared cluster: the real local runtime (Redis, Ray, Serve, vLLM) on free ports with the `tiny`
 profile, exactly as `make run` starts it. Package-scoped (`__init__.py` makes tests/e2e a package):
 started for the first test here that needs it and stopped when this package is done, so the rest of
-the suite does not share two cores with its idle engines."""
+the suite does not share two cores with its idle engines. Its models are a private copy of the tiny
+ones (OMNIRAY_DATA, for this process and the cluster's): a test changes one on disk under it."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
+from services.common.paths import data_dir
 from services.quota import LOCAL_API_KEY
 from tests.conftest import ENCODER_AUTOSCALING, local_cluster
 
 
 @pytest.fixture(scope="package")
-def omniray(otlp_receiver):
-    with local_cluster(
-        "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
-    ) as cluster:
-        yield cluster
+def omniray(otlp_receiver, tmp_path_factory):
+    private = tmp_path_factory.mktemp("data")
+    shutil.copytree(data_dir() / "models" / "tiny", private / "models" / "tiny")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMNIRAY_DATA", str(private))
+        with local_cluster(
+            "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
+        ) as cluster:
+            yield cluster
 
 
 @pytest.fixture(scope="package")

@@ -1,12 +1,14 @@
 """The Serve application: gateway plus five stage deployments, autoscaling, the P/D KV hand-off,
-and async chunk ordering."""
+async chunk ordering, and a model updated under running replicas (version skew)."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import itertools
 import json
 import random
+import re
 import threading
 import time
 import urllib.request
@@ -14,6 +16,9 @@ import uuid
 
 import httpx
 
+from services import runtime
+from services.models.build import MANIFEST, prepare
+from services.models.profile import load_profile
 from tests.conftest import AUTH, data_url, png_bytes
 
 CLIENTS = 8  # concurrent clients, each request 8 fresh images (the encoder's target is 1 ongoing)
@@ -161,3 +166,55 @@ def test_first_audio_arrives_before_last_text_token(omniray, model_name):
     assert "audio" in order and "text" in order
     last_text = len(order) - 1 - order[::-1].index("text")
     assert order.index("audio") < last_text, order
+
+
+def _mismatches(omniray) -> float:
+    with urllib.request.urlopen(omniray.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(
+        r"^ray_omniray_encoder_feature_version_mismatch_total\{[^}]*\} ([0-9.e+]+)$", text, re.M
+    )
+    return sum(float(x) for x in found)
+
+
+def test_stale_encoder_features_are_rejected_reencoded_counted(omniray, model_name):
+    """Version skew: the vision model is updated on disk (the package's private copy) under a
+    running encoder replica (v1 in memory) and a gateway starts that expects v2. Features from v1
+    are rejected, counted, re-encoded at v2 (the replica reloads the model now on disk), and the
+    request succeeds. The deployment is put back as it was after (the model stays at v2)."""
+    # one encoder replica, so every image below meets the same one (earlier tests scale it up)
+    assert _until_one_replica(omniray, "Encoder", 90) == 1
+    seeds = itertools.count(random.SystemRandom().randrange(1 << 40))  # fresh: no feature-cache hit
+
+    def ask() -> httpx.Response:
+        image = {"type": "image_url", "image_url": {"url": data_url(png_bytes(128, 128, seed=next(seeds)))}}
+        body = {"model": model_name, "max_tokens": 2, "messages": [{"role": "user", "content": [image]}]}
+        return httpx.post(f"{omniray.http_url}/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+
+    assert ask().status_code == 200
+    profile = load_profile("tiny")
+    spec = profile.models.vision
+    path = profile.model_path(spec)
+    (path / MANIFEST).unlink()
+    v2 = spec.model_copy(update={"options": spec.options.model_copy(update={"seed": 99})})
+    assert prepare(v2, path)
+    # Only the gateway restarts (its options changed) and now expects v2.
+    deployed = runtime.applied(omniray)
+    skewed = copy.deepcopy(deployed)
+    (gateway,) = [d for d in skewed["applications"][0]["deployments"] if d["name"] == "Gateway"]
+    gateway["ray_actor_options"]["num_cpus"] += 0.01
+    runtime.apply(omniray, skewed)
+    try:
+        before = _mismatches(omniray)
+        r = ask()
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 60  # Ray exports metrics every few seconds
+        while _mismatches(omniray) <= before and time.monotonic() < deadline:
+            time.sleep(2)
+        assert _mismatches(omniray) == before + 1
+        # The replica now serves v2: no further mismatch.
+        assert ask().status_code == 200
+        time.sleep(8)
+        assert _mismatches(omniray) == before + 1
+    finally:
+        runtime.apply(omniray, deployed)

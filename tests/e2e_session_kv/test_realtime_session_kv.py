@@ -2,7 +2,8 @@
 engine keeps sinks + window (`engine.sink_window`) and a long-lived request per session
 (`engine.session_kv`), a realtime session's text turns reach the decode replica as turns of one
 vLLM request, and the engine's KV pool holds no more than that request's bound while the
-conversation grows far past it. Its own cluster (another profile than the suite's)."""
+conversation grows far past it. Its own cluster (another profile than tests/e2e's), outside that
+package so the two never run at once on two cores."""
 
 from __future__ import annotations
 
