@@ -1,8 +1,9 @@
 """The shared cluster: the real local runtime (Redis, Ray, Serve, vLLM) on free ports with the `tiny`
 profile, exactly as `make run` starts it. Package-scoped (`__init__.py` makes tests/e2e a package):
 started for the first test here that needs it and stopped when this package is done, so the rest of
-the suite does not share two cores with its idle engines. Its models are a private copy of the tiny
-ones (OMNIRAY_DATA, for this process and the cluster's): a test changes one on disk under it."""
+the suite does not share two cores with its idle engines. Its tiny models are a private copy
+(OMNIRAY_DATA, for this process and the cluster's: a test changes one on disk under it); the other
+profiles' (tiny's transcriber is small's Whisper) are links to the shared ones."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from tests.conftest import ENCODER_AUTOSCALING, local_cluster
 
 @pytest.fixture(scope="package")
 def omniray(otlp_receiver, tmp_path_factory):
-    private = tmp_path_factory.mktemp("data")
-    shutil.copytree(data_dir() / "models" / "tiny", private / "models" / "tiny")
+    shared, private = data_dir() / "models", tmp_path_factory.mktemp("data") / "models"
+    shutil.copytree(shared / "tiny", private / "tiny")
+    for other in shared.iterdir():
+        if other.name != "tiny":
+            (private / other.name).symlink_to(other)
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMNIRAY_DATA", str(private))
+        env.setenv("OMNIRAY_DATA", str(private.parent))
         with local_cluster(
             "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
         ) as cluster:
