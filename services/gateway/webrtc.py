@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 MAX_SDP_BYTES = 64 * 1024  # browsers' offers are a few KiB
 FORM_FIELDS = ("sdp", "session")  # OpenAI's call form
-CONNECT_TIMEOUT_S = 30.0  # a peer not connected (ICE + DTLS) by then: the call ends
 FRAME_SAMPLES = PCM_RATE // 50  # 20 ms: Opus's usual packet
 INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this many ms at a time
 MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
@@ -338,7 +337,8 @@ class Call:
         elsewhere, moved off a draining replica) or it is hung up; then let everything go."""
         self._spawn(self._serve())
         self.session.ended.add_done_callback(lambda _: self.over.set())
-        deadline = asyncio.get_running_loop().call_later(CONNECT_TIMEOUT_S, self._not_connected)
+        connect_s = self.session.profile.realtime.webrtc_connect_timeout_s
+        deadline = asyncio.get_running_loop().call_later(connect_s, self._not_connected, connect_s)
         try:
             await self._until_over()
             await self._flush()
@@ -376,9 +376,9 @@ class Call:
                 return
             await asyncio.sleep(0.02)
 
-    def _not_connected(self) -> None:
+    def _not_connected(self, connect_s: float) -> None:
         if not self.connected:
-            log.info("webrtc call %s: peer not connected in %.0f s", self.id, CONNECT_TIMEOUT_S)
+            log.info("webrtc call %s: peer not connected in %.0f s", self.id, connect_s)
             self.over.set()
 
     def on_connection_state(self) -> None:

@@ -185,6 +185,10 @@ class RealtimeSpec(_Strict):
     # A session with no client event for this long, and no response in flight, gets an `error`
     # event (`session_idle_timeout`) and is closed: an abandoned socket frees its admission slot.
     idle_timeout_s: float = Field(default=300.0, gt=0)
+    # A WebRTC call whose peer has not connected (ICE + DTLS) this long after the answer ends, and
+    # its session with it: a peer that never connects gives its session slot back. A TURN relay
+    # far away may want more.
+    webrtc_connect_timeout_s: float = Field(default=30.0, gt=0, le=600)
 
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)

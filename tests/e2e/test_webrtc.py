@@ -19,7 +19,6 @@ import websockets.sync.client as ws_client
 from loadtest.realtime_client import RATE
 from loadtest.speech import speech
 from loadtest.webrtc_client import CallRefused, WebRtcClient
-from services.gateway.webrtc import CONNECT_TIMEOUT_S
 from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.quota.tenants import RealtimeLimits
@@ -336,7 +335,8 @@ def test_a_peer_that_never_connects_gives_its_session_back(omniray, model_name):
     assert httpx.post(url, content=asyncio.run(_offer()), headers=headers, timeout=30).status_code == 201
     held = httpx.post(url, content=asyncio.run(_offer()), headers=headers, timeout=30)
     _assert_error(held, 429, "session_limit_reached")  # the silent peer holds the slot
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S + 30
+    connect_s = load_profile("tiny").realtime.webrtc_connect_timeout_s
+    deadline = time.monotonic() + connect_s + 30
     while time.monotonic() < deadline:
         time.sleep(2)
         try:
@@ -347,4 +347,4 @@ def test_a_peer_that_never_connects_gives_its_session_back(omniray, model_name):
         c.wait("session.created")
         c.close()
         return
-    raise AssertionError(f"the slot was not given back within {CONNECT_TIMEOUT_S + 30:.0f} s")
+    raise AssertionError(f"the slot was not given back within {connect_s + 30:.0f} s")
