@@ -578,8 +578,12 @@ class RealtimeSession:
         if not deployment:
             if config.audio.input.format.type != self.config.audio.input.format.type:
                 self.input_audio = InputAudio(config.audio.input.format.type)
+            # VAD starts over only for new turn detection: an update of other settings while the
+            # user speaks (a voice agent's instructions for the next answer) keeps the turn.
+            detection = config.audio.input.turn_detection != self.config.audio.input.turn_detection
             self.config = config
-            self._start_vad()
+            if detection:
+                self._start_vad()
 
     async def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:
         """What only this deployment knows (its voices, its token cap, what it does with tools), as

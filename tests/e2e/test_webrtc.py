@@ -68,6 +68,8 @@ def test_a_spoken_question_is_answered_over_rtp_and_a_barge_in_cuts_it(omniray, 
 
         c.say(speech("Wait, stop, tell me about London instead.")[: RATE * 2])  # still talking
         barge = c.wait("input_audio_buffer.speech_started", started)
+        # The next turn's answer short: it plays out in real time before it is done.
+        c.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
         done = c.wait("response.done", barge)
         truncated = c.event(c.wait("conversation.item.truncated", barge))
         cleared = c.wait("output_audio_buffer.cleared", barge)

@@ -205,6 +205,40 @@ async def test_a_turn_is_its_speech_and_padding_at_the_reported_positions(two_se
     assert len(s.buffer) <= (300 + 33) * BYTES_PER_MS
 
 
+async def test_an_update_while_the_user_speaks_keeps_the_turn(two_sentences):
+    """A session.update of other settings mid-speech (a voice agent setting the next answer's
+    instructions) neither ends nor restarts the turn being spoken: it is committed whole, as
+    without the update. New turn detection starts VAD over."""
+    first, _, silence = two_sentences
+    pcm = bytes(1000 * BYTES_PER_MS) + first + silence
+    td = {"type": "server_vad", "create_response": False}
+    step = 100 * BYTES_PER_MS
+
+    async def spoken(update: dict | None) -> tuple[list[dict], RealtimeSession]:
+        s, sent = await _session(_profile(), audio={"input": {"turn_detection": td}})
+        for k in range(0, len(pcm), step):
+            await s.handle(_append(pcm[k : k + step]))
+            if update and k == len(pcm) // 2 // step * step:
+                assert s.speech_start_ms is not None  # mid-speech
+                await s.handle(
+                    json.dumps({"type": "session.update", "session": {"type": "realtime", **update}})
+                )
+        return [e for e in sent if e["type"].startswith("input_audio_buffer.")], s
+
+    plain, s_plain = await spoken(None)
+    updated, s_updated = await spoken({"instructions": "Be brief.", "max_output_tokens": 24})
+    assert [e["type"] for e in plain][-1] == "input_audio_buffer.committed"
+
+    def strip(events: list[dict]) -> list[dict]:
+        return [{k: v for k, v in e.items() if k not in ("event_id", "item_id")} for e in events]
+
+    assert strip(updated) == strip(plain)
+    assert _pcm16(s_updated.items[-1]) == _pcm16(s_plain.items[-1])
+    # another silence duration is new turn detection: VAD starts over, the half-spoken turn with it
+    restarted, _ = await spoken({"audio": {"input": {"turn_detection": {**td, "silence_duration_ms": 300}}}})
+    assert [e["type"] for e in restarted].count("input_audio_buffer.speech_started") == 2
+
+
 async def test_speculative_clips_are_a_prefix_of_the_committed_turn(two_sentences):
     """Prefill ahead sends the turn's whole chunks heard so far: each such request's last message is
     the start of the turn's own request's last message, clip for clip (the prefix caches hit)."""
