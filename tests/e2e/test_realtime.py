@@ -231,6 +231,9 @@ def test_server_vad_turns_and_barge_in(omniray, model_name):
         first = r.wait("response.output_audio.delta", r.wait("response.created", committed))
         item_id = r.event(first)["item_id"]
         r.send({"type": "omniray.playback.progress", "item_id": item_id, "played_ms": 40})
+        # The next turn (the interruption) short, so that it completes soon (generation is paced by
+        # playback: the scheduler holds what is far ahead of it); the answer under way keeps its own.
+        r.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
 
         sent = r.say(interrupt + silence)
         barge = r.wait("input_audio_buffer.speech_started", first)
@@ -250,9 +253,7 @@ def test_server_vad_turns_and_barge_in(omniray, model_name):
         assert cut["item_id"] == item_id and cut["audio_end_ms"] >= 40
         assert 0 < cut["omniray"]["wasted_tokens"] <= cut["omniray"]["generated_tokens"]
 
-        # The next turn (the interruption) runs on the cut conversation; short, so that it completes
-        # soon (generation is paced by playback: the scheduler holds what is far ahead of it).
-        r.send({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 24}})
+        # The next turn (the interruption) runs on the cut conversation.
         r.wait("input_audio_buffer.committed", truncated)
         second = r.wait("response.done", r.wait("response.created", truncated))
         assert r.event(second)["response"]["status"] in WHOLE
