@@ -18,9 +18,8 @@ import psutil
 from services.common import shm
 from tests.conftest import AUTH
 
-RECOVER_S = (
-    300.0  # past the profile's decode_resume.wait_s (240 s): a replacement that never comes fails, not hangs
-)
+# Past the profile's decode_resume.wait_s (240 s): a replacement that never comes fails, not hangs.
+RECOVER_S = 300.0
 
 # What vLLM's MessageQueue does in an engine process (`python -c SEGMENT_HOLDER`): a segment only
 # its clean exit would unlink (no resource tracker does it for it either); prints its name, then waits.

@@ -580,9 +580,9 @@ class RealtimeSession:
                 self.input_audio = InputAudio(config.audio.input.format.type)
             # VAD starts over only for new turn detection: an update of other settings while the
             # user speaks (a voice agent's instructions for the next answer) keeps the turn.
-            detection = config.audio.input.turn_detection != self.config.audio.input.turn_detection
+            new_detection = config.audio.input.turn_detection != self.config.audio.input.turn_detection
             self.config = config
-            if detection:
+            if new_detection:
                 self._start_vad()
 
     async def _check(self, config: ev.SessionConfig, given: dict) -> list[tuple[tuple, str]]:

@@ -8,7 +8,6 @@ import copy
 import itertools
 import json
 import random
-import re
 import threading
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from services import runtime
 from services.models.build import MANIFEST, prepare
 from services.models.profile import load_profile
 from tests.conftest import AUTH, data_url, png_bytes
+from tests.faults import counter
 
 CLIENTS = 8  # concurrent clients, each request 8 fresh images (the encoder's target is 1 ongoing)
 STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
@@ -169,12 +169,7 @@ def test_first_audio_arrives_before_last_text_token(omniray, model_name):
 
 
 def _mismatches(omniray) -> float:
-    with urllib.request.urlopen(omniray.metrics_url, timeout=10) as r:
-        text = r.read().decode()
-    found = re.findall(
-        r"^ray_omniray_encoder_feature_version_mismatch_total\{[^}]*\} ([0-9.e+]+)$", text, re.M
-    )
-    return sum(float(x) for x in found)
+    return counter(omniray.metrics_url, "omniray_encoder_feature_version_mismatch_total")
 
 
 def test_stale_encoder_features_are_rejected_reencoded_counted(omniray, model_name):
