@@ -251,6 +251,8 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
             widen_thinker(data, args.hidden, args.layers)
         if args.max_num_seqs:
             data["engine"]["max_num_seqs"] = args.max_num_seqs
+        if args.chunk_max_tokens:
+            data["pipeline"]["chunk_max_tokens"] = args.chunk_max_tokens
 
     return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
@@ -356,6 +358,10 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=0,
                     help="the engines' seats (0 = the profile's): fewer seats than sessions make the engine the "
                          "scarce resource the scheduler arbitrates, as a GPU's KV memory does")  # fmt: skip
+    ap.add_argument("--chunk-max-tokens", type=int, default=0,
+                    help="the longest text piece the talker waits for (0 = the profile's): a random-weight "
+                         "thinker writes no clause ends, so its pieces run to this cap where a real model's "
+                         "close at its clause ends")  # fmt: skip
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--min-tokens", type=int, default=REPLY_TOKENS[0], help="shortest reply (tokens)")
     ap.add_argument("--max-tokens", type=int, default=REPLY_TOKENS[1], help="longest reply (tokens)")
