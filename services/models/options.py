@@ -87,7 +87,19 @@ class Qwen3OmniAudio(Qwen3OmniModule):
     pass
 
 
-class Qwen3OmniTalker(Qwen3OmniModule):
+class StreamBatching(Options):
+    """How a talker replica steps its streams (services/models/stream_loop.py): continuous batching,
+    every admitted stream with its next input in one forward (docs/speech.md)."""
+
+    # Streams a replica steps at once (its slots: per-stream KV or state); more wait for a slot.
+    max_streams: int = Field(default=16, ge=1, le=256)
+    # Streams in one forward at most (None: max_streams; 1: one stream per forward, the serial baseline).
+    step_batch: int | None = Field(default=None, ge=1, le=256)
+    # Frames handed to their consumers (device-to-host copy included) off the step thread.
+    async_output: bool = True
+
+
+class Qwen3OmniTalker(Qwen3OmniModule, StreamBatching):
     """Qwen3-Omni's talker (with the thinker's token embeddings), from the thinker's checkpoint. It
     reads the thinker's tokens (a token talker), not text pieces."""
 
