@@ -246,6 +246,36 @@ def _declared() -> list[Metric]:
             (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         ),
         Metric(
+            "omniray_stage_step_streams",
+            h,
+            "Streams (talker) or chunks (vocoder) one batched forward of a speech stage replica served"
+            " (one bucket per count up to 16: Ray exports a histogram's sum from bucket midpoints, so the"
+            " mean is read from the buckets).",
+            ("stage",),
+            (*range(1, 17), 24, 32, 48, 64),
+        ),
+        Metric(
+            "omniray_stage_step_seconds",
+            h,
+            "Time of one batched forward of a speech stage replica.",
+            ("stage",),
+            FRAME_BUCKETS_S,
+        ),
+        Metric(
+            "omniray_stage_queue_wait_seconds",
+            h,
+            "Time a speech stage stream waited for a slot of its replica (talker), or a chunk for its"
+            " batch (vocoder).",
+            ("stage",),
+            (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        ),
+        Metric(
+            "omniray_stage_active_streams",
+            g,
+            "Streams a speech stage replica steps now (its slots in use), and those waiting for a slot.",
+            ("stage", "state"),
+        ),
+        Metric(
             "omniray_decode_stream_takeovers_total",
             c,
             "A resumed decode taking the lost one's token stream over (services/dataplane/token_stream.py):"

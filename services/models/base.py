@@ -144,6 +144,32 @@ class TokenTalker(Protocol):
         marker: the talker says what came before it)."""
 
 
+@dataclass(frozen=True)
+class VocodeInput:
+    """One chunk to decode: `units`, with `left`/`right` context that is decoded but not emitted."""
+
+    units: np.ndarray
+    left: np.ndarray | None = None
+    right: np.ndarray | None = None
+    voice: str = ""
+
+    def shape(self) -> tuple[int, int, int]:
+        """(left, units, right) lengths: chunks alike in it decode in one forward, exactly as alone."""
+        return (
+            0 if self.left is None else len(self.left),
+            len(self.units),
+            0 if self.right is None else len(self.right),
+        )
+
+
+def alike(chunks: list[VocodeInput]) -> list[list[int]]:
+    """Indices of `chunks` grouped by shape, in order: each group is one batched forward."""
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        groups.setdefault(chunk.shape(), []).append(i)
+    return list(groups.values())
+
+
 class Vocoder(Protocol):
     version: str
     sample_rate: int
@@ -153,3 +179,7 @@ class Vocoder(Protocol):
     ) -> np.ndarray:
         """Units -> float32 mono PCM in [-1, 1] for `units` only; `left`/`right` are context that is
         decoded but not emitted (how much a chunk needs is the profile's VocoderSpec)."""
+
+    def decode_batch(self, chunks: list[VocodeInput]) -> list[np.ndarray]:
+        """`decode` of many chunks (of many streams), each equal to it alone: one forward per group
+        of chunks `alike`."""

@@ -97,6 +97,9 @@ class StreamBatching(Options):
     step_batch: int | None = Field(default=None, ge=1, le=256)
     # Frames handed to their consumers (device-to-host copy included) off the step thread.
     async_output: bool = True
+    # torch's intra-op threads in the step thread. More than one in a thread other than the main one
+    # ran a tiny talker's step 2.6x slower here (OpenMP teams per thread; docs/benchmarks.md).
+    cpu_threads: int = Field(default=1, ge=1, le=64)
 
 
 class Qwen3OmniTalker(Qwen3OmniModule, StreamBatching):

@@ -66,6 +66,11 @@ class VocoderSpec(ModelSpec):
     # (the vocoder's receptive field, measured for trained weights). The gateway keeps them.
     context_frames: int = Field(default=0, ge=0)
     lookahead_frames: int = Field(default=0, ge=0)
+    # Chunks of many streams a replica decodes in one forward at most (1: one at a time), and how long
+    # a batch that is not full waits after its first chunk for the rest of a talker step's
+    # (services/stages/urgency_batcher.py).
+    max_batch: int = Field(default=1, ge=1, le=64)
+    batch_wait_ms: float = Field(default=5.0, ge=0, le=100)
 
 
 class SessionKvSpec(_Strict):

@@ -20,6 +20,7 @@ The loop knows nothing of the model: `StepModel` does the forwards, `Stream` the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -68,10 +69,8 @@ class Outbox:
             wake = self._wake
         if wake is not None:
             loop, event = wake
-            try:
+            with contextlib.suppress(RuntimeError):  # its event loop has closed: nobody reads any more
                 loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # its event loop has closed: nobody reads any more
-                pass
 
     def get(self) -> Any:
         with self._lock:
@@ -100,6 +99,9 @@ class Stream:
         self.ended_by = ""
         self.timeout: float | None = None
         self.cancelled = False
+        # Whose it is, for an `order` hook (a realtime session's urgency), and since when.
+        self.session = ""
+        self.arrival = time.time()
         self._loop: StreamLoop | None = None
         self._waiting_since: float | None = None
         self._last_step = 0.0
@@ -186,6 +188,7 @@ class StreamLoop:
         max_streams: int,
         step_batch: int | None = None,
         async_output: bool = True,
+        cpu_threads: int = 1,
         order: Callable[[list[Stream]], list[Stream]] | None = None,
         on_step: Callable[[LoopStats], None] | None = None,
     ):
@@ -195,6 +198,7 @@ class StreamLoop:
         self.step_batch = min(step_batch or max_streams, max_streams)
         self.order = order
         self.on_step = on_step
+        self.cpu_threads = cpu_threads
         self._cond = threading.Condition()
         self._waiting: list[tuple[float, Stream]] = []  # (submitted, stream)
         self._active: list[Stream] = []
@@ -234,6 +238,7 @@ class StreamLoop:
     def _run(self) -> None:
         import torch
 
+        torch.set_num_threads(self.cpu_threads)  # this thread's own: OpenMP's settings are per thread
         with torch.inference_mode():
             while True:
                 batch, admitted = self._next_batch()

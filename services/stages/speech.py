@@ -1,6 +1,9 @@
-"""Talker and vocoder stages: text (or the thinker's tokens) -> speech units -> PCM, chunk by chunk. Each model step waits
-for a slot of the replica's urgency gate (services/stages/urgency_gate.py): the sessions closest to a
-playback gap go first."""
+"""Talker and vocoder stages: text (or the thinker's tokens) -> speech units -> PCM, chunk by chunk.
+
+A talker whose model batches its streams (a `loop`: services/models/stream_loop.py) steps every
+stream of the replica in one forward; the replica's urgency policy orders the streams waiting for a
+slot (the sessions closest to a playback gap first). A model step of a talker that does not batch,
+and each vocoder call, waits for a slot of the replica's urgency gate (services/stages/urgency_gate.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +20,13 @@ from services.common.redis_config import async_client, redis_url
 from services.common.telemetry import metric
 from services.dataplane import tensors, token_stream
 from services.extensions.ray.metrics import zero
-from services.models.base import ThinkerPrompt
+from services.models.base import ThinkerPrompt, VocodeInput
+from services.models.stream_loop import LoopStats
 from services.playback.board import BoardReader
 from services.policies import urgency
 from services.stages._stage import Stage
-from services.stages.urgency_gate import UrgencyGate
+from services.stages.urgency_batcher import Batch, UrgencyBatcher
+from services.stages.urgency_gate import UrgencyGate, most_urgent_first
 
 log = logging.getLogger("ray.serve")
 _DONE = object()
@@ -32,10 +37,14 @@ class _SpeechStage(Stage):
     def __init__(self, profile: dict):
         super().__init__(profile)
         spec = self.profile.realtime.scheduler
-        board = BoardReader(redis_url(), spec.board_interval_s)
-        policy = urgency.create(spec.policy, spec.params, piece_tokens=self.profile.audio_piece_tokens())
-        self.gate = UrgencyGate(policy, board.views, spec.stage_slots)
+        self.board = BoardReader(redis_url(), spec.board_interval_s)
+        self.policy = urgency.create(spec.policy, spec.params, piece_tokens=self.profile.audio_piece_tokens())
+        self.gate = UrgencyGate(self.policy, self.board.views, spec.stage_slots)
         self.waited = metric("omniray_stage_urgency_wait_seconds")
+        self.step_streams = metric("omniray_stage_step_streams")
+        self.step_seconds = metric("omniray_stage_step_seconds")
+        self.queue_wait = metric("omniray_stage_queue_wait_seconds")
+        self.active_streams = metric("omniray_stage_active_streams")
 
     @contextlib.asynccontextmanager
     async def step(self, ctx) -> AsyncIterator[None]:
@@ -62,6 +71,27 @@ class Talker(_SpeechStage):
         zero(self.frames)
         for end in STREAM_ENDS:
             zero(self.streams, end=end)
+        loop = getattr(self.model, "loop", None)
+        if loop is not None:  # the model batches its streams: its loop reports to this replica
+            loop.order = self._most_urgent_first
+            loop.on_step = self._stepped
+            for state in ("stepping", "waiting"):
+                self.active_streams.set(0, tags={"stage": self.name, "state": state})
+
+    def _most_urgent_first(self, streams: list) -> list:
+        """The order streams waiting for a slot get one (the loop's thread: no I/O)."""
+        order = most_urgent_first(self.policy, self.board.views(), [(s.arrival, s.session) for s in streams])
+        return [streams[i] for i in order]
+
+    def _stepped(self, stats: LoopStats) -> None:
+        tags = {"stage": self.name}
+        self.step_streams.observe(stats.streams, tags=tags)
+        self.step_seconds.observe(stats.seconds, tags=tags)
+        for waited in stats.admitted_wait_s:
+            self.queue_wait.observe(waited, tags=tags)
+        loop = self.model.loop
+        self.active_streams.set(loop.active, tags={**tags, "state": "stepping"})
+        self.active_streams.set(loop.queued, tags={**tags, "state": "waiting"})
 
     async def Talk(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
         if request.HasField("thinker"):
@@ -108,29 +138,30 @@ class Talker(_SpeechStage):
                 stream.finish()
 
             reader = asyncio.create_task(follow())
-            frames = stream.frames(timeout=self.token_wait_s)
+            stream.session = request.ctx.session_id  # its urgency, for a slot
             sizes = iter(self.model.chunk_frames)
             size = next(sizes)
             frames_sent = 0
+            batch: list[np.ndarray] = []
+
+            def chunk() -> stages_pb2.UnitChunk:
+                nonlocal frames_sent, size
+                units = np.concatenate(batch)
+                frames_sent += len(batch)
+                self.frames.inc(len(batch))
+                batch.clear()
+                size = next(sizes, size)
+                return stages_pb2.UnitChunk(
+                    units=tensors.describe(units, producer_version=self.model.version)
+                )
+
             try:
-                done = False
-                while not done:
-                    batch = []
-                    while len(batch) < size:
-                        async with self.step(request.ctx):
-                            frame = await asyncio.to_thread(next, frames, _DONE)
-                        if frame is _DONE:
-                            done = True
-                            break
-                        batch.append(frame)
-                    if batch:
-                        frames_sent += len(batch)
-                        self.frames.inc(len(batch))
-                        units = np.concatenate(batch)
-                        yield stages_pb2.UnitChunk(
-                            units=tensors.describe(units, producer_version=self.model.version)
-                        )
-                    size = next(sizes, size)
+                async for frame in stream.aframes(timeout=self.token_wait_s):
+                    batch.append(frame)
+                    if len(batch) >= size:
+                        yield chunk()
+                if batch:
+                    yield chunk()
                 self.streams.inc(tags={"end": stream.ended_by or "codec_eos"})
                 log.info(
                     "talker %s: %d frames, ended by %s", request.ctx.request_id, frames_sent, stream.ended_by
@@ -141,7 +172,7 @@ class Talker(_SpeechStage):
                 raise
             finally:
                 reader.cancel()
-                stream.finish()  # a talker thread still waiting for text stops
+                stream.cancel()  # a barge-in or a failure: its slot is free for the next step
 
 
 def _thinker_prompt(thinker: stages_pb2.ThinkerOutput) -> ThinkerPrompt:
@@ -159,7 +190,25 @@ class Vocoder(_SpeechStage):
 
     def __init__(self, profile: dict):
         super().__init__(profile)
-        self.model = self.load_model(self.profile.models.vocoder)
+        spec = self.profile.models.vocoder
+        self.model = self.load_model(spec)
+        self.batcher = UrgencyBatcher(
+            self.policy,
+            self.board.views,
+            self.model.decode_batch,
+            spec.max_batch,
+            self.profile.realtime.scheduler.stage_slots,
+            spec.batch_wait_ms / 1000,
+            self._decoded,
+        )
+
+    def _decoded(self, batch: Batch) -> None:
+        tags = {"stage": self.name}
+        self.step_streams.observe(batch.size, tags=tags)
+        self.step_seconds.observe(batch.seconds, tags=tags)
+        for waited in batch.waited_s:
+            self.waited.observe(waited, tags=tags)
+            self.queue_wait.observe(waited, tags=tags)
 
     async def Vocode(self, request: stages_pb2.VocodeRequest) -> stages_pb2.AudioChunk:
         with self.operation("vocode", request.ctx):
@@ -168,7 +217,7 @@ class Vocoder(_SpeechStage):
                 tensors.materialize(getattr(request, f)) if request.HasField(f) else None
                 for f in ("left_context", "right_context")
             )
-            async with self.step(request.ctx):
-                wave = await asyncio.to_thread(self.model.decode, units, left, right, request.voice)
+            chunk = VocodeInput(units, left, right, request.voice)
+            wave = await self.batcher.run(request.ctx.session_id, chunk)
             pcm16 = (np.clip(wave, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
             return stages_pb2.AudioChunk(pcm16=pcm16, sample_rate=self.model.sample_rate)

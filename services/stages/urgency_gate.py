@@ -57,9 +57,16 @@ class UrgencyGate:
         if not self.waiting:
             self.busy -= 1
             return
-        views, now = self.views(), time.time()
-        candidates = [Candidate(arrival, 0, 0, views.get(session)) for arrival, session, _ in self.waiting]
-        ranking = self.policy.rank(candidates, now, 0.0)
-        first = (ranking.order or sorted(ranking.held, key=lambda i: candidates[i].arrival))[0]
+        first = most_urgent_first(self.policy, self.views(), [(a, s) for a, s, _ in self.waiting])[0]
         _, _, granted = self.waiting.pop(first)
         granted.set_result(None)
+
+
+def most_urgent_first(
+    policy: UrgencyPolicy, views: dict[str, BoardView], waiting: list[tuple[float, str]]
+) -> list[int]:
+    """Indices of `waiting` (arrival, session) in the order the policy serves them: its order, then
+    what it would hold back, by arrival (nothing is held here)."""
+    candidates = [Candidate(arrival, 0, 0, views.get(session)) for arrival, session in waiting]
+    ranking = policy.rank(candidates, time.time(), 0.0)
+    return list(ranking.order) + sorted(ranking.held, key=lambda i: candidates[i].arrival)

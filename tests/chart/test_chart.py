@@ -128,7 +128,9 @@ def test_gpu_values_put_every_model_stage_on_gpu_nodes(rendered):
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     mounts = {m["mountPath"] for m in container(groups(doc)["thinker"])["volumeMounts"]}
     assert "/models" in mounts  # the profile's absolute checkpoint path
-    deployments = {d["name"]: d for d in yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["deployments"]}
+    deployments = {
+        d["name"]: d for d in yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"][0]["deployments"]
+    }
     for stage, least in (("encoder", 1), ("talker", 2), ("vocoder", 2)):
         dep = deployments[DEPLOYMENT_NAMES[stage]]
         assert 0 < dep["ray_actor_options"]["num_gpus"] < 1, stage
@@ -137,7 +139,9 @@ def test_gpu_values_put_every_model_stage_on_gpu_nodes(rendered):
         assert "num_replicas" not in dep, stage
     # the speech pool holds the least replicas the profile asks for (two to a GPU)
     speech = groups(doc)["speech"]
-    floor = sum(deployments[DEPLOYMENT_NAMES[s]]["autoscaling_config"]["min_replicas"] for s in ("talker", "vocoder"))
+    floor = sum(
+        deployments[DEPLOYMENT_NAMES[s]]["autoscaling_config"]["min_replicas"] for s in ("talker", "vocoder")
+    )
     assert speech["minReplicas"] * 2 >= floor
 
 

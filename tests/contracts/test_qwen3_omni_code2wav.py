@@ -47,3 +47,29 @@ def test_a_chunked_decode_equals_the_whole_decode(code2wav):
     # Without context or lookahead it is not (the test can tell).
     bare = _chunked(code2wav, codes, 0, 0)
     assert len(bare) < len(whole) or np.abs(bare[: len(whole)] - whole).max() > TOLERANCE * peak
+
+
+def test_chunks_of_several_streams_in_one_forward_equal_each_alone(code2wav):
+    """The vocoder stage's batches (services/stages/urgency_batcher.py): chunks of five streams, of
+    two shapes (first chunks, steady chunks with their context) and a last one without lookahead,
+    decode in one call to what each decodes alone (float rounding of the batched kernels aside)."""
+    from services.models.base import VocodeInput, alike
+
+    rng = np.random.default_rng(1)
+
+    def codes(n):
+        return rng.integers(0, 2048, (n, 16))
+
+    chunks = [
+        VocodeInput(codes(3), None, codes(1)),
+        VocodeInput(codes(3), None, codes(1)),
+        VocodeInput(codes(CHUNK), codes(CONTEXT), codes(1)),
+        VocodeInput(codes(CHUNK), codes(CONTEXT), codes(1)),
+        VocodeInput(codes(7), codes(CONTEXT), None),
+    ]
+    assert [len(g) for g in alike(chunks)] == [2, 2, 1]
+    batched = code2wav.decode_batch(chunks)
+    for chunk, got in zip(chunks, batched, strict=True):
+        alone = code2wav.decode(chunk.units, chunk.left, chunk.right, "ethan")
+        assert got.shape == alone.shape
+        np.testing.assert_allclose(got, alone, rtol=0, atol=1e-5 * np.abs(alone).max())

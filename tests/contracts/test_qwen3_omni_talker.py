@@ -209,3 +209,107 @@ def test_a_stop_token_ends_the_text_as_the_thinkers_end_does(talker, reference):
     np.testing.assert_array_equal(frames(failed), said)
     assert calling.ended_by == ended.ended_by == "text_budget"  # these draws: the text's share, 4 tokens
     assert len(said) == talker.sampling.max_frames_per_token * 4 + qt.TAIL_FRAMES - 1
+
+
+def _chat_ids(processor, question: str) -> list[int]:
+    chat = [{"role": "user", "content": question}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    return processor(text=[text], return_tensors="pt")["input_ids"][0].tolist()
+
+
+def _spoken(talker, prompt, tokens, seed, sample, start_after=0.0, gap=0.0) -> np.ndarray:
+    """One stream's frames: the thinker's tokens fed `gap` s apart (joining when its first comes)."""
+    stream = talker.stream(
+        ThinkerPrompt(prompt),
+        "ethan",
+        seed=seed,
+        sampling=qt.Sampling(do_sample=sample, max_frames=MAX_CODES),
+    )
+
+    def thinker():
+        time.sleep(start_after)
+        for token in tokens:
+            stream.feed([token])
+            time.sleep(gap)
+        stream.finish()
+
+    threading.Thread(target=thinker, daemon=True).start()
+    return np.concatenate(list(stream.frames(timeout=30)))
+
+
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "sampled"])
+def test_streams_stepped_together_write_what_each_writes_alone(reference, talker, sample):
+    """Five responses at once — prompts of different lengths, joining at different times, texts of
+    different lengths so they leave at different steps, written at different speeds — each write the
+    frames they write alone, and the talker did step them together (several streams per forward, at
+    different positions)."""
+    _, processor = reference
+    questions = [
+        "Hi.",
+        "What is in Paris?",
+        "Tell me about the weather in a long sentence, please.",
+        "Why?",
+        "Go.",
+    ]
+    cases = [
+        (
+            _chat_ids(processor, q),
+            list(range(300 + 7 * i, 300 + 7 * i + 3 + 2 * i)),
+            10 + i,
+            0.01 * i,
+            0.002 * (i % 3),
+        )
+        for i, q in enumerate(questions)
+    ]
+    alone = [_spoken(talker, p, toks, seed, sample) for p, toks, seed, _, _ in cases]
+    per_step: list[int] = []
+    talker.loop.on_step = lambda stats: per_step.append(stats.streams)
+    try:
+        with ThreadPoolExecutor(len(cases)) as pool:
+            together = list(pool.map(lambda c: _spoken(talker, c[0], c[1], c[2], sample, c[3], c[4]), cases))
+    finally:
+        talker.loop.on_step = None
+    for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+        np.testing.assert_array_equal(b, a, err_msg=f"stream {i}")
+    assert max(per_step) >= 4, per_step
+
+
+def test_a_cancelled_or_failed_stream_leaves_at_once_and_the_others_go_on(reference, talker):
+    """A barge-in cancels one stream mid-answer and another's thinker dies: each leaves the batch
+    (its slot free at once), the third speaks on to the frames it writes alone."""
+    _, processor = reference
+    prompt = _chat_ids(processor, "What is in Paris?")
+    tokens = list(range(300, 316))
+    alone = _spoken(talker, prompt, tokens, 21, True)
+
+    survivor = talker.stream(
+        ThinkerPrompt(prompt), "ethan", seed=21, sampling=qt.Sampling(max_frames=MAX_CODES)
+    )
+    barged = talker.stream(
+        ThinkerPrompt(prompt), "ethan", seed=22, sampling=qt.Sampling(max_frames=MAX_CODES)
+    )
+    orphan = talker.stream(
+        ThinkerPrompt(prompt), "ethan", seed=23, sampling=qt.Sampling(max_frames=MAX_CODES)
+    )
+    for s in (survivor, barged):
+        s.feed(tokens)
+        s.finish()
+    orphan.feed(tokens[:4])  # its thinker writes four tokens, then dies
+    kept, cut = survivor.frames(timeout=30), barged.frames(timeout=30)
+    got = [next(kept)]
+    next(cut)
+    barged.cancel()
+    orphan_frames = orphan.frames(timeout=30)
+    next(orphan_frames)
+    orphan.finish(ConnectionError("the decode replica died"))
+    with pytest.raises(ConnectionError):
+        list(orphan_frames)
+    got.extend(kept)
+    np.testing.assert_array_equal(np.concatenate(got), alone)
+    assert (
+        len(list(cut)) < len(alone) - 5
+    )  # its reader gets its end: a frame or two written before the cancel
+    deadline = time.time() + 5
+    while len(talker.batch.kv.free) < talker.loop.max_streams and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(talker.batch.kv.free) == talker.loop.max_streams  # every slot back

@@ -30,7 +30,9 @@ def main() -> int:
     for name in names:  # each calls pins.check when it touches vLLM internals
         importlib.import_module(name)
     profile = load_profile("qwen3-omni")
-    adapters = {role: getattr(profile.models, role) for role in ("thinker", "vision", "audio", "talker", "vocoder")}
+    adapters = {
+        role: getattr(profile.models, role) for role in ("thinker", "vision", "audio", "talker", "vocoder")
+    }
     for spec in adapters.values():
         adapter_module(spec.adapter)
     importlib.import_module("services.engine.thinker")
@@ -57,8 +59,12 @@ def _speak(profile) -> None:
     from services.models.registry import adapter_module
 
     models = profile.models
-    talker = adapter_module(models.talker.adapter).load(profile.model_path(models.talker), models.talker.options)
-    vocoder = adapter_module(models.vocoder.adapter).load(profile.model_path(models.vocoder), models.vocoder.options)
+    talker = adapter_module(models.talker.adapter).load(
+        profile.model_path(models.talker), models.talker.options
+    )
+    vocoder = adapter_module(models.vocoder.adapter).load(
+        profile.model_path(models.vocoder), models.vocoder.options
+    )
     c = talker.config
     prompt = [c.im_start_token_id, c.user_token_id, 100, 200, c.im_end_token_id, c.im_start_token_id,
               c.assistant_token_id, 198]  # fmt: skip

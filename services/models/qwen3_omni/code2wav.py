@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from services.models import options as o
+from services.models.base import VocodeInput, alike
 from services.models.qwen3_omni import checkpoint
 
 SAMPLE_RATE = 24_000
@@ -42,18 +43,29 @@ class Code2Wav:
     ) -> np.ndarray:
         """`units`: [frames, 16] codes; returns their float32 PCM (the last chunk of an utterance,
         with no `right`, is a little shorter: the decoder trims its tail)."""
+        return self.decode_batch([VocodeInput(units, left, right, voice)])[0]
+
+    def decode_batch(self, chunks: list[VocodeInput]) -> list[np.ndarray]:
+        """Chunks of one shape (their context and length) in one forward, [chunks, 16, frames]."""
         import torch
 
-        left = np.zeros((0, self.codebooks), np.int64) if left is None else left
-        right = np.zeros((0, self.codebooks), np.int64) if right is None else right
-        codes = torch.from_numpy(np.concatenate([left, units, right]).astype(np.int64).T[None]).to(
-            next(self.model.parameters()).device
-        )
-        with torch.inference_mode():
-            wav = self.model(codes)[0, 0]
-        start = len(left) * self.samples_per_frame
-        end = start + len(units) * self.samples_per_frame if len(right) else None
-        return wav[start:end].float().cpu().numpy()
+        device = next(self.model.parameters()).device
+        empty = np.zeros((0, self.codebooks), np.int64)
+        out: list[np.ndarray] = [empty] * len(chunks)
+        for group in alike(chunks):
+            codes = np.stack([
+                np.concatenate([chunks[i].left if chunks[i].left is not None else empty, chunks[i].units,
+                                chunks[i].right if chunks[i].right is not None else empty]).astype(np.int64).T
+                for i in group
+            ])  # fmt: skip
+            with torch.inference_mode():
+                wavs = self.model(torch.from_numpy(codes).to(device))[:, 0].float().cpu().numpy()
+            left, units, right = chunks[group[0]].shape()
+            start = left * self.samples_per_frame
+            end = start + units * self.samples_per_frame if right else None
+            for row, i in enumerate(group):
+                out[i] = wavs[row, start:end]
+        return out
 
 
 def verify(path: Path, options: o.Qwen3OmniCode2Wav) -> None:

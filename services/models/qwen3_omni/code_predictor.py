@@ -72,7 +72,10 @@ class CodePredictor:
             shape = (rows, c.num_key_value_heads, self.codebooks, c.head_dim)
             cache = self._caches[rows] = _FrameCache(
                 [
-                    _Layer(torch.zeros(shape, device=p.device, dtype=p.dtype), torch.zeros(shape, device=p.device, dtype=p.dtype))
+                    _Layer(
+                        torch.zeros(shape, device=p.device, dtype=p.dtype),
+                        torch.zeros(shape, device=p.device, dtype=p.dtype),
+                    )
                     for _ in range(c.num_hidden_layers)
                 ]
             )

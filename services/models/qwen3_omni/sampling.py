@@ -49,7 +49,9 @@ def _talker_processors(s: Sampling, suppressed: tuple[int, ...], device: str):
         processors.append(RepetitionPenaltyLogitsProcessor(s.repetition_penalty))
     processors.append(SuppressTokensLogitsProcessor(list(suppressed), device=device))
     if s.do_sample:
-        processors.extend([TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k), TopPLogitsWarper(s.top_p)])
+        processors.extend(
+            [TemperatureLogitsWarper(s.temperature), TopKLogitsWarper(s.top_k), TopPLogitsWarper(s.top_p)]
+        )
     return processors
 
 

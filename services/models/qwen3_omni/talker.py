@@ -85,7 +85,12 @@ class Talker:
         )
         self.batch = TalkerBatch(self, options.max_streams)
         self.loop = StreamLoop(
-            self.batch, "talker", options.max_streams, options.step_batch, options.async_output
+            self.batch,
+            "talker",
+            options.max_streams,
+            options.step_batch,
+            options.async_output,
+            options.cpu_threads,
         )
 
     def stream(
@@ -138,7 +143,9 @@ class Talker:
             raise ValueError("the prompt must end with the assistant's opening (<|im_start|>assistant\\n)")
         opening = ids[starts[-1] :] + [first]
         a = model.text_projection(self.embed[torch.tensor(opening, device=device)])[None]  # [1, 4, h]
-        text_part = torch.cat([a[:, :3], self.tts_pad.expand(4, -1)[None], self.tts_bos[None], a[:, 3:4]], dim=1)
+        text_part = torch.cat(
+            [a[:, :3], self.tts_pad.expand(4, -1)[None], self.tts_bos[None], a[:, 3:4]], dim=1
+        )
         tc = cfg.talker_config
         codes = torch.tensor([[tc.codec_nothink_id, tc.codec_think_bos_id, tc.codec_think_eos_id, speaker_id,
                                tc.codec_pad_id, tc.codec_bos_id]], device=device)  # fmt: skip
@@ -155,7 +162,9 @@ class Talker:
         embedding, or EOS / PAD (`TalkerStream.reads`)."""
         import torch
 
-        out = torch.empty((len(reads), 1, self.tts_pad.shape[-1]), device=self.embed.device, dtype=self.embed.dtype)
+        out = torch.empty(
+            (len(reads), 1, self.tts_pad.shape[-1]), device=self.embed.device, dtype=self.embed.dtype
+        )
         tokens = [i for i, r in enumerate(reads) if r >= 0]
         if tokens:
             ids = torch.tensor([reads[i] for i in tokens], device=self.embed.device)
@@ -182,7 +191,13 @@ class TalkerStream(Stream):
         ends: set[int],
     ):
         super().__init__()
-        self.t, self.prompt, self.speaker_id, self.sampling, self.seed = talker, prompt, speaker_id, sampling, seed
+        self.t, self.prompt, self.speaker_id, self.sampling, self.seed = (
+            talker,
+            prompt,
+            speaker_id,
+            sampling,
+            seed,
+        )
         self._tokens: list[int] = []
         self._finished = False
         self._error: BaseException | None = None

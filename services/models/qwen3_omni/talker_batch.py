@@ -49,7 +49,9 @@ class TalkerBatch:
         p = next(talker.model.parameters())
         self.t = talker
         self.model = talker.model
-        self.kv = KvSlots(t.num_hidden_layers, t.num_key_value_heads, t.head_dim, max_streams, p.device, p.dtype)
+        self.kv = KvSlots(
+            t.num_hidden_layers, t.num_key_value_heads, t.head_dim, max_streams, p.device, p.dtype
+        )
         self.history = np.zeros((max_streams, 0), np.int64)  # each slot's codes (repetition penalty)
         self.predictor = CodePredictor(self.model.code_predictor, talker.codebooks)
         self.eos = talker.config.talker_config.codec_eos_token_id
@@ -124,7 +126,9 @@ class TalkerBatch:
                 None,
                 mask,
                 False,
-                torch.tensor(prompt.audio_feature_lengths, device=device) if prompt.audio_feature_lengths else None,
+                torch.tensor(prompt.audio_feature_lengths, device=device)
+                if prompt.audio_feature_lengths
+                else None,
                 None,
             )
             delta = int(deltas[0, 0])
@@ -132,7 +136,11 @@ class TalkerBatch:
             positions, delta = (mask.cumsum(-1) - 1)[None].expand(3, -1, -1), 0
         cache = DynamicCache()
         hidden = model.model(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         ).last_hidden_state
         logits = model.codec_head(hidden)[:, -1].float()
         generator = None
@@ -143,7 +151,9 @@ class TalkerBatch:
         self.kv.store(slot, cache)
         s.state = _State(slot, embeds.shape[1], delta, generator, hidden=hidden[0, -1:])
         history = torch.zeros((1, 0), dtype=torch.long, device=device)
-        s.state.code = int(sampling.talker_codes(logits, [s.sampling], history, self.t.suppressed, [generator])[0])
+        s.state.code = int(
+            sampling.talker_codes(logits, [s.sampling], history, self.t.suppressed, [generator])[0]
+        )
 
     def _advance(self, streams: list) -> None:
         """One talker forward for streams already in: each one's frame and text in, its next code out."""
@@ -161,7 +171,11 @@ class TalkerBatch:
         if mask is None:  # every row at the same length: the plain causal decode, as generate's
             mask = torch.ones((len(states), lengths[0] + 1), dtype=torch.long, device=device)
         hidden = self.model.model(
-            inputs_embeds=embeds, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
         ).last_hidden_state
         logits = self.model.codec_head(hidden)[:, -1].float()
         drawn = max(st.drawn for st in states)

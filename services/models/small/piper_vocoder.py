@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from services.models import options as o
+from services.models.base import VocodeInput, alike
 from services.models.small import _piper
 
 prepare = _piper.prepare
@@ -28,13 +29,24 @@ class PiperVocoder:
     def decode(
         self, units: np.ndarray, left: np.ndarray | None, right: np.ndarray | None, voice: str
     ) -> np.ndarray:
-        parts = [p for p in (left, units, right) if p is not None]
-        frames = np.concatenate(parts).astype(np.float32, copy=False)  # [T, channels]
-        z_p = np.ascontiguousarray(frames.T)[None]
-        mask = np.ones((1, 1, z_p.shape[2]), np.float32)
-        wave = self.session.run(None, {self.meta.seam.z_p: z_p, self.meta.seam.mask: mask})[0].reshape(-1)
-        start = (0 if left is None else len(left)) * self.hop
-        return wave[start : start + len(units) * self.hop]
+        return self.decode_batch([VocodeInput(units, left, right, voice)])[0]
+
+    def decode_batch(self, chunks: list[VocodeInput]) -> list[np.ndarray]:
+        """Chunks of one shape in one run of the decoder graph (its batch axis)."""
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(chunks)
+        for group in alike(chunks):
+            z_p = np.stack([
+                np.concatenate([p for p in (chunks[i].left, chunks[i].units, chunks[i].right) if p is not None])
+                .astype(np.float32, copy=False).T
+                for i in group
+            ])  # fmt: skip
+            mask = np.ones((len(group), 1, z_p.shape[2]), np.float32)
+            waves = self.session.run(None, {self.meta.seam.z_p: z_p, self.meta.seam.mask: mask})[0]
+            left, units, _ = chunks[group[0]].shape()
+            start = left * self.hop
+            for row, i in enumerate(group):
+                out[i] = waves[row].reshape(-1)[start : start + units * self.hop]
+        return out
 
 
 def load(path: Path, options: o.PiperVocoder) -> PiperVocoder:

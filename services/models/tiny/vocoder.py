@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from services.models import options as o
+from services.models.base import VocodeInput, alike
 from services.models.tiny import _weights
 from services.models.tiny.talker import N_UNITS
 
@@ -61,13 +62,31 @@ class TinyVocoder:
         self.model, config = _weights.load(TinyConvVocoder, path)
         self.version = config["version"]
 
-    @torch.inference_mode()
     def decode(
         self, units: np.ndarray, left: np.ndarray | None, right: np.ndarray | None, voice: str
     ) -> np.ndarray:
-        ctx = np.zeros(0, np.int32) if left is None else left[-CONTEXT_UNITS:]
-        x = torch.from_numpy(np.concatenate([ctx, units]).astype(np.int64))[None]
-        return self.model(x)[0, len(ctx) * SAMPLES_PER_UNIT :].numpy()
+        return self.decode_batch([VocodeInput(units, left, right, voice)])[0]
+
+    @torch.inference_mode()
+    def decode_batch(self, chunks: list[VocodeInput]) -> list[np.ndarray]:
+        """Chunks of one shape in one forward (the context each keeps: its last CONTEXT_UNITS)."""
+        trimmed = [
+            VocodeInput(
+                c.units, np.zeros(0, np.int32) if c.left is None else c.left[-CONTEXT_UNITS:], None, c.voice
+            )
+            for c in chunks
+        ]
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(chunks)
+        for group in alike(trimmed):
+            x = torch.from_numpy(
+                np.stack([np.concatenate([trimmed[i].left, trimmed[i].units]) for i in group]).astype(
+                    np.int64
+                )
+            )
+            waves = self.model(x)[:, len(trimmed[group[0]].left) * SAMPLES_PER_UNIT :].numpy()
+            for row, i in enumerate(group):
+                out[i] = waves[row]
+        return out
 
 
 def load(path: Path, options: o.TinyVocoder) -> TinyVocoder:
