@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest import results
+from loadtest import process_cpu, results
 from loadtest.bench import _summary, chat_bodies
 from loadtest.client import run_closed_loop
 from loadtest.profiles import derive
@@ -128,10 +128,17 @@ def per_forward(before: dict, after: dict, stage: str) -> float | None:
 
 
 def run_level(url: str, metrics_url: str, bodies: list[dict], c: int, n: int) -> dict:
-    before = step_buckets(metrics_url)
+    before, cpu = step_buckets(metrics_url), process_cpu.snapshot()
     res, wall = asyncio.run(run_closed_loop(url, bodies[:n], c))
-    after = step_buckets(metrics_url)
+    after, spent = step_buckets(metrics_url), process_cpu.between(cpu, process_cpu.snapshot())
     s = _summary(res, wall)
+    done = max(len(res) - s["errors"], 1)
+    s["cpu_ms_per_request"] = {
+        k: round(1000 * v / done, 1)
+        for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+        if v >= 0.05 * done
+    }
+    s["cpu_busy"] = sum(spent.values()) / wall  # cores busy on average
     rtf = [r.rtf for r in res if r.ok and r.rtf is not None]
     s["rtf_mean"] = statistics.fmean(rtf) if rtf else None
     s["talker_streams_per_forward"] = per_forward(before, after, "talker")
@@ -146,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-level", type=int, default=20, help="requests per level (at least 3x c)")
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=len(LAYERS), help="run the first N layers")
+    ap.add_argument(
+        "--layers", default=",".join(name for name, _ in LAYERS),
+        help="the layers to run (each still has the edits of those before it)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     profile = load_profile(args.profile)
@@ -161,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         args.profile, levels=levels, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, layers={}
     )
     tmp = Path(tempfile.mkdtemp(prefix="omniray-omni-"))
-    layers = layer_profiles(args.profile, tmp)[: args.layers]
+    wanted = args.layers.split(",")
+    layers = [(name, path) for name, path in layer_profiles(args.profile, tmp) if name in wanted]
     print(f"[bench-omni] {args.profile}: {args.prompt_tokens}-token prompts -> text + audio, levels {levels}")
     with runtime.temporary(
         str(layers[0][1]), prefix="omniray-omni-", app_args={"async_chunk": True}
@@ -180,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {name:17s} c={c:<3} req/s {s['req_per_s']:6.3f}  TTFP mean {_ms(s['ttfp_mean'])} ms"
                     f"  RTF mean {_x(s['rtf_mean'])} p50 {_x(s['rtf_p50'])}  streams/forward talker "
                     f"{_x(s['talker_streams_per_forward'])} code2wav {_x(s['vocoder_chunks_per_forward'])}"
-                    f"  errors {s['errors']} {s['error_sample']}",
+                    f"  errors {s['errors']} {s['error_sample']}\n    CPU {s['cpu_busy']:.2f} cores busy, ms per"
+                    f" request: {s['cpu_ms_per_request']}",
                     flush=True,
                 )
     print_table(report, levels)

@@ -92,6 +92,10 @@ class Transcriber(Protocol):
 
 
 class Talker(Protocol):
+    """A text talker. One that batches the pieces its replica speaks also has `loop` (a
+    services/models/stream_loop.StreamLoop) and `stream(text, voice)`, a loop stream whose frames are
+    the unit chunks `stream_units` yields; the stage reads those."""
+
     version: str
 
     def stream_units(self, text: str, voice: str) -> Iterator[np.ndarray]:

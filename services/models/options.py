@@ -25,6 +25,21 @@ class Wheel(Options):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+class StreamBatching(Options):
+    """How a talker replica steps its streams (services/models/stream_loop.py): continuous batching,
+    every admitted stream with its next input in one forward (docs/speech.md)."""
+
+    # Streams a replica steps at once (its slots: per-stream KV or state); more wait for a slot.
+    max_streams: int = Field(default=16, ge=1, le=256)
+    # Streams in one forward at most (None: max_streams; 1: one stream per forward, the serial baseline).
+    step_batch: int | None = Field(default=None, ge=1, le=256)
+    # Frames handed to their consumers (device-to-host copy included) off the step thread.
+    async_output: bool = True
+    # torch's intra-op threads in the step thread. More than one in a thread other than the main one
+    # ran a tiny talker's step 2.6x slower here (OpenMP teams per thread; docs/benchmarks.md).
+    cpu_threads: int = Field(default=1, ge=1, le=64)
+
+
 # ---- a checkpoint the deployment mounts ----------------------------------------------------------
 
 
@@ -87,21 +102,6 @@ class Qwen3OmniAudio(Qwen3OmniModule):
     pass
 
 
-class StreamBatching(Options):
-    """How a talker replica steps its streams (services/models/stream_loop.py): continuous batching,
-    every admitted stream with its next input in one forward (docs/speech.md)."""
-
-    # Streams a replica steps at once (its slots: per-stream KV or state); more wait for a slot.
-    max_streams: int = Field(default=16, ge=1, le=256)
-    # Streams in one forward at most (None: max_streams; 1: one stream per forward, the serial baseline).
-    step_batch: int | None = Field(default=None, ge=1, le=256)
-    # Frames handed to their consumers (device-to-host copy included) off the step thread.
-    async_output: bool = True
-    # torch's intra-op threads in the step thread. More than one in a thread other than the main one
-    # ran a tiny talker's step 2.6x slower here (OpenMP teams per thread; docs/benchmarks.md).
-    cpu_threads: int = Field(default=1, ge=1, le=64)
-
-
 class Qwen3OmniTalker(Qwen3OmniModule, StreamBatching):
     """Qwen3-Omni's talker (with the thinker's token embeddings), from the thinker's checkpoint. It
     reads the thinker's tokens (a token talker), not text pieces."""
@@ -143,7 +143,7 @@ class TinyAudio(TinyEncoder):
     seed: int = 2
 
 
-class TinyTalker(Options):
+class TinyTalker(StreamBatching):
     seed: int = 3
     units_per_char: int = Field(default=2, ge=1, le=16)
     chunk_units: int = Field(default=25, ge=1)

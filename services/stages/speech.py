@@ -99,17 +99,30 @@ class Talker(_SpeechStage):
                 yield chunk
             return
         with self.operation("talk", request.ctx, chunk_index=request.chunk_index):
-            units = self.model.stream_units(
-                request.text, request.voice or self.profile.pipeline.default_voice
-            )
-            # The model is synchronous; step it off the event loop so other requests interleave.
-            while True:
-                async with self.step(request.ctx):
-                    chunk = await asyncio.to_thread(next, units, _DONE)
-                if chunk is _DONE:
-                    break
+            voice = request.voice or self.profile.pipeline.default_voice
+            async for chunk in self._text_units(request.text, voice, request.ctx):
                 yield stages_pb2.UnitChunk(units=tensors.describe(chunk, producer_version=self.model.version))
             yield stages_pb2.UnitChunk(is_final=True)
+
+    async def _text_units(self, text: str, voice: str, ctx) -> AsyncIterator[np.ndarray]:
+        """A text piece's unit chunks: from the model's step loop where it batches its streams, else
+        one model step at a time through the urgency gate, off the event loop."""
+        if getattr(self.model, "loop", None) is not None:
+            stream = self.model.stream(text, voice)
+            stream.session = ctx.session_id
+            try:
+                async for chunk in stream.aframes():
+                    yield chunk
+            finally:
+                stream.cancel()  # a barge-in: its slot is free for the next step
+            return
+        units = self.model.stream_units(text, voice)
+        while True:
+            async with self.step(ctx):
+                chunk = await asyncio.to_thread(next, units, _DONE)
+            if chunk is _DONE:
+                return
+            yield chunk
 
     async def _talk_tokens(self, request: stages_pb2.TalkRequest) -> AsyncIterator[stages_pb2.UnitChunk]:
         """A token talker: the whole response in one call, reading the thinker's tokens from the
