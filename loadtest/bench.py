@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--audio-max-tokens", type=int, default=48)
     ap.add_argument("--no-audio", action="store_true", help="text only (skip phases 2 and 3)")
+    ap.add_argument("--audio-only", action="store_true", help="phase 2 only: audio out with async chunk")
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
     profile = load_profile(args.profile)
@@ -185,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
 
     report = results.header(args.profile, levels=levels, rounds=args.rounds, max_tokens=args.max_tokens)
     print(f"[bench] profile {args.profile}, levels {levels}, commit {report['commit']}", flush=True)
+    if args.audio_only:
+        with runtime.temporary(
+            args.profile, prefix="omniray-bench-", app_args={"async_chunk": True}
+        ) as cluster:
+            url = f"{cluster.http_url}/v1/chat/completions"
+            report["audio_async"] = audio_levels(url, audio_bodies, levels, args.per_level, "async chunk")
+        print(f"\n[bench] wrote {results.write('bench-audio', args.profile, report)}")
+        return 0
     log = Path(tempfile.mkdtemp(prefix="omniray-bench-")) / "vllm-server.log"
     with (
         runtime.temporary(args.profile, prefix="omniray-bench-", app_args={"async_chunk": True}) as cluster,

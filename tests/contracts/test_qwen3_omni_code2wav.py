@@ -73,3 +73,24 @@ def test_chunks_of_several_streams_in_one_forward_equal_each_alone(code2wav):
         alone = code2wav.decode(chunk.units, chunk.left, chunk.right, "ethan")
         assert got.shape == alone.shape
         np.testing.assert_allclose(got, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+
+
+def test_the_convolutions_need_only_a_few_frames_of_the_context(code2wav, monkeypatch):
+    """The chunk's samples when only the pre-transformer reads all 72 frames of context and the
+    convolutions after it CONV_CONTEXT of them equal transformers' whole forward over the chunk with
+    its context, to float rounding — and with too little (2 frames) they do not."""
+    import torch
+
+    from services.models.qwen3_omni import code2wav as module
+
+    rng = np.random.default_rng(2)
+    left, units, right = (rng.integers(0, 2048, (n, 16)) for n in (CONTEXT, CHUNK, 1))
+    with torch.inference_mode():
+        whole = code2wav.model(torch.from_numpy(np.concatenate([left, units, right]).T[None]))[0, 0].numpy()
+    expected = whole[CONTEXT * 1920 : (CONTEXT + CHUNK) * 1920]
+    peak = np.abs(expected).max()
+    got = code2wav.decode(units, left, right, "ethan")
+    assert module.CONV_CONTEXT < CONTEXT
+    assert np.abs(got - expected).max() <= 1e-5 * peak
+    monkeypatch.setattr(module, "CONV_CONTEXT", 2)
+    assert np.abs(code2wav.decode(units, left, right, "ethan") - expected).max() > 1e-3 * peak

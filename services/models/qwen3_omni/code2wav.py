@@ -9,6 +9,11 @@ whole-utterance decode, since the pre-transformer's sliding window (72 frames a 
 back than any practical context. Measured on `qwen3-omni-tiny` (tests/contracts/test_qwen3_omni_code2wav.py):
 72 frames of context, 1 of lookahead: within 1e-3 of the whole decode's peak.
 
+Only the pre-transformer needs that long context. The convolutions after it (upsampling, decoder)
+see CONV_CONTEXT frames back at most, so they run over the chunk, its lookahead and that much of its
+context: most of a steady chunk's context is read by the transformer and never upsampled (the
+samples kept are the same: tests/contracts/test_qwen3_omni_code2wav.py).
+
 Weights: the `code2wav.` tensors of the model's checkpoint (the thinker's directory), loaded alone.
 """
 
@@ -23,6 +28,9 @@ from services.models.base import VocodeInput, alike
 from services.models.qwen3_omni import checkpoint
 
 SAMPLE_RATE = 24_000
+# Frames of context the convolutions after the pre-transformer read (their receptive field, from the
+# architecture's kernels, dilations and upsampling; measured: none reaches further back than 4 frames).
+CONV_CONTEXT = 8
 
 
 class Code2Wav:
@@ -58,14 +66,28 @@ class Code2Wav:
                                 chunks[i].right if chunks[i].right is not None else empty]).astype(np.int64).T
                 for i in group
             ])  # fmt: skip
-            with torch.inference_mode():
-                wavs = self.model(torch.from_numpy(codes).to(device))[:, 0].float().cpu().numpy()
             left, units, right = chunks[group[0]].shape()
-            start = left * self.samples_per_frame
+            with torch.inference_mode():
+                wavs = self._forward(torch.from_numpy(codes).to(device), left)[:, 0].float().cpu().numpy()
+            start = min(left, CONV_CONTEXT) * self.samples_per_frame
             end = start + units * self.samples_per_frame if right else None
             for row, i in enumerate(group):
                 out[i] = wavs[row, start:end]
         return out
+
+    def _forward(self, codes, left: int):
+        """transformers' forward, with the convolutions over all but the first `left` - CONV_CONTEXT
+        frames (their samples are dropped anyway)."""
+        m = self.model
+        hidden = m.code_embedding(codes + m.code_offset).mean(1)
+        hidden = m.pre_transformer(inputs_embeds=hidden).last_hidden_state
+        hidden = hidden[:, max(left - CONV_CONTEXT, 0) :].permute(0, 2, 1)
+        for blocks in m.upsample:
+            for block in blocks:
+                hidden = block(hidden)
+        for block in m.decoder:
+            hidden = block(hidden)
+        return hidden.clamp(min=-1, max=1)
 
 
 def verify(path: Path, options: o.Qwen3OmniCode2Wav) -> None:
