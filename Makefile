@@ -8,6 +8,7 @@ PIP := $(PY) -m pip
 PROFILE ?= small
 LEVELS ?= 1,4,16
 OMNI_LEVELS ?= 1,4,10
+OMNI_ARGS ?=
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 9000
 export OMNIRAY_DATA ?= $(CURDIR)/.data
@@ -102,10 +103,12 @@ test-fast: setup
 bench: models
 	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
 
-# vLLM-Omni's Qwen3-Omni workload (100-token prompt -> text + audio, c = 1/4/10): TTFP and RTF, async
-# chunk on/off. For the GPU profile; PROFILE=qwen3-omni-tiny runs the same paths on a CPU.
+# vLLM-Omni's Qwen3-Omni workload (100-token prompt -> text + audio, seeded, c = 1/4/10) with the speech
+# stages' layers switched on one at a time (serial, batched talker, batched code2wav, async output):
+# req/s, TTFP, RTF, streams per forward (docs/speech.md). For the GPU profile; on a CPU:
+# make bench-omni PROFILE=qwen3-omni-tiny OMNI_LEVELS=1,4,8 OMNI_ARGS="--max-tokens 16 --per-level 24"
 bench-omni: models
-	$(PY) -m loadtest.omni_compare --profile $(PROFILE) --levels $(OMNI_LEVELS)
+	$(PY) -m loadtest.omni_compare --profile $(PROFILE) --levels $(OMNI_LEVELS) $(OMNI_ARGS)
 
 # Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
 bench-encoder: models
