@@ -136,16 +136,33 @@ def _versus(targets: dict[str, str], bodies: list[dict], levels, per_level, roun
     return out
 
 
+def measured_level(url: str, bodies: list[dict], c: int) -> dict:
+    """One closed-loop run of `bodies` at concurrency `c`: its summary, and the CPU every process
+    group spent per request meanwhile (ms) and the cores busy on average."""
+    before = process_cpu.snapshot()
+    res, wall = asyncio.run(run_closed_loop(url, bodies, c))
+    spent = process_cpu.between(before, process_cpu.snapshot())
+    s = _summary(res, wall)
+    done = max(s["n"] - s["errors"], 1)
+    s["rtf_mean"] = (
+        statistics.fmean(rtf) if (rtf := [r.rtf for r in res if r.ok and r.rtf is not None]) else None
+    )
+    s["cpu_ms_per_request"] = {
+        k: round(1000 * v / done) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v >= 0.05 * done
+    }
+    s["cpu_busy"] = sum(spent.values()) / wall
+    return s
+
+
 def audio_levels(url: str, bodies: list[dict], levels, per_level, label: str) -> dict:
     asyncio.run(run_closed_loop(url, bodies[:4], 2))  # warm-up
     out = {}
     for c in levels:
-        res, wall = asyncio.run(run_closed_loop(url, bodies[: _requests_for(c, per_level)], c))
-        s = out[c] = _summary(res, wall)
+        s = out[c] = measured_level(url, bodies[: _requests_for(c, per_level)], c)
         print(
             f"  {label:11s} c={c:<3} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
             f"  TTFP mean {_ms(s['ttfp_mean'])} p90 {_ms(s['ttfp_p90'])} ms  RTF p50 {_ratio(s['rtf_p50'])}"
-            f"  errors {s['errors']}",
+            f"  errors {s['errors']}\n    CPU {s['cpu_busy']:.2f} cores busy, ms per request: {s['cpu_ms_per_request']}",
             flush=True,
         )
     return out

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import statistics
 import tempfile
 import urllib.request
 from collections.abc import Callable
@@ -32,8 +31,8 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest import process_cpu, results
-from loadtest.bench import _summary, chat_bodies
+from loadtest import results
+from loadtest.bench import chat_bodies, measured_level
 from loadtest.client import run_closed_loop
 from loadtest.profiles import derive
 from loadtest.workload import _WORDS, ChatPrompt
@@ -128,19 +127,9 @@ def per_forward(before: dict, after: dict, stage: str) -> float | None:
 
 
 def run_level(url: str, metrics_url: str, bodies: list[dict], c: int, n: int) -> dict:
-    before, cpu = step_buckets(metrics_url), process_cpu.snapshot()
-    res, wall = asyncio.run(run_closed_loop(url, bodies[:n], c))
-    after, spent = step_buckets(metrics_url), process_cpu.between(cpu, process_cpu.snapshot())
-    s = _summary(res, wall)
-    done = max(len(res) - s["errors"], 1)
-    s["cpu_ms_per_request"] = {
-        k: round(1000 * v / done, 1)
-        for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
-        if v >= 0.05 * done
-    }
-    s["cpu_busy"] = sum(spent.values()) / wall  # cores busy on average
-    rtf = [r.rtf for r in res if r.ok and r.rtf is not None]
-    s["rtf_mean"] = statistics.fmean(rtf) if rtf else None
+    before = step_buckets(metrics_url)
+    s = measured_level(url, bodies[:n], c)
+    after = step_buckets(metrics_url)
     s["talker_streams_per_forward"] = per_forward(before, after, "talker")
     s["vocoder_chunks_per_forward"] = per_forward(before, after, "vocoder")
     return s
