@@ -82,7 +82,11 @@ class HfCheckpoint(Options):
 
 
 class Qwen3OmniCode2Wav(Options):
-    """Qwen3-Omni's code2wav, from the thinker's checkpoint (nothing to set)."""
+    """Qwen3-Omni's code2wav, from the thinker's checkpoint."""
+
+    # Its forward through torch.compile per chunk shape and batch bucket (CUDA graphs on a GPU): the
+    # GPU profile's; off on CPU profiles.
+    compile: bool = False
 
 
 class Qwen3OmniModule(Options):
@@ -107,6 +111,9 @@ class Qwen3OmniTalker(Qwen3OmniModule, StreamBatching):
     reads the thinker's tokens (a token talker), not text pieces."""
 
     reads_thinker_tokens: ClassVar[bool] = True
+    # The code predictor through torch.compile over batch buckets (CUDA graphs on a GPU): the GPU
+    # profile's; off on CPU profiles (exact eager frames; a compile per bucket costs minutes there).
+    compile: bool = False
     # Frames per unit chunk sent to the vocoder: a small first one (first audio sooner), then larger.
     chunk_frames: list[Annotated[int, Field(ge=1)]] = Field(default_factory=lambda: [4, 25], min_length=1)
     # A response's speech is at most this many frames (80 ms each) per token of its text, plus a

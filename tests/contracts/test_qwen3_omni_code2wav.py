@@ -94,3 +94,19 @@ def test_the_convolutions_need_only_a_few_frames_of_the_context(code2wav, monkey
     assert np.abs(got - expected).max() <= 1e-5 * peak
     monkeypatch.setattr(module, "CONV_CONTEXT", 2)
     assert np.abs(code2wav.decode(units, left, right, "ethan") - expected).max() > 1e-3 * peak
+
+
+def test_the_compiled_forward_decodes_what_the_eager_one_does():
+    """The GPU profile's `compile` (static shapes: batch buckets, a graph per chunk shape), traced here
+    with torch.compile's aot_eager backend: the same samples as eager for a batch padded to its bucket."""
+    from services.models.base import VocodeInput
+    from services.models.qwen3_omni.code2wav import Code2Wav
+
+    profile = load_profile("qwen3-omni-tiny")
+    path = profile.model_path(profile.models.thinker)
+    eager, traced = Code2Wav(path), Code2Wav(path, "aot_eager")
+    rng = np.random.default_rng(3)
+    chunks = [VocodeInput(rng.integers(0, 2048, (CHUNK, 16)), rng.integers(0, 2048, (CONTEXT, 16)),
+                          rng.integers(0, 2048, (1, 16))) for _ in range(3)]  # fmt: skip
+    for got, want in zip(traced.decode_batch(chunks), eager.decode_batch(chunks), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())

@@ -313,3 +313,22 @@ def test_a_cancelled_or_failed_stream_leaves_at_once_and_the_others_go_on(refere
     while len(talker.batch.kv.free) < talker.loop.max_streams and time.time() < deadline:
         time.sleep(0.01)
     assert len(talker.batch.kv.free) == talker.loop.max_streams  # every slot back
+
+
+def test_the_compiled_code_predictor_writes_the_eager_ones_codes(talker):
+    """The GPU profile's `compile` (the predictor over static shapes: batch buckets, every frame
+    position in the cache, the mask as a tensor), traced here with torch.compile's aot_eager backend:
+    greedy, the codes and the frame's embeddings of the eager, exact path, for batches that fill a
+    bucket and that do not."""
+    from services.models.qwen3_omni.code_predictor import CodePredictor
+
+    traced = CodePredictor(talker.model.code_predictor, talker.codebooks, "aot_eager")
+    hidden = talker.config.talker_config.text_config.hidden_size
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows in (1, 3, 4):
+            past, code = torch.randn((rows, 1, hidden), generator=g), torch.randn((rows, 1, hidden), generator=g)
+            want = talker.batch.predictor(past, code, [False] * rows, [None] * rows)
+            got = traced(past, code, [False] * rows, [None] * rows)
+            assert torch.equal(got[0], want[0])
+            torch.testing.assert_close(got[1], want[1])

@@ -14,6 +14,7 @@ ALLOWED = [
     "name", "served_model_name", "description",
     "models.*.path", "models.*.options.random_init",  # where the weights come from, and their sizes
     "models.*.options.dtype", "models.talker.options.max_streams",  # an engine limit, as max_num_seqs
+    "models.*.options.compile",  # as engine.enforce_eager
     "engine.dtype", "engine.max_model_len", "engine.enforce_eager", "engine.max_num_seqs",
     "engine.kv_cache_space_gib", "engine.cpu_threads_bind",
     "stages.*.ray_actor_options", "stages.*.autoscaling_config.min_replicas",  # resources

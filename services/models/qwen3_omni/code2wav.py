@@ -25,6 +25,7 @@ import numpy as np
 
 from services.models import options as o
 from services.models.base import VocodeInput, alike
+from services.models.compiled import BUCKETS, bucket, compiled
 from services.models.qwen3_omni import checkpoint
 
 SAMPLE_RATE = 24_000
@@ -36,7 +37,9 @@ CONV_CONTEXT = 8
 class Code2Wav:
     sample_rate = SAMPLE_RATE
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, compile: str | None = None):
+        """`compile`: None (eager), or torch.compile's backend: one graph per chunk shape and batch
+        bucket (services/models/compiled.py)."""
         from transformers import AutoConfig
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
@@ -45,6 +48,10 @@ class Code2Wav:
         self.samples_per_frame = int(self.model.total_upsample)
         self.codebooks = config.num_quantizers
         self.version = f"qwen3-omni-code2wav:{path.name}"
+        self.compiled = compile is not None
+        self._run = (
+            compiled(self._forward, compile, graphs=8 * len(BUCKETS)) if self.compiled else self._forward
+        )
 
     def decode(
         self, units: np.ndarray, left: np.ndarray | None, right: np.ndarray | None, voice: str
@@ -67,8 +74,10 @@ class Code2Wav:
                 for i in group
             ])  # fmt: skip
             left, units, right = chunks[group[0]].shape()
+            if self.compiled:  # the batch padded to its bucket: static shapes
+                codes = np.concatenate([codes, np.repeat(codes[:1], bucket(len(group)) - len(group), axis=0)])
             with torch.inference_mode():
-                wavs = self._forward(torch.from_numpy(codes).to(device), left)[:, 0].float().cpu().numpy()
+                wavs = self._run(torch.from_numpy(codes).to(device), left)[:, 0].float().cpu().numpy()
             start = min(left, CONV_CONTEXT) * self.samples_per_frame
             end = start + units * self.samples_per_frame if right else None
             for row, i in enumerate(group):
@@ -99,4 +108,4 @@ def prepare(dest: Path, options: o.Qwen3OmniCode2Wav) -> None:
 
 
 def load(path: Path, options: o.Qwen3OmniCode2Wav) -> Code2Wav:
-    return Code2Wav(path)
+    return Code2Wav(path, "inductor" if options.compile else None)

@@ -83,7 +83,7 @@ class Talker:
         self.sampling = Sampling(
             max_frames=options.max_frames, max_frames_per_token=options.max_frames_per_token
         )
-        self.batch = TalkerBatch(self, options.max_streams)
+        self.batch = TalkerBatch(self, options.max_streams, "inductor" if options.compile else None)
         self.loop = StreamLoop(
             self.batch,
             "talker",

@@ -44,7 +44,7 @@ class _State:
 
 
 class TalkerBatch:
-    def __init__(self, talker, max_streams: int):
+    def __init__(self, talker, max_streams: int, compile: str | None = None):
         t = talker.config.talker_config.text_config
         p = next(talker.model.parameters())
         self.t = talker
@@ -53,7 +53,7 @@ class TalkerBatch:
             t.num_hidden_layers, t.num_key_value_heads, t.head_dim, max_streams, p.device, p.dtype
         )
         self.history = np.zeros((max_streams, 0), np.int64)  # each slot's codes (repetition penalty)
-        self.predictor = CodePredictor(self.model.code_predictor, talker.codebooks)
+        self.predictor = CodePredictor(self.model.code_predictor, talker.codebooks, compile)
         self.eos = talker.config.talker_config.codec_eos_token_id
         self.attention = self.model.model.config._attn_implementation
 
