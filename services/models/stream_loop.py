@@ -171,13 +171,13 @@ class Stream:
         return self._waiting_since + self.timeout
 
 
-@dataclass
-class LoopStats:
-    """What a loop reports per step (the stage turns it into metrics)."""
+@dataclass(frozen=True)
+class StepStats:
+    """What one batched forward of a speech model served (the stage turns it into metrics)."""
 
-    streams: int  # stepped in this forward
+    streams: int  # streams (or chunks) in the forward
     seconds: float  # the forward
-    admitted_wait_s: list[float]  # queue waits of the streams that joined in it
+    waited_s: list[float]  # waits of those that got their slot (or batch) with it
 
 
 class StreamLoop:
@@ -190,7 +190,7 @@ class StreamLoop:
         async_output: bool = True,
         cpu_threads: int = 1,
         order: Callable[[list[Stream]], list[Stream]] | None = None,
-        on_step: Callable[[LoopStats], None] | None = None,
+        on_step: Callable[[StepStats], None] | None = None,
     ):
         if max_streams < 1:
             raise ValueError("a stream loop needs at least one slot")
@@ -260,7 +260,7 @@ class StreamLoop:
                     else:
                         self._emit(stream, out)
                 if self.on_step is not None:
-                    self.on_step(LoopStats(len(batch), seconds, admitted))
+                    self.on_step(StepStats(len(batch), seconds, admitted))
 
     def _next_batch(self) -> tuple[list[Stream], list[float]]:
         """Blocks until some streams can step: the admitted ready ones (new ones admitted first

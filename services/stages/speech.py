@@ -21,11 +21,11 @@ from services.common.telemetry import metric
 from services.dataplane import tensors, token_stream
 from services.extensions.ray.metrics import zero
 from services.models.base import ThinkerPrompt, VocodeInput
-from services.models.stream_loop import LoopStats
+from services.models.stream_loop import StepStats
 from services.playback.board import BoardReader
 from services.policies import urgency
 from services.stages._stage import Stage
-from services.stages.urgency_batcher import Batch, UrgencyBatcher
+from services.stages.urgency_batcher import UrgencyBatcher
 from services.stages.urgency_gate import UrgencyGate, most_urgent_first
 
 log = logging.getLogger("ray.serve")
@@ -45,6 +45,13 @@ class _SpeechStage(Stage):
         self.step_seconds = metric("omniray_stage_step_seconds")
         self.queue_wait = metric("omniray_stage_queue_wait_seconds")
         self.active_streams = metric("omniray_stage_active_streams")
+
+    def observe_step(self, stats: StepStats) -> None:
+        tags = {"stage": self.name}
+        self.step_streams.observe(stats.streams, tags=tags)
+        self.step_seconds.observe(stats.seconds, tags=tags)
+        for waited in stats.waited_s:
+            self.queue_wait.observe(waited, tags=tags)
 
     @contextlib.asynccontextmanager
     async def step(self, ctx) -> AsyncIterator[None]:
@@ -83,13 +90,9 @@ class Talker(_SpeechStage):
         order = most_urgent_first(self.policy, self.board.views(), [(s.arrival, s.session) for s in streams])
         return [streams[i] for i in order]
 
-    def _stepped(self, stats: LoopStats) -> None:
-        tags = {"stage": self.name}
-        self.step_streams.observe(stats.streams, tags=tags)
-        self.step_seconds.observe(stats.seconds, tags=tags)
-        for waited in stats.admitted_wait_s:
-            self.queue_wait.observe(waited, tags=tags)
-        loop = self.model.loop
+    def _stepped(self, stats: StepStats) -> None:
+        self.observe_step(stats)
+        loop, tags = self.model.loop, {"stage": self.name}
         self.active_streams.set(loop.active, tags={**tags, "state": "stepping"})
         self.active_streams.set(loop.queued, tags={**tags, "state": "waiting"})
 
@@ -215,13 +218,10 @@ class Vocoder(_SpeechStage):
             self._decoded,
         )
 
-    def _decoded(self, batch: Batch) -> None:
-        tags = {"stage": self.name}
-        self.step_streams.observe(batch.size, tags=tags)
-        self.step_seconds.observe(batch.seconds, tags=tags)
-        for waited in batch.waited_s:
-            self.waited.observe(waited, tags=tags)
-            self.queue_wait.observe(waited, tags=tags)
+    def _decoded(self, stats: StepStats) -> None:
+        self.observe_step(stats)
+        for waited in stats.waited_s:  # the urgency gate's wait, as before batching
+            self.waited.observe(waited, tags={"stage": self.name})
 
     async def Vocode(self, request: stages_pb2.VocodeRequest) -> stages_pb2.AudioChunk:
         with self.operation("vocode", request.ctx):

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.models.stream_loop import StepStats
 from services.playback.board import BoardView
 from services.policies.urgency.base import UrgencyPolicy
 from services.stages.urgency_gate import most_urgent_first
@@ -30,15 +31,6 @@ class _Call:
     result: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
-@dataclass(frozen=True)
-class Batch:
-    """What one forward served (the stage turns it into metrics)."""
-
-    size: int
-    seconds: float
-    waited_s: list[float]  # each call's wait from its arrival to the forward
-
-
 class UrgencyBatcher:
     def __init__(
         self,
@@ -48,7 +40,7 @@ class UrgencyBatcher:
         max_batch: int,
         slots: int,
         wait_s: float,
-        on_batch: Callable[[Batch], None] | None = None,
+        on_batch: Callable[[StepStats], None] | None = None,
     ):
         if max_batch < 1 or slots < 1:
             raise ValueError("a batcher needs a batch of at least one and at least one slot")
@@ -114,7 +106,7 @@ class UrgencyBatcher:
             except Exception as e:  # the calls of a failed forward fail, the replica goes on
                 results = [e] * len(batch)
             if self.on_batch is not None:
-                self.on_batch(Batch(len(batch), time.time() - start, waited))
+                self.on_batch(StepStats(len(batch), time.time() - start, waited))
             for call, result in zip(batch, results, strict=True):
                 if call.result.done():
                     continue

@@ -327,7 +327,10 @@ def test_the_compiled_code_predictor_writes_the_eager_ones_codes(talker):
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for rows in (1, 3, 4):
-            past, code = torch.randn((rows, 1, hidden), generator=g), torch.randn((rows, 1, hidden), generator=g)
+            past, code = (
+                torch.randn((rows, 1, hidden), generator=g),
+                torch.randn((rows, 1, hidden), generator=g),
+            )
             want = talker.batch.predictor(past, code, [False] * rows, [None] * rows)
             got = traced(past, code, [False] * rows, [None] * rows)
             assert torch.equal(got[0], want[0])

@@ -73,12 +73,10 @@ def _loop(slots=4, **kwargs) -> tuple[CountingModel, StreamLoop]:
     return model, StreamLoop(model, "test", slots, **kwargs)
 
 
-@pytest.mark.parametrize("async_output", [True, False])
-def test_ready_streams_step_together_and_each_gets_its_frames_in_order(async_output):
-    model, loop = _loop(async_output=async_output)
-    model.gate.clear()  # hold the first step until all four are submitted
-    streams = [Counter(loop, f"s{i}", length=3 + i) for i in range(4)]
-    got = {}
+def _read_together(model: CountingModel, streams: list[Counter]) -> dict[str, list]:
+    """Each stream read on a thread of its own, the first step held until all are submitted."""
+    model.gate.clear()
+    got: dict[str, list] = {}
     threads = [
         threading.Thread(target=lambda s=s: got.__setitem__(s.name, list(s.frames(5)))) for s in streams
     ]
@@ -88,6 +86,14 @@ def test_ready_streams_step_together_and_each_gets_its_frames_in_order(async_out
     model.gate.set()
     for t in threads:
         t.join(10)
+    return got
+
+
+@pytest.mark.parametrize("async_output", [True, False])
+def test_ready_streams_step_together_and_each_gets_its_frames_in_order(async_output):
+    model, loop = _loop(async_output=async_output)
+    streams = [Counter(loop, f"s{i}", length=3 + i) for i in range(4)]
+    got = _read_together(model, streams)
     for i, s in enumerate(streams):
         assert got[s.name] == [(s.name, n) for n in range(3 + i)]
         assert s.ended_by == "done"
@@ -98,18 +104,8 @@ def test_ready_streams_step_together_and_each_gets_its_frames_in_order(async_out
 
 def test_step_batch_one_is_one_stream_per_forward_round_robin():
     model, loop = _loop(step_batch=1)
-    model.gate.clear()
     streams = [Counter(loop, f"s{i}", length=4) for i in range(3)]
-    outs = {}
-    threads = [
-        threading.Thread(target=lambda s=s: outs.__setitem__(s.name, list(s.frames(5)))) for s in streams
-    ]
-    for t in threads:
-        t.start()
-    time.sleep(0.2)
-    model.gate.set()
-    for t in threads:
-        t.join(10)
+    outs = _read_together(model, streams)
     assert all(len(b) == 1 for b in model.batches)
     assert all(len(v) == 4 for v in outs.values())
     # least recently stepped first: no stream waits behind another's whole answer

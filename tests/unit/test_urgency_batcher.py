@@ -72,11 +72,11 @@ def test_batches_are_bounded_and_every_call_not_cancelled_gets_its_result(n, max
 
     results, peak, batches = asyncio.run(run())
     assert peak <= slots
-    assert all(1 <= x.size <= max_batch for x in batches)
+    assert all(1 <= x.streams <= max_batch for x in batches)
     for i, r in enumerate(results):
         if i not in cancel:
             assert r == -i
-    assert sum(x.size for x in batches) <= n
+    assert sum(x.streams for x in batches) <= n
 
 
 def test_the_most_urgent_calls_go_first_when_more_wait_than_fit():

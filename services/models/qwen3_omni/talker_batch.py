@@ -135,14 +135,7 @@ class TalkerBatch:
         else:
             positions, delta = (mask.cumsum(-1) - 1)[None].expand(3, -1, -1), 0
         cache = DynamicCache()
-        hidden = model.model(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
-        logits = model.codec_head(hidden)[:, -1].float()
+        hidden, logits = self._forward(embeds, mask, positions, cache)
         generator = None
         if s.seed is not None:
             generator = torch.Generator(device=device)
@@ -170,14 +163,7 @@ class TalkerBatch:
         mask = self.kv.mask(lengths, self.attention, embeds.dtype)
         if mask is None:  # every row at the same length: the plain causal decode, as generate's
             mask = torch.ones((len(states), lengths[0] + 1), dtype=torch.long, device=device)
-        hidden = self.model.model(
-            inputs_embeds=embeds,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
-        logits = self.model.codec_head(hidden)[:, -1].float()
+        hidden, logits = self._forward(embeds, mask, positions, cache)
         drawn = max(st.drawn for st in states)
         history = torch.from_numpy(self.history[[st.slot for st in states], :drawn]).to(device)
         codes = sampling.talker_codes(
@@ -188,6 +174,18 @@ class TalkerBatch:
             st.step += 1
             st.hidden = hidden[r, -1:]
             st.code = codes[r]
+
+    def _forward(self, embeds, mask, positions, cache):
+        """transformers' talker over `embeds` at `positions`: its last hidden states, and the codec's
+        logits at each row's last position (float32)."""
+        hidden = self.model.model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        return hidden, self.model.codec_head(hidden)[:, -1].float()
 
     def _remember(self, st: _State) -> None:
         """The code just drawn into its slot's history; the rest of the row repeats its first code
