@@ -33,8 +33,9 @@ class StreamBatching(Options):
     max_streams: int = Field(default=16, ge=1, le=256)
     # Streams in one forward at most (None: max_streams; 1: one stream per forward, the serial baseline).
     step_batch: int | None = Field(default=None, ge=1, le=256)
-    # Frames handed to their consumers (device-to-host copy included) off the step thread.
-    async_output: bool = True
+    # Frames handed to their consumers (device-to-host copy included) off the step thread. None: where
+    # the talker runs on a GPU (on a CPU the second thread only costs: make bench-omni, docs/speech.md).
+    async_output: bool | None = None
     # torch's intra-op threads in the step thread. More than one in a thread other than the main one
     # ran a tiny talker's step 2.6x slower here (OpenMP teams per thread; docs/benchmarks.md).
     cpu_threads: int = Field(default=1, ge=1, le=64)

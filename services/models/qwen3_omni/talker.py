@@ -89,7 +89,7 @@ class Talker:
             "talker",
             options.max_streams,
             options.step_batch,
-            options.async_output,
+            p.is_cuda if options.async_output is None else options.async_output,
             options.cpu_threads,
         )
 

@@ -74,7 +74,7 @@ class TinyTalker:
             "tiny-talker",
             options.max_streams,
             options.step_batch,
-            options.async_output,
+            bool(options.async_output),  # a CPU model: off unless asked
             options.cpu_threads,
         )
 
