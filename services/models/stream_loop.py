@@ -260,7 +260,10 @@ class StreamLoop:
                     else:
                         self._emit(stream, out)
                 if self.on_step is not None:
-                    self.on_step(StepStats(len(batch), seconds, admitted))
+                    try:
+                        self.on_step(StepStats(len(batch), seconds, admitted))
+                    except Exception:  # metrics never stop the loop
+                        log.exception("%s: reporting a step failed", self.name)
 
     def _next_batch(self) -> tuple[list[Stream], list[float]]:
         """Blocks until some streams can step: the admitted ready ones (new ones admitted first
@@ -294,7 +297,10 @@ class StreamLoop:
             return admitted
         streams = [s for _, s in self._waiting]
         if self.order is not None:
-            streams = self.order(streams)
+            try:
+                streams = self.order(streams)
+            except Exception:  # a failing policy admits in submission order rather than stop the loop
+                log.exception("%s: the order hook failed", self.name)
         since = {id(s): t for t, s in self._waiting}
         for stream in streams:
             if len(self._active) >= self.max_streams:

@@ -205,3 +205,15 @@ async def test_an_event_loop_reads_frames_without_a_thread():
 
     got = await asyncio.wait_for(asyncio.gather(*(read(s) for s in streams)), 10)
     assert got == [[(s.name, n) for n in range(5)] for s in streams]
+
+
+def test_a_failing_order_hook_or_step_report_does_not_stop_the_loop():
+    def order(streams):
+        raise RuntimeError("the board is gone")
+
+    def report(stats):
+        raise RuntimeError("metrics agent down")
+
+    _, loop = _loop(order=order, on_step=report)
+    assert list(Counter(loop, "a", length=3).frames(5)) == [("a", 0), ("a", 1), ("a", 2)]
+    assert list(Counter(loop, "b", length=1).frames(5)) == [("b", 0)]
