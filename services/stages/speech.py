@@ -216,6 +216,7 @@ class Vocoder(_SpeechStage):
             self.profile.realtime.scheduler.stage_slots,
             spec.batch_wait_ms / 1000,
             self._decoded,
+            VocodeInput.shape,
         )
 
     def _decoded(self, stats: StepStats) -> None:

@@ -1,9 +1,11 @@
 """Calls of many streams in one model forward, most urgent first: a vocoder replica's chunks.
 
-Callers `await batcher.run(session, item)`; a dispatcher takes up to `max_batch` waiting items —
-the replica's urgency policy orders them, as the urgency gate does its steps
-(services/stages/urgency_gate.py) — and runs the model on all of them at once in a thread, at most
-`slots` batches at a time. Chunk-aligned dispatch: a batched talker writes every stream's chunk in
+Callers `await batcher.run(session, item)`; a dispatcher takes the most urgent waiting item — the
+replica's urgency policy orders them, as the urgency gate does its steps
+(services/stages/urgency_gate.py) — and up to `max_batch` - 1 more that are `alike` it (the same
+shape: one forward, no padding), most urgent first, and runs the model on them at once in a thread,
+at most `slots` batches at a time; items of another shape (a stream's first chunk) go in the next
+batch, on the next slot, not after this one's forward. Chunk-aligned dispatch: a batched talker writes every stream's chunk in
 the same step, so their vocoder calls arrive within a few milliseconds of each other; a batch that
 is not full waits up to `wait_s` after its first call for them (SGLang-Omni measured batching that
 did not wait at +3% served, aligned at +53%). With `max_batch` 1 it is the urgency gate over calls.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,11 +43,12 @@ class UrgencyBatcher:
         slots: int,
         wait_s: float,
         on_batch: Callable[[StepStats], None] | None = None,
+        alike: Callable[[Any], Hashable] = lambda item: None,
     ):
         if max_batch < 1 or slots < 1:
             raise ValueError("a batcher needs a batch of at least one and at least one slot")
         self.policy, self.views, self._run = policy, views, run
-        self.max_batch, self.wait_s, self.on_batch = max_batch, wait_s, on_batch
+        self.max_batch, self.wait_s, self.on_batch, self.alike = max_batch, wait_s, on_batch, alike
         self._free = asyncio.Semaphore(slots)
         self._waiting: list[_Call] = []
         self._dispatcher: asyncio.Task | None = None
@@ -91,7 +94,10 @@ class UrgencyBatcher:
         except BaseException:
             self._free.release()
             raise
-        batch = [self._waiting[i] for i in order[: self.max_batch]]
+        shape = self.alike(self._waiting[order[0]].item)
+        batch = [self._waiting[i] for i in order if self.alike(self._waiting[i].item) == shape][
+            : self.max_batch
+        ]
         self._waiting = [c for c in self._waiting if c not in batch]
         task = asyncio.create_task(self._forward(batch))
         self._forwards.add(task)

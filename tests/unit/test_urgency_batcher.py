@@ -17,7 +17,7 @@ from services.stages.urgency_batcher import UrgencyBatcher
 from tests.unit.test_urgency_gate import _view
 
 
-def _batcher(run, max_batch=8, slots=1, wait_s=0.01, views=None, batches=None):
+def _batcher(run, max_batch=8, slots=1, wait_s=0.01, views=None, batches=None, alike=lambda item: None):
     return UrgencyBatcher(
         urgency.create("liveserve", {}),
         lambda: views or {},
@@ -26,6 +26,7 @@ def _batcher(run, max_batch=8, slots=1, wait_s=0.01, views=None, batches=None):
         slots,
         wait_s,
         batches.append if batches is not None else None,
+        alike,
     )
 
 
@@ -109,3 +110,24 @@ def test_a_failed_forward_fails_its_calls_and_the_next_forward_runs():
 
     bad, good = asyncio.run(run())
     assert all(isinstance(r, RuntimeError) for r in bad) and good == "y"
+
+
+def test_a_batch_holds_calls_alike_the_rest_go_in_the_next_one():
+    """Chunks of two shapes waiting together: one forward per shape (no padding), the most urgent
+    call's shape first, the other on the next slot at once (not after the first forward)."""
+
+    async def run():
+        forwards = []
+
+        def forward(items):
+            forwards.append(sorted(items))
+            time.sleep(0.01)
+            return items
+
+        b = _batcher(forward, max_batch=8, slots=2, wait_s=0.005, alike=lambda item: item[0])
+        got = await asyncio.gather(*(b.run("", item) for item in ["a1", "b1", "a2", "b2", "a3"]))
+        return got, forwards
+
+    got, forwards = asyncio.run(run())
+    assert got == ["a1", "b1", "a2", "b2", "a3"]
+    assert forwards == [["a1", "a2", "a3"], ["b1", "b2"]]
