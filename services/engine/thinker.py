@@ -433,7 +433,7 @@ class ThinkerEngine:
 
     def unfinished_requests(self) -> int:
         """Requests the engine still holds (a client that went away must leave none behind)."""
-        return self.engine.output_processor.get_num_unfinished_requests()
+        return self.engine.get_num_unfinished_requests()
 
     def prompt_token_sources(self) -> dict[str, float]:
         """vLLM's own counter of where prompt tokens came from (computed / local cache / external KV)."""

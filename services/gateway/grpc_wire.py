@@ -57,30 +57,47 @@ def _lenient(parse):
     return deserialize
 
 
-def _handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    return handler._replace(request_deserializer=_lenient(handler.request_deserializer))
+# What makes a method handler of each kind (request streaming, response streaming), and its behavior's
+# attribute: a handler is rebuilt through grpcio's public factories, its deserializer swapped.
+_HANDLER_KINDS = {
+    (False, False): (grpc.unary_unary_rpc_method_handler, "unary_unary"),
+    (False, True): (grpc.unary_stream_rpc_method_handler, "unary_stream"),
+    (True, False): (grpc.stream_unary_rpc_method_handler, "stream_unary"),
+    (True, True): (grpc.stream_stream_rpc_method_handler, "stream_stream"),
+}
 
 
-class _LenientServer:
-    """Passes the generated registration through to `server`, deserializers swapped."""
+def _lenient_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    make, behavior = _HANDLER_KINDS[(handler.request_streaming, handler.response_streaming)]
+    return make(
+        getattr(handler, behavior),
+        request_deserializer=_lenient(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
 
-    def __init__(self, server):
-        self.server = server
+
+class _Registration:
+    """Stands in for the server while the generated code registers: it keeps the method handler
+    table, which the generated code passes by name to `add_registered_method_handlers` (its generic
+    handler holds the same table, readable only through grpcio's internals)."""
+
+    def __init__(self):
+        self.service, self.handlers = "", {}
 
     def add_generic_rpc_handlers(self, generic_handlers) -> None:
-        for generic in generic_handlers:
-            # grpcio's generic handler keeps its table here (Serve's own proxy rewrites it the same way).
-            generic._method_handlers = {name: _handler(h) for name, h in generic._method_handlers.items()}
-        self.server.add_generic_rpc_handlers(generic_handlers)
+        pass
 
     def add_registered_method_handlers(self, service_name: str, method_handlers: dict) -> None:
-        self.server.add_registered_method_handlers(
-            service_name, {name: _handler(h) for name, h in method_handlers.items()}
-        )
+        self.service, self.handlers = service_name, method_handlers
 
 
 def add_omni_servicer_to_server(servicer, server) -> None:
-    omni_pb2_grpc.add_OmniServicer_to_server(servicer, _LenientServer(server))
+    """omni.v1.Omni on `server` (Serve's), as the generated code registers it, deserializers swapped."""
+    generated = _Registration()
+    omni_pb2_grpc.add_OmniServicer_to_server(servicer, generated)
+    handlers = {name: _lenient_handler(h) for name, h in generated.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(generated.service, handlers),))
+    server.add_registered_method_handlers(generated.service, handlers)
 
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")

@@ -45,7 +45,7 @@ from services.pipeline.stage_deadlines import StageDeadlines, StageStalled
 from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.text_chunker import TextChunker
 from services.pipeline.tool_parser import ToolCallParser
-from services.pipeline.tools import CallDelta, CallStream, NamedCall, RequiredCalls, Tools
+from services.pipeline.tools import CallDelta, CallStream, ContentOrCalls, NamedCall, RequiredCalls, Tools
 from services.pipeline.turn import (
     SEED_BOUND,
     SPEECH_FORMATS,
@@ -200,10 +200,6 @@ class StageHandles:
     talker: DeploymentHandle
     vocoder: DeploymentHandle
 
-    def grpc(self) -> StageHandles:
-        """The same handles on Serve's gRPC transport between replicas."""
-        return StageHandles(**{k: h.options(_by_reference=False) for k, h in vars(self).items()})
-
 
 class Pipeline:
     def __init__(
@@ -216,7 +212,7 @@ class Pipeline:
         async_chunk: bool | None = None,
     ):
         self.profile = profile
-        self.h = handles.grpc()
+        self.h = handles  # calls go over Serve's gRPC transport (SERVE_ENV: throughput-optimized mode)
         self.prompts = prompts
         self.quota = quota
         self.feature_versions = {
@@ -273,6 +269,7 @@ class Pipeline:
             raise bad_request("max_tokens must be positive", param="max_tokens")
         if max_tokens > limits.max_tokens_cap:
             raise bad_request(f"max_tokens must be at most {limits.max_tokens_cap}", param="max_tokens")
+        self._check_text_fits(turn, max_tokens)
         for name, (low, high) in SAMPLING_RANGES.items():
             value = getattr(s, name)
             if not (math.isfinite(value) and low <= value <= high):
@@ -300,18 +297,31 @@ class Pipeline:
         )
         return sampling, voice, audio_format
 
+    def _check_text_fits(self, turn: Turn, max_tokens: int) -> None:
+        """Text that cannot fit the context even at the most characters a token holds is a 400 before
+        anything is tokenized; the exact check, in tokens, follows the layout (_build_prompt)."""
+        context = self.profile.engine.max_model_len
+        if turn.text_chars > (context - max_tokens) * self.prompts.max_token_chars:
+            raise bad_request(
+                f"the messages' text ({turn.text_chars} characters) plus max_tokens ({max_tokens}) "
+                f"cannot fit the context length ({context} tokens)",
+                code="context_length_exceeded",
+                param="messages",
+            )
+
     def tool_schema(self, tools: Tools, structured: bool = False) -> str:
         """The schema a forced call is generated under ("" when the model answers freely); what
         this deployment cannot do with `tools` is a 400."""
         tools.check()
-        if tools.choice == "auto" and self.tool_parser is None:
-            raise bad_request(
-                f"tool_choice 'auto' needs the model's own tool-call parser, and profile "
-                f"{self.profile.name!r} names none (its model has no tool-call format); use "
-                "tool_choice 'required' or a named function (docs/api.md, Tools)",
-                code="unsupported_parameter",
-                param="tool_choice",
-            )
+        if self._content_or_calls(tools):
+            if structured:
+                raise bad_request(
+                    f"response_format cannot be combined with tool_choice 'auto' on profile "
+                    f"{self.profile.name!r}: its model has no tool-call format, so 'auto' is itself "
+                    "answered as structured output (docs/api.md, Tools)",
+                    param="response_format",
+                )
+            return tools.content_or_calls_schema()
         if not tools.forced:
             return ""
         if structured:
@@ -364,6 +374,11 @@ class Pipeline:
             grids.append(grid)
         return grids
 
+    def _content_or_calls(self, tools: Tools | None) -> bool:
+        """ "auto" on a model with no call format of its own (no tool parser): the answer is
+        generated as `{"content": ...}` or `{"tool_calls": [...]}`."""
+        return tools is not None and tools.choice == "auto" and self.tool_parser is None
+
     def _call_stream(self, tools: Tools | None) -> CallStream | None:
         """What splits the answer into content and tool calls (None: all content)."""
         if tools is None or tools.choice == "none":
@@ -372,11 +387,13 @@ class Pipeline:
             return NamedCall(tools.name)
         if tools.choice == "required":
             return RequiredCalls(tools)
+        if self._content_or_calls(tools):
+            return ContentOrCalls(tools)
         return self.tool_parser.stream(tools)
 
     def _layout(self, turn: Turn) -> Layout:
         offered = turn.tools.specs if turn.tools is not None and turn.tools.choice != "none" else ()
-        return self.prompts.layout(turn.messages, offered)
+        return self.prompts.layout(turn.messages, offered, self._content_or_calls(turn.tools))
 
     async def prepare(self, turn: Turn, tenant: TenantSpec) -> Prepared:
         """Validate, plan, admit against the tenant's quota; decode and encode media and build the
@@ -424,8 +441,7 @@ class Pipeline:
         return p
 
     async def _laid_out(self, turn: Turn) -> Layout:
-        chars = sum(len(part) for m in turn.messages for part in m.parts if isinstance(part, str))
-        if chars <= INLINE_LAYOUT_CHARS:
+        if turn.text_chars <= INLINE_LAYOUT_CHARS:
             return self._layout(turn)
         return await asyncio.to_thread(self._layout, turn)
 
@@ -670,8 +686,8 @@ class Pipeline:
         calling = asyncio.Event()  # a tool call began
         # A token talker stops at the call's marker token (tool_parser.call_start_ids) where the
         # model wrote one: it says the lead-in whole rather than being cut when the call is parsed.
-        auto = p.turn.tools is not None and p.turn.tools.choice == "auto"
-        stops = frozenset(self.tool_parser.call_start_ids if tokens_to and auto else ())
+        parsed = p.turn.tools is not None and p.turn.tools.choice == "auto" and self.tool_parser is not None
+        stops = frozenset(self.tool_parser.call_start_ids if tokens_to and parsed else ())
         marked = asyncio.Event()  # the talker has the marker the call began with
 
         async def think() -> None:

@@ -41,6 +41,11 @@ class PromptBuilder:
         # do not).
         template = self.tokenizer.chat_template or ""
         self.native_tools = "tools" in template and "tool_calls" in template
+        # The most characters one token can stand for: a vocabulary entry's length (byte-level BPE
+        # spells each byte as one character, and a character is at least one byte). Text of n
+        # characters is at least n / max_token_chars tokens, so text that cannot fit the context
+        # is refused before it is tokenized (a 40 MB body takes seconds to tokenize).
+        self.max_token_chars = max(map(len, self.tokenizer.get_vocab()))
 
     def _encode(self, text: str) -> tuple[int, ...]:
         ids = self._ids.get(text)
@@ -53,14 +58,20 @@ class PromptBuilder:
             self._ids.move_to_end(text)
         return ids
 
-    def layout(self, messages: tuple[Message, ...] | list[Message], tools: tuple[Tool, ...] = ()) -> Layout:
+    def layout(
+        self,
+        messages: tuple[Message, ...] | list[Message],
+        tools: tuple[Tool, ...] = (),
+        content_or_calls: bool = False,
+    ) -> Layout:
         """With `tools`, the template gets them (and each message's calls and results) where it has
         a place for them; otherwise they are written as text: the tools in a system message, calls
-        as JSON in the assistant's content."""
+        as JSON in the assistant's content, and with `content_or_calls` the shape of an answer
+        ("auto" generated as structured output: tools.py)."""
         chat, n_media = [], 0
         native = self.native_tools
         if tools and not native:
-            chat.append({"role": "system", "content": described(tools)})
+            chat.append({"role": "system", "content": described(tools, content_or_calls)})
         for m in messages:
             content, previous = "", None
             for part in m.parts:

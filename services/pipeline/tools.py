@@ -14,6 +14,7 @@ format finds them (services/pipeline/tool_parser.py). Either way the answer's te
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -30,12 +31,18 @@ class Tool:
     description: str = ""
     parameters: str = ""  # a JSON schema as JSON text; "" for none (any object)
 
+    def parameters_schema(self) -> dict:
+        return json.loads(self.parameters) if self.parameters else ANY_OBJECT
+
     def openai(self) -> dict:
         """As chat templates take tools (OpenAI's shape)."""
-        params = json.loads(self.parameters) if self.parameters else ANY_OBJECT
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": params},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters_schema(),
+            },
         }
 
 
@@ -73,21 +80,26 @@ class Tools:
 
     def schema(self) -> str:
         """The JSON schema a forced answer is generated under (choice required / function)."""
-        params = {t.name: json.loads(t.parameters) if t.parameters else ANY_OBJECT for t in self.specs}
         if self.choice == "function":
-            return json.dumps(params[self.name])
-        call = {
+            return json.dumps(next(t for t in self.specs if t.name == self.name).parameters_schema())
+        call = self._call_schema()
+        return json.dumps({"type": "array", "items": call, "minItems": 1} if self.parallel else call)
+
+    def content_or_calls_schema(self) -> str:
+        """ "auto" on a model with no call format of its own: the answer is generated as
+        `{"content": "..."}` or `{"tool_calls": [calls]}` (one call without parallel calls), so the
+        model still decides, and its decision is always valid (ContentOrCalls reads it)."""
+        calls = {"type": "array", "items": self._call_schema(), "minItems": 1}
+        if not self.parallel:
+            calls["maxItems"] = 1
+        return json.dumps({"anyOf": [_only({"content": {"type": "string"}}), _only({"tool_calls": calls})]})
+
+    def _call_schema(self) -> dict:
+        return {
             "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "arguments": schema},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-                for name, schema in params.items()
+                _only({"name": {"const": t.name}, "arguments": t.parameters_schema()}) for t in self.specs
             ]
         }
-        return json.dumps({"type": "array", "items": call, "minItems": 1} if self.parallel else call)
 
     def calls(self, text: str) -> list[ToolCall]:
         """A "required" answer's text as its calls (the grammar made it valid JSON of the schema; an
@@ -164,6 +176,90 @@ class RequiredCalls:
         return "", [CallDelta(i, c.arguments, c.id, c.name) for i, c in enumerate(calls)]
 
 
+# The start of a `content_or_calls_schema` answer, up to its content string's opening quote, or its key
+_DECIDED = re.compile(r'\s*\{\s*"(?:(content)"\s*:\s*"|(tool_calls)")')
+_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+class ContentOrCalls:
+    """ "auto" answered as structured output (Tools.content_or_calls_schema): the content streams
+    out as its JSON string is written (an escape held back until it is whole), calls go out whole
+    once the JSON is complete. An answer cut by max_tokens: the content written so far, or its
+    calls' text as one call's arguments (as RequiredCalls)."""
+
+    def __init__(self, tools: Tools):
+        self.tools, self.made = tools, False
+        self._text = ""
+        self._key = ""  # "content" | "tool_calls", once written
+        self._at = 0  # content: where the string's unread part begins in _text
+        self._sent = 0  # content: characters sent
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        self._text += text
+        if not self._key and (m := _DECIDED.match(self._text)):
+            self._key, self._at = m.group(1) or m.group(2), m.end()
+        return (self._read(), []) if self._key == "content" else ("", [])
+
+    def _read(self) -> str:
+        """The content string's characters written since the last read, up to an escape not yet
+        whole or the closing quote."""
+        s, i, out = self._text, self._at, []
+        while i < len(s) and s[i] != '"':
+            if s[i] != "\\":
+                out.append(s[i])
+                i += 1
+                continue
+            if s[i + 1 : i + 2] != "u":
+                if i + 2 > len(s):
+                    break
+                out.append(_ESCAPED.get(s[i + 1], s[i + 1]))
+                i += 2
+                continue
+            width = 6
+            if s[i + 2 : i + 4].lower() in ("d8", "d9", "da", "db"):  # a high surrogate: its pair?
+                if i + 8 > len(s):
+                    break
+                width = 12 if s[i + 6 : i + 8] == "\\u" else 6
+            if i + width > len(s):
+                break
+            try:
+                out.append(_unpaired_replaced(json.loads(f'"{s[i : i + width]}"')))
+            except ValueError:  # the grammar writes none; a cut answer's last escape at most
+                break
+            i += width
+        self._at = i
+        piece = "".join(out)
+        self._sent += len(piece)
+        return piece
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        try:
+            whole = json.loads(self._text)
+        except ValueError:
+            whole = None
+        if self._key == "content":
+            if isinstance(whole, dict) and isinstance(whole.get("content"), str):
+                return _unpaired_replaced(whole["content"][self._sent :]), []
+            return self._read(), []
+        if self._key != "tool_calls":
+            return "", []
+        found = whole.get("tool_calls") if isinstance(whole, dict) else None
+        calls = self.tools.calls(json.dumps(found) if found is not None else self._text)
+        self.made = True
+        return "", [CallDelta(i, c.arguments, c.id, c.name) for i, c in enumerate(calls)]
+
+
+def _unpaired_replaced(text: str) -> str:
+    """JSON escapes may write a lone surrogate, which UTF-8 cannot carry: U+FFFD in its place."""
+    return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def _only(properties: dict) -> dict:
+    """An object of exactly these properties (name -> schema), all required."""
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}  # fmt: skip
+
+
 def joined(deltas: list[CallDelta]) -> list[ToolCall]:
     """Streamed call pieces as whole calls, in index order."""
     calls: dict[int, list[str]] = {}
@@ -192,12 +288,17 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def described(tools: tuple[Tool, ...]) -> str:
-    """The tools as text, for chat templates that have no place for them."""
+def described(tools: tuple[Tool, ...], content_or_calls: bool = False) -> str:
+    """The tools as text, for chat templates that have no place for them; with `content_or_calls`,
+    the shape of an "auto" answer generated as structured output."""
     lines = ["You can call these functions (JSON schemas of their arguments):"]
     for t in tools:
-        lines.append(json.dumps({"name": t.name, "description": t.description,
-                                 "parameters": json.loads(t.parameters) if t.parameters else ANY_OBJECT}))  # fmt: skip
+        lines.append(
+            json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters_schema()})
+        )
+    if content_or_calls:
+        lines.append('Answer in JSON: {"content": "your reply"} to reply, or '
+                     '{"tool_calls": [{"name": "a function", "arguments": {...}}]} to call functions.')  # fmt: skip
     return "\n".join(lines)
 
 

@@ -190,6 +190,11 @@ class Turn:
     def __post_init__(self):
         object.__setattr__(self, "media", [m for msg in self.messages for m in msg.media()])
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of the messages' text parts."""
+        return sum(len(part) for m in self.messages for part in m.parts if isinstance(part, str))
+
 
 @dataclass(frozen=True)
 class SpeechTurn:

@@ -2,7 +2,8 @@
 makes its calls valid): a named function's arguments follow its parameters, streamed as tool_calls
 deltas; "required" calls one of the tools (in parallel or not); a call's result goes back as a tool
 message and the model answers from it; a forced call asked for with audio out is not spoken;
-"auto" is refused with a 400 that says why."""
+"auto" (the default with tools), which tiny's model has no call format for, is answered as
+structured output: content or schema-valid calls, turn after turn of an agent loop."""
 
 from __future__ import annotations
 
@@ -113,10 +114,52 @@ def test_a_forced_call_with_audio_out_is_not_spoken(openai_client, model_name):
     assert m.tool_calls and m.audio is None
 
 
-def test_auto_is_refused_with_the_reason(openai_client, model_name):
+def _valid_auto_answer(choice) -> None:
+    """An "auto" answer is either content or calls of the offered tools that follow their parameters."""
+    m = choice.message
+    if m.tool_calls:
+        assert choice.finish_reason == "tool_calls" and m.content is None
+        for call in m.tool_calls:
+            assert call.function.name in ("get_weather", "get_time") and call.id.startswith("call_")
+            assert isinstance(json.loads(call.function.arguments), dict)
+    else:
+        assert choice.finish_reason in ("stop", "length") and isinstance(m.content, str)
+
+
+def test_an_agent_loop_with_tool_choice_auto_runs_turn_after_turn(openai_client, model_name):
+    """Frameworks send the same tools on every turn with the default tool_choice: each turn answers
+    (content or calls), the calls' results go back, and the next turn answers again."""
+    tools = [WEATHER, TIME]
+    messages = list(ASK)
+    for turn in range(3):
+        r = _create(openai_client, model_name, messages=messages, tools=tools, max_tokens=48, seed=turn)
+        (choice,) = r.choices
+        _valid_auto_answer(choice)
+        if choice.message.tool_calls:
+            messages.append({"role": "assistant", "content": None,
+                             "tool_calls": [c.model_dump() for c in choice.message.tool_calls]})  # fmt: skip
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": '{"sky": "clear"}'}
+                         for c in choice.message.tool_calls]  # fmt: skip
+        else:
+            messages += [{"role": "assistant", "content": choice.message.content},
+                         {"role": "user", "content": "And the time?"}]  # fmt: skip
+    streamed = openai_client.chat.completions.create(
+        model=model_name, messages=messages, tools=tools, max_tokens=48, temperature=0, stream=True
+    )
+    chunks = list(streamed)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+    assert finish in (["tool_calls"], ["stop"], ["length"]) and (
+        calls if finish == ["tool_calls"] else not calls
+    )
+    assert not content.startswith('{"content"')  # the reply's text, not its JSON
+
+
+def test_auto_with_response_format_is_refused_with_the_reason(openai_client, model_name):
     with pytest.raises(openai.BadRequestError) as e:
-        _create(openai_client, model_name, tools=[WEATHER])
-    assert e.value.body["param"] == "tool_choice" and "tool-call parser" in e.value.message
+        _create(openai_client, model_name, tools=[WEATHER], response_format={"type": "json_object"})
+    assert e.value.body["param"] == "response_format" and "structured output" in e.value.message
 
 
 def test_grpc_chat_calls_a_required_tool(omniray, model_name):

@@ -294,7 +294,14 @@ REST_CASES = {
         ),
         422,
     ),
-    "tools_auto": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f"}}]), 400),
+    "tools_auto_with_response_format": (
+        lambda m: _chat(
+            m,
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            response_format={"type": "json_object"},
+        ),
+        400,
+    ),
     "tools_not_list": (lambda m: _chat(m, tools={"type": "function"}), 422),
     "tool_name_bad": (lambda m: _chat(m, tools=[{"type": "function", "function": {"name": "f g"}}]), 422),
     "tool_type_unknown": (lambda m: _chat(m, tools=[{"type": "code", "function": {"name": "f"}}]), 422),
@@ -378,6 +385,15 @@ REST_CASES = {
 def test_rest_catalog(http, model_name, case):
     make, status = REST_CASES[case]
     _assert_client_error(_post(http, make(model_name)), status)
+
+
+def test_rest_text_past_the_context_is_refused_by_its_length(http, model_name):
+    """40 MB of text (under the 48 MiB body cap) is refused from its length in characters, before
+    it is tokenized."""
+    r = _post(http, _chat(model_name, "word " * 8_000_000))
+    _assert_client_error(r, 400)
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "characters" in err["message"], err
 
 
 HEADER_CASES = {

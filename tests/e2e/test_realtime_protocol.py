@@ -302,13 +302,13 @@ WEATHER_TOOL = {
 def test_a_tool_round_trip_in_a_session(openai_client):
     """session.tools with a required call: the response is a function_call item (arguments streamed,
     following the tool's parameters); the client's function_call_output goes into the conversation
-    and the next response answers from it. `tool_choice: auto` is refused field by field."""
+    and the next response answers from it. `tool_choice: auto` (tiny's model has no call format:
+    answered as structured output) is taken too."""
     conn = _open(openai_client, max_output_tokens=24)
     try:
         seen: list = []
         conn.session.update(session={"type": "realtime", "tools": [WEATHER_TOOL]})  # tool_choice stays "auto"
-        assert until(conn, "error", seen).error.param == "session.tools"
-        assert until(conn, "session.updated", seen).session.tools == []
+        assert len(until(conn, "session.updated", seen).session.tools) == 1
         conn.session.update(session={"type": "realtime", "tools": [WEATHER_TOOL], "tool_choice": "required"})
         assert len(until(conn, "session.updated", seen).session.tools) == 1
 

@@ -154,7 +154,7 @@ async def _generate(profile, talker, chunks, tools: Tools | None = None):
     handles = {"decode": _Handle(decode), "talker": _Handle(talker), "vocoder": _Handle(vocoder)}
     redis = async_client()
     quota = QuotaService(Tenants(None), Buckets(redis, prefix=f"t{uuid.uuid4().hex}"))
-    pipeline = Pipeline(profile, SimpleNamespace(grpc=lambda: SimpleNamespace(**handles)), prompts, quota)
+    pipeline = Pipeline(profile, SimpleNamespace(**handles), prompts, quota)
     turn = Turn(
         profile.served_model_name,
         (Message("user", ("Weather in Paris?",)),),

@@ -52,7 +52,7 @@ def _pipeline(decode: Decode, **resume) -> Pipeline:
         update={"decode_resume": profile.pipeline.decode_resume.model_copy(update={"retry_s": 0, **resume})}
     )
     profile = profile.model_copy(update={"pipeline": pipe})
-    return Pipeline(profile, SimpleNamespace(grpc=lambda: SimpleNamespace(decode=decode)), None, None)
+    return Pipeline(profile, SimpleNamespace(decode=decode), None, None)
 
 
 def _request(max_tokens: int = 10, **sampling) -> stages_pb2.DecodeRequest:

@@ -3,7 +3,10 @@
 - import-linter's contracts in pyproject.toml: the layers import only downward, kv_store and kernels
   import nothing from services, the pure policies import no Ray and no vLLM, no package cycles;
 - outside the engine-extension package (services/extensions/) no module imports a private vLLM or
-  Ray name or calls one: vLLM only through its public entry points, Ray never through `_private`.
+  Ray name or calls one: vLLM only through its public entry points, Ray never through `_private`;
+  nor reads an underscore attribute or passes an underscore keyword that omniray's own code does not
+  define (a library's private field or option: grpcio's handler table, Serve's `_by_reference`), nor
+  reaches into the vLLM engine's parts (its output processor, its engine core).
 """
 
 from __future__ import annotations
@@ -29,14 +32,57 @@ VLLM_PUBLIC = {
 }
 
 
+# Underscore names that are public by contract, or private to a model library rather than to the
+# engine, Serve or grpcio (the fence's subject): namedtuple's API; torch's compile settings (how its
+# docs set the recompile limit); transformers' model construction from a config and its attention
+# implementation.
+UNDERSCORE_ALLOWED = {
+    "_replace",
+    "_asdict",
+    "_fields",
+    "_make",
+    "_dynamo",
+    "_from_config",
+    "_attn_implementation",
+}
+# The vLLM engine's parts: reached only through services/extensions/vllm/.
+ENGINE_PARTS = {"output_processor", "engine_core", "input_processor", "model_executor"}
+
+
 def _sources() -> list[Path]:
     roots = ("services", "kv_store", "kernels", "loadtest")
     return [p for root in roots for p in (REPO_ROOT / root).rglob("*.py") if EXTENSIONS not in p.parents]
 
 
-def _private_uses(path: Path) -> list[str]:
+def _own_names() -> set[str]:
+    """Every name omniray's code defines: functions, classes, parameters, variables, attributes it
+    sets on its own objects (`self.x = ...`), import aliases."""
+    roots = ("services", "kv_store", "kernels", "loadtest", "tests")
+    names = set()
+    for path in (p for root in roots for p in (REPO_ROOT / root).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                  and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):  # fmt: skip
+                names.add(node.attr)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+    return names
+
+
+def _private_uses(path: Path, own: set[str]) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     found = []
+
+    def foreign(name: str) -> bool:
+        private = name.startswith("_") and not name.startswith("__")
+        return private and name not in own and name not in UNDERSCORE_ALLOWED
+
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             modules = [a.name for a in node.names]
@@ -52,6 +98,10 @@ def _private_uses(path: Path) -> list[str]:
                 found.append(f"imports {m}")
         if isinstance(node, ast.Attribute) and node.attr in ("_private", "_record", "_raylet"):
             found.append(f"uses .{node.attr}")
+        elif isinstance(node, ast.Attribute) and (foreign(node.attr) or node.attr in ENGINE_PARTS):
+            found.append(f"{node.lineno}: reads .{node.attr}")
+        elif isinstance(node, ast.keyword) and node.arg and foreign(node.arg):
+            found.append(f"{node.lineno}: passes {node.arg}=")
     return [f"{path.relative_to(REPO_ROOT)}:{f}" for f in found]
 
 
@@ -63,8 +113,9 @@ def test_import_contracts_hold():
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
 
 
-def test_private_vllm_and_ray_names_only_in_the_extension_package():
-    found = [use for path in _sources() for use in _private_uses(path)]
+def test_private_vllm_ray_and_grpcio_names_only_in_the_extension_package():
+    own = _own_names()
+    found = [use for path in _sources() for use in _private_uses(path, own)]
     assert not found, "\n".join(found)
 
 

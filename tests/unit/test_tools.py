@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from services.common.errors import OmniError
 from services.models.profile import load_profile
 from services.pipeline.prompt import PromptBuilder
-from services.pipeline.tools import NamedCall, RequiredCalls, Tool, ToolCall, Tools, joined
+from services.pipeline.tools import ContentOrCalls, NamedCall, RequiredCalls, Tool, ToolCall, Tools, joined
 from services.pipeline.turn import Message
 
 WEATHER = Tool(
@@ -75,6 +75,63 @@ def test_any_text_becomes_calls_without_raising(text):
         assert all(isinstance(c, ToolCall) for c in joined(deltas)) and stream.made
 
 
+def test_auto_as_structured_output_admits_content_or_calls_and_nothing_else():
+    schema = Tools((WEATHER, TIME), "auto").content_or_calls_schema()
+    assert _accepts(schema, '{"content": "It is sunny."}')
+    assert _accepts(schema, '{"tool_calls": [{"name": "get_time", "arguments": {}}]}')
+    assert not _accepts(schema, '{"tool_calls": []}')
+    assert not _accepts(schema, '{"content": "x", "tool_calls": [{"name": "get_time", "arguments": {}}]}')
+    assert not _accepts(schema, "It is sunny.")
+    single = Tools((WEATHER, TIME), "auto", parallel=False).content_or_calls_schema()
+    two = [{"name": "get_time", "arguments": {}}] * 2
+    assert _accepts(schema, json.dumps({"tool_calls": two})) and not _accepts(
+        single, json.dumps({"tool_calls": two})
+    )
+
+
+def _fed(stream: ContentOrCalls, answer: str, cuts: list[int]) -> tuple[str, list]:
+    """The answer fed in pieces cut at `cuts`: the content streamed and the calls, with the finish."""
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(answer)), len(answer)]
+    pieces = [stream.feed(answer[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)] + [stream.finish()]
+    return "".join(content for content, _ in pieces), [d for _, deltas in pieces for d in deltas]
+
+
+@given(st.text(max_size=60), st.booleans(), st.lists(st.integers(0, 200), max_size=12))
+def test_auto_content_streams_as_written_cut_anywhere(text, ascii_only, cuts):
+    """Any reply, escaped or not, fed in any pieces: the content sent equals the reply (lone
+    surrogates, which UTF-8 cannot carry, as U+FFFD) and no calls."""
+    answer = json.dumps({"content": text}, ensure_ascii=ascii_only)
+    stream = ContentOrCalls(Tools((WEATHER,), "auto"))
+    content, deltas = _fed(stream, answer, cuts)
+    assert content == "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+    assert deltas == [] and not stream.made
+
+
+def test_auto_content_goes_out_before_the_answer_ends_and_calls_once_complete():
+    stream = ContentOrCalls(Tools((WEATHER,), "auto"))
+    assert stream.feed('{"content": "Sun') == ("Sun", [])
+    assert stream.feed("ny \\u00e") == ("ny ", [])  # an escape is held until whole
+    assert stream.feed("9.") == ("\u00e9.", [])
+    calls = ContentOrCalls(Tools((WEATHER, TIME), "auto"))
+    answer = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]})
+    content, deltas = _fed(calls, answer, [5, 20])
+    (call,) = joined(deltas)
+    assert (
+        content == ""
+        and calls.made
+        and (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Oslo"})
+    )
+
+
+def test_an_auto_answer_cut_by_max_tokens_keeps_what_was_written():
+    stream = ContentOrCalls(Tools((WEATHER,), "auto"))
+    assert _fed(stream, '{"content": "It is sun', [3]) == ("It is sun", [])
+    stream = ContentOrCalls(Tools((WEATHER,), "auto"))
+    content, deltas = _fed(stream, '{"tool_calls": [{"name": "get_wea', [])
+    assert content == "" and stream.made and joined(deltas)[0].arguments.startswith("{")
+    assert _fed(ContentOrCalls(Tools((WEATHER,), "auto")), '{"cont', []) == ("", [])
+
+
 @pytest.mark.parametrize(
     ("tools", "param"),
     [
@@ -103,6 +160,9 @@ def test_templates_without_tools_get_them_as_text():
     assert '"name": "get_weather", "description": "The weather in a city"' in text  # the offered tool
     assert '[{"name": "get_weather", "arguments": {"city": "Paris"}}]' in text  # the call made
     assert '<|im_start|>tool\n{"sky":"clear"}' in text  # its result
+    assert '{"content": ' not in text
+    decided = "".join(builder.layout(messages, (WEATHER,), content_or_calls=True).pieces)
+    assert 'Answer in JSON: {"content": ' in decided  # the shape of an "auto" answer
 
 
 async def test_schemas_compile_off_the_loop_once_and_within_a_deadline(monkeypatch):
