@@ -27,6 +27,13 @@ class Metric:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] | None = None  # histograms
+    # Counters and gauges: every series exported at 0 from the start (a healthy run shows zeros, not
+    # "no data"); the code that makes the metric names the label values (extensions/ray/metrics.py).
+    at_zero: bool = False
+
+    def __post_init__(self):
+        if self.at_zero and self.kind == "histogram":
+            raise ValueError(f"{self.name}: a histogram has no value to start at")
 
 
 def _declared() -> list[Metric]:
@@ -61,22 +68,26 @@ def _declared() -> list[Metric]:
             c,
             "Function calls made by answers, by tool_choice (auto: found by the profile's tool parser).",
             ("choice",),
+            at_zero=True,
         ),
         Metric(
             "omniray_engine_session_kv_turns_total",
             c,
             "Realtime turns on a decode replica's long-lived session requests (engine.session_kv): appended to the session's request, started or restarted (windowed), or run as its own request (one_off: a second response of the session at once, or every kept request in a turn).",
             ("outcome",),
+            at_zero=True,
         ),
         Metric(
             "omniray_engine_shm_reclaimed_total",
             c,
             "Shared-memory segments (vLLM's engine-core/worker queues in /dev/shm) of engines that died without unlinking them, unlinked by an engine starting on the same node.",
+            at_zero=True,
         ),
         Metric(
             "omniray_engine_session_kv_requests",
             g,
             "Long-lived session requests open on a decode replica (engine.session_kv).",
+            at_zero=True,
         ),
         Metric(
             "omniray_gateway_decode_resumes_total",
@@ -84,6 +95,7 @@ def _declared() -> list[Metric]:
             "Responses whose decode was lost mid-stream (its replica died or stalled past its deadline, "
             "or its engine dropped the request): resumed from the tokens sent, or failed.",
             ("outcome", "cause"),
+            at_zero=True,
         ),
         Metric(
             "omniray_gateway_stage_stalls_total",
@@ -91,6 +103,7 @@ def _declared() -> list[Metric]:
             "Calls to a stage replica cancelled past their deadline (pipeline.stage_deadlines): no reply "
             "or first item within reply_s, or no next item within between_s.",
             ("stage", "wait"),
+            at_zero=True,
         ),
         Metric(
             "omniray_gateway_decode_resume_seconds",
@@ -104,19 +117,27 @@ def _declared() -> list[Metric]:
             c,
             "Seconds a client playing audio from its first chunk in real time waits for the next.",
             ("api",),
+            at_zero=True,
         ),
         # WebRTC calls (services/gateway/webrtc.py)
-        Metric("omniray_gateway_webrtc_calls", g, "Open realtime calls over WebRTC on this gateway replica."),
+        Metric(
+            "omniray_gateway_webrtc_calls",
+            g,
+            "Open realtime calls over WebRTC on this gateway replica.",
+            at_zero=True,
+        ),
         Metric(
             "omniray_gateway_webrtc_input_dropped_seconds_total",
             c,
             "Seconds of a WebRTC caller's microphone audio dropped because its session fell behind.",
+            at_zero=True,
         ),
         Metric(
             "omniray_gateway_webrtc_playout_late_seconds_total",
             c,
             "Seconds the audio going out to WebRTC callers fell behind real time (the gateway starved) "
             "and was delayed rather than sent in a burst.",
+            at_zero=True,
         ),
         # quota (services/gateway/quota.py)
         Metric(
@@ -151,6 +172,7 @@ def _declared() -> list[Metric]:
             "Quota calls that found Redis down or stalled (answered 503, or admitted unmetered for "
             "fail_open tenants; a release's refund is lost).",
             ("op",),
+            at_zero=True,
         ),
         Metric(
             "omniray_quota_unmetered_total",
@@ -163,6 +185,7 @@ def _declared() -> list[Metric]:
             "omniray_quota_tenants_reload_errors_total",
             c,
             "Tenants-file versions that could not be loaded (the last good one stays).",
+            at_zero=True,
         ),
         # realtime (services/realtime/stats.py)
         Metric(
@@ -178,33 +201,43 @@ def _declared() -> list[Metric]:
             c,
             "Realtime sessions admitted (opened under the admission limit).",
         ),
-        Metric("omniray_realtime_rejected_total", c, "Realtime sessions refused at the admission limit."),
+        Metric(
+            "omniray_realtime_rejected_total",
+            c,
+            "Realtime sessions refused at the admission limit.",
+            at_zero=True,
+        ),
         Metric(
             "omniray_realtime_session_saves_total",
             c,
             "Realtime session states saved for a reconnect, by outcome (ok, failed, taken: resumed elsewhere).",
             ("outcome",),
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_session_resumes_total",
             c,
             "Realtime sessions resumed by a reconnecting client, by outcome (ok, not_found).",
             ("outcome",),
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_session_migrations_total",
             c,
             "Realtime sessions moved off a draining gateway replica at a turn boundary (omniray.session.migrate).",
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_barge_ins_total",
             c,
             "Speech that started over a response being generated or played.",
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_wasted_tokens_total",
             c,
             "Generated tokens the user never heard (cut by a barge-in).",
+            at_zero=True,
         ),
         Metric("omniray_realtime_generated_tokens_total", c, "Tokens generated for realtime responses."),
         Metric(
@@ -212,16 +245,19 @@ def _declared() -> list[Metric]:
             c,
             "Speculative prefills of turns still being spoken, by outcome.",
             ("outcome",),
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_prefill_ahead_tokens_total",
             c,
             "Prompt tokens prefilled while the user was still speaking.",
+            at_zero=True,
         ),
         Metric(
             "omniray_realtime_history_turns_dropped_total",
             c,
             "Oldest conversation turns dropped so that a response's request fits its limits.",
+            at_zero=True,
         ),
         # stages (services/stages/)
         Metric(
@@ -231,7 +267,7 @@ def _declared() -> list[Metric]:
             ("stage", "op"),
             LATENCY_BUCKETS_S,
         ),
-        Metric("omniray_stage_errors_total", c, "Stage calls that raised.", ("stage", "op")),
+        Metric("omniray_stage_errors_total", c, "Stage calls that raised.", ("stage", "op"), at_zero=True),
         Metric(
             "omniray_stage_inflight_requests",
             g,
@@ -282,15 +318,17 @@ def _declared() -> list[Metric]:
             " continued, overlap (tokens it held past the answer sent, not written again), filled (tokens"
             " it lacked, written); fenced: a decode whose writes were refused, a later one having taken over.",
             ("outcome",),
+            at_zero=True,
         ),
         # token talkers (services/stages/speech.py; Qwen3-Omni)
-        Metric("omniray_talker_frames_total", c, "Codec frames a token talker drew."),
+        Metric("omniray_talker_frames_total", c, "Codec frames a token talker drew.", at_zero=True),
         Metric(
             "omniray_talker_streams_total",
             c,
             "Token talker responses by how they ended: codec_eos (the talker ended itself), text_budget"
             " (its share of frames for the text: max_frames_per_token), max_frames, error.",
             ("end",),
+            at_zero=True,
         ),
         Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
         Metric("omniray_encoder_batch_tiles", h, "Tiles per encoder batch.", (), (1, 2, 4, 8, 16, 32, 64)),
@@ -301,6 +339,7 @@ def _declared() -> list[Metric]:
             c,
             "Encoder outputs rejected for carrying other model versions (then re-encoded).",
             ("modality",),
+            at_zero=True,
         ),
         # replica routing (services/extensions/ray/request_router.py)
         Metric(

@@ -2,8 +2,8 @@
 
 Tracing: one OpenTelemetry trace per request; the W3C context rides in RequestContext.trace_context
 so spans of every stage join it. Spans are exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
-Metrics: declared in services/common/metric_catalog.py and made here with Ray's metrics API
-(`metric(name)`; exported by Ray's Prometheus endpoint, which prefixes names with `ray_`).
+Metrics: declared in services/common/metric_catalog.py, made with Ray's metrics API by
+services/extensions/ray/metrics.py (`metric(name)`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Iterator, Mapping
 
 from omni.v1 import common_pb2
@@ -24,10 +23,6 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 _PROPAGATOR = TraceContextTextMapPropagator()
 _setup_lock = threading.Lock()
 _configured = False
-
-GAUGE_REFRESH_S = 5.0  # Ray's agent keeps a gauge 2 export intervals (10 s each by default)
-_metrics: dict[str, object] = {}
-_metrics_lock = threading.Lock()
 
 
 def _configure() -> None:
@@ -93,59 +88,3 @@ def stage_span(
             yield span
     finally:
         otel_context.detach(token)
-
-
-class Gauge:
-    """A Ray Gauge that re-sends its last value per label set every GAUGE_REFRESH_S. Ray 2.60's
-    metrics agent drops a gauge series that was not reported for two export intervals, so a value
-    set once and still true (open sessions, a pool's occupancy) would vanish from Prometheus."""
-
-    _live: list[Gauge] = []
-    _lock = threading.Lock()
-    _refresher: threading.Thread | None = None
-
-    def __init__(self, name: str, description: str, tag_keys: tuple[str, ...] = ()):
-        from ray.util import metrics
-
-        self._gauge = metrics.Gauge(name, description=description, tag_keys=tag_keys)
-        self._values: dict[tuple[tuple[str, str], ...], float] = {}
-        with Gauge._lock:
-            Gauge._live.append(self)
-            if Gauge._refresher is None:
-                Gauge._refresher = threading.Thread(target=Gauge._refresh_forever, daemon=True)
-                Gauge._refresher.start()
-
-    def set(self, value: float, tags: dict[str, str] | None = None) -> None:
-        self._values[tuple(sorted((tags or {}).items()))] = value
-        self._gauge.set(value, tags=tags)
-
-    @classmethod
-    def _refresh_forever(cls) -> None:
-        while True:
-            time.sleep(GAUGE_REFRESH_S)
-            with cls._lock:
-                live = list(cls._live)
-            for gauge in live:
-                for key, value in list(gauge._values.items()):
-                    gauge._gauge.set(value, tags=dict(key))
-
-
-def metric(name: str):
-    """The Ray metric `name` as the catalog declares it (one object per process and name): a Counter,
-    a Histogram, or a Gauge that keeps its series alive."""
-    from ray.util import metrics as ray_metrics
-
-    from services.common.metric_catalog import CATALOG
-
-    with _metrics_lock:
-        if name not in _metrics:
-            m = CATALOG[name]
-            if m.kind == "gauge":
-                _metrics[name] = Gauge(m.name, description=m.help, tag_keys=m.labels)
-            elif m.kind == "counter":
-                _metrics[name] = ray_metrics.Counter(m.name, description=m.help, tag_keys=m.labels)
-            else:
-                _metrics[name] = ray_metrics.Histogram(
-                    m.name, description=m.help, boundaries=list(m.buckets), tag_keys=m.labels
-                )
-        return _metrics[name]

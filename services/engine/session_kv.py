@@ -36,8 +36,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.models.profile import SessionKvSpec
 
 OUTCOMES = ("appended", "started", "restarted", "one_off")
@@ -55,12 +54,9 @@ def export_metrics() -> tuple[Any, Any]:
     """The session KV metrics (turns by outcome, open requests), zeroed: a decode replica without
     session KV shows zeros."""
     turns, open_ = (
-        metric("omniray_engine_session_kv_turns_total"),
+        metric("omniray_engine_session_kv_turns_total", outcome=OUTCOMES),
         metric("omniray_engine_session_kv_requests"),
     )
-    for outcome in OUTCOMES:
-        zero(turns, outcome=outcome)
-    open_.set(0)
     return turns, open_
 
 

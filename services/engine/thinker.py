@@ -24,14 +24,13 @@ import numpy as np
 import torch
 from omni.v1 import common_pb2, stages_pb2
 
-from services.common import telemetry
 from services.common.paths import data_dir
 from services.common.redis_config import redis_url
 from services.common.shm import ShmLedger
 from services.dataplane import tensors
 from services.engine.session_kv import GAVE_UP, SessionKv
 from services.engine.session_kv import export_metrics as export_session_kv_metrics
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
@@ -249,8 +248,8 @@ class ThinkerEngine:
         )
         # Segments of engines that died on this node without unlinking theirs, freed before this
         # one takes its own; this one's are recorded for whoever starts after it dies.
-        ledger, reclaimed = ShmLedger(), telemetry.metric("omniray_engine_shm_reclaimed_total")
-        zero(reclaimed)  # the series exists before any engine dies
+        # the series exists (at 0) before any engine dies
+        ledger, reclaimed = ShmLedger(), metric("omniray_engine_shm_reclaimed_total")
         if freed := ledger.sweep():
             reclaimed.inc(len(freed))
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=[EngineStatLogger])
@@ -440,9 +439,9 @@ class ThinkerEngine:
         from prometheus_client import REGISTRY
 
         sources: dict[str, float] = {}
-        for metric in REGISTRY.collect():
-            if metric.name == "vllm:prompt_tokens_by_source":
-                for s in metric.samples:
+        for family in REGISTRY.collect():
+            if family.name == "vllm:prompt_tokens_by_source":
+                for s in family.samples:
                     if s.name.endswith("_total"):
                         sources[s.labels["source"]] = sources.get(s.labels["source"], 0.0) + s.value
         return sources

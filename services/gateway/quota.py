@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from services.common.redis_config import async_client
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.quota import DEFAULT_TENANTS_FILE
 from services.quota.buckets import Buckets
 from services.quota.service import QuotaService
@@ -26,12 +25,9 @@ class QuotaMetrics:
         self._remaining = metric("omniray_quota_bucket_remaining_ratio")
         self._queue = metric("omniray_quota_batch_queue_depth")
         self._wait = metric("omniray_quota_queue_wait_seconds")
-        self._redis_errors = metric("omniray_quota_redis_errors_total")
+        self._redis_errors = metric("omniray_quota_redis_errors_total", op=REDIS_OPS)
         self._unmetered = metric("omniray_quota_unmetered_total")
         self._reload_errors = metric("omniray_quota_tenants_reload_errors_total")
-        for op in REDIS_OPS:
-            zero(self._redis_errors, op=op)
-        zero(self._reload_errors)
 
     def rejected(self, tenant: str, modality: str, reason: str, slo_class: str = "none") -> None:
         self._rejections.inc(

@@ -24,8 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common import telemetry
 from services.common.errors import OmniError, internal_error, too_large
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.gateway import audio_api, grpc_wire, openai_api, realtime_auth, responses_api, webrtc
 from services.gateway.audio_files import SpeechFile
 from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
@@ -80,9 +79,8 @@ class _Metrics:
         self.e2e = metric("omniray_gateway_e2e_seconds")
         self.rtf = metric("omniray_gateway_audio_rtf_ratio")
         self.audio_sent = metric("omniray_gateway_audio_sent_seconds_total")
-        self.audio_stall = metric("omniray_gateway_audio_stall_seconds_total")
-        for api_name in ("rest", "grpc"):  # a stall-free run still shows the series (at 0)
-            zero(self.audio_stall, api=api_name)
+        # a stall-free run still shows the series (at 0)
+        self.audio_stall = metric("omniray_gateway_audio_stall_seconds_total", api=("rest", "grpc"))
 
 
 # Refused realtime sessions: gRPC status codes, and WebSocket close codes.

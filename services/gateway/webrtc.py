@@ -28,8 +28,7 @@ from starlette.datastructures import Headers, UploadFile
 
 from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, internal_error
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.gateway.openai_api import parse_form
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
@@ -57,9 +56,6 @@ class _Metrics:
         self.calls = metric("omniray_gateway_webrtc_calls")
         self.dropped = metric("omniray_gateway_webrtc_input_dropped_seconds_total")
         self.playout_late = metric("omniray_gateway_webrtc_playout_late_seconds_total")
-        zero(self.dropped)
-        zero(self.playout_late)
-        self.calls.set(0)
 
 
 class FramePacer:

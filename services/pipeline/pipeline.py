@@ -34,9 +34,8 @@ from services.common.errors import OmniError, bad_request, too_large
 from services.common.redis_config import async_client
 from services.common.session_key import SessionKey
 from services.common.streams import next_batch
-from services.common.telemetry import metric
 from services.dataplane import tensors, token_stream
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline.prompt import Layout, PromptBuilder, expanded_ids, prompt_tokens
@@ -218,22 +217,19 @@ class Pipeline:
         self.feature_versions = {
             m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
         }
-        self.version_mismatches = metric("omniray_encoder_feature_version_mismatch_total")
-        for modality in self.feature_versions:  # exported at 0: the alert and panel see a healthy run
-            zero(self.version_mismatches, modality=modality)
+        self.version_mismatches = metric(
+            "omniray_encoder_feature_version_mismatch_total", modality=tuple(self.feature_versions)
+        )
         self.async_chunk = profile.pipeline.async_chunk if async_chunk is None else async_chunk
         self.token_talker = profile.token_talker()
         self._releasing: set[asyncio.Task] = set()  # quota releases that outlive their request
         self.transcribed = metric("omniray_gateway_transcribed_audio_seconds_total")
-        self.tool_calls = metric("omniray_gateway_tool_calls_total")
+        self.tool_calls = metric("omniray_gateway_tool_calls_total", choice=("auto", "required", "function"))
         self.deadlines = StageDeadlines(profile.pipeline.stage_deadlines)
-        self.decode_resumes = metric("omniray_gateway_decode_resumes_total")
-        for outcome in ("resumed", "failed"):
-            for cause in RESUME_CAUSES:
-                zero(self.decode_resumes, outcome=outcome, cause=cause)
+        self.decode_resumes = metric(
+            "omniray_gateway_decode_resumes_total", outcome=("resumed", "failed"), cause=RESUME_CAUSES
+        )
         self.resume_seconds = metric("omniray_gateway_decode_resume_seconds")
-        for choice in ("auto", "required", "function"):
-            zero(self.tool_calls, choice=choice)
         self._token_redis = None  # speech on a token talker: the token streams it writes (made on use)
         parser = profile.pipeline.tool_call_parser
         self.tool_parser = (

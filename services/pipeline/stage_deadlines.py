@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from services.common.deadline import Overdue, within
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.models.profile import STAGES, StageDeadlinesSpec
 
 log = logging.getLogger("ray.serve")
@@ -35,10 +34,7 @@ class StageStalled(Exception):
 class StageDeadlines:
     def __init__(self, spec: StageDeadlinesSpec):
         self.reply_s, self.between_s = spec.reply_s, spec.between_s
-        self.stalls = metric("omniray_gateway_stage_stalls_total")
-        for stage in STAGES[1:]:  # exported at 0: the panel shows a healthy run
-            for wait in WAITS:
-                zero(self.stalls, stage=stage, wait=wait)
+        self.stalls = metric("omniray_gateway_stage_stalls_total", stage=tuple(STAGES[1:]), wait=WAITS)
 
     async def reply(self, stage: str, response: Any) -> Any:
         """A unary call's reply (a Serve DeploymentResponse), within `reply_s`."""

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.telemetry import metric
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 
 
 class RealtimeStats:
@@ -11,30 +10,17 @@ class RealtimeStats:
         self.sessions = metric("omniray_realtime_sessions")
         self.admission_limit = metric("omniray_realtime_admission_limit")
         self.admitted = metric("omniray_realtime_admitted_total")
+        self.generated_tokens = metric("omniray_realtime_generated_tokens_total")
+        # exported at 0 until the first one (services/common/metric_catalog.py `at_zero`)
         self.rejected = metric("omniray_realtime_rejected_total")
         self.barge_ins = metric("omniray_realtime_barge_ins_total")
         self.wasted = metric("omniray_realtime_wasted_tokens_total")
-        self.generated_tokens = metric("omniray_realtime_generated_tokens_total")
-        for counter in (self.rejected, self.barge_ins, self.wasted):  # exported at 0 until the first one
-            zero(counter)
-
-        self.ahead = metric("omniray_realtime_prefill_ahead_total")
+        self.ahead = metric("omniray_realtime_prefill_ahead_total", outcome=("done", "failed", "cancelled"))
         self.ahead_tokens = metric("omniray_realtime_prefill_ahead_tokens_total")
-        for outcome in ("done", "failed", "cancelled"):
-            zero(self.ahead, outcome=outcome)
-        zero(self.ahead_tokens)
-
         self.history_dropped = metric("omniray_realtime_history_turns_dropped_total")
-        zero(self.history_dropped)
-
-        self.saves = metric("omniray_realtime_session_saves_total")
-        for outcome in ("ok", "failed", "taken"):
-            zero(self.saves, outcome=outcome)
-        self.resumes = metric("omniray_realtime_session_resumes_total")
-        for outcome in ("ok", "not_found"):
-            zero(self.resumes, outcome=outcome)
+        self.saves = metric("omniray_realtime_session_saves_total", outcome=("ok", "failed", "taken"))
+        self.resumes = metric("omniray_realtime_session_resumes_total", outcome=("ok", "not_found"))
         self.migrations = metric("omniray_realtime_session_migrations_total")
-        zero(self.migrations)
 
     def prefilled_ahead(self, outcome: str, tokens: int) -> None:
         self.ahead.inc(tags={"outcome": outcome})

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 from omni.v1 import common_pb2
 
-from services.common.telemetry import metric, stage_span
-from services.extensions.ray.metrics import zero
+from services.common.telemetry import stage_span
+from services.extensions.ray.metrics import metric
 from services.models.profile import ModelSpec, Profile
 from services.models.registry import adapter_module
 
@@ -62,7 +62,7 @@ class StageMetrics:
     def observe(self, op: str, seconds: float) -> None:
         if op not in self._ops:  # the error series exists (at 0) once the operation has run
             self._ops.add(op)
-            zero(self.errors, stage=self.stage, op=op)
+            metric("omniray_stage_errors_total", stage=self.stage, op=op)
         self.latency.observe(seconds, tags={"stage": self.stage, "op": op})
 
     def error(self, op: str) -> None:

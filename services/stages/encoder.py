@@ -17,8 +17,8 @@ from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
 
-from services.common.telemetry import metric
 from services.dataplane import tensors
+from services.extensions.ray.metrics import metric
 from services.models.base import EncoderOutput
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage

@@ -17,9 +17,8 @@ from omni.v1 import stages_pb2
 from ray import serve
 
 from services.common.redis_config import async_client, redis_url
-from services.common.telemetry import metric
 from services.dataplane import tensors, token_stream
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.models.base import ThinkerPrompt, VocodeInput
 from services.models.stream_loop import StepStats
 from services.playback.board import BoardReader
@@ -73,11 +72,7 @@ class Talker(_SpeechStage):
         # sooner cancels its talk (the gateway), so this bounds a talker whose gateway went away.
         self.token_wait_s = self.profile.pipeline.thinker_gap_s()
         self.frames = metric("omniray_talker_frames_total")
-        self.streams = metric("omniray_talker_streams_total")
-        # Exported at 0 on every talker: the panel shows a healthy run, not "no data".
-        zero(self.frames)
-        for end in STREAM_ENDS:
-            zero(self.streams, end=end)
+        self.streams = metric("omniray_talker_streams_total", end=STREAM_ENDS)
         loop = getattr(self.model, "loop", None)
         if loop is not None:  # the model batches its streams: its loop reports to this replica
             loop.order = self._most_urgent_first

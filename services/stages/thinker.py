@@ -12,11 +12,10 @@ from ray import serve
 
 from services.common.redis_config import UNAVAILABLE, async_client
 from services.common.streams import coalesce
-from services.common.telemetry import metric
 from services.dataplane import token_stream
 from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric
 from services.extensions.vllm.media_rows import read_rows_async
 from services.stages._stage import Stage
 
@@ -66,9 +65,7 @@ class Decode(_Thinker):
         self.redis = async_client()  # token streams to token talkers
         # kept while a lost decode may still be resumed on it, and a while after
         self.token_stream_ttl_s = token_stream.TTL_S + self.profile.pipeline.thinker_gap_s()
-        self.takeovers = metric("omniray_decode_stream_takeovers_total")
-        for outcome in token_stream.TAKEOVERS:  # exported at 0: the panel shows a healthy run
-            zero(self.takeovers, outcome=outcome)
+        self.takeovers = metric("omniray_decode_stream_takeovers_total", outcome=token_stream.TAKEOVERS)
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):

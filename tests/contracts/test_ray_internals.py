@@ -100,6 +100,14 @@ def test_zero_records_a_counter_series(local_ray):
         counter.inc(0, tags={"k": "v"})
 
 
+def test_at_zero_metrics_are_made_with_their_series_at_zero(local_ray):
+    from services.extensions.ray.metrics import metric
+
+    streams = metric("omniray_talker_streams_total", end=("codec_eos", "error"))
+    assert metric("omniray_talker_streams_total", end="max_frames") is streams  # one object per name
+    metric("omniray_engine_session_kv_requests").set(2)  # a gauge's zero is its first value
+
+
 def test_a_replica_sees_its_drain_while_a_request_is_ongoing(local_ray):
     """The drain is visible inside the replica while it waits for its ongoing requests (a realtime
     session, services/realtime/hub.py), before `__del__`; outside a replica there is nothing to see."""

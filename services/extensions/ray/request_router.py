@@ -15,7 +15,7 @@ from omni.v1 import common_pb2
 from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
 
 from services.common import telemetry
-from services.common.telemetry import metric
+from services.extensions.ray.metrics import metric
 from services.policies.scorers import ScorerPipeline
 from services.policies.scorers.base import Candidate, RoutedRequest
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from kv_store import metrics as store_metrics
-from services.common import telemetry
 from services.common.metric_catalog import CATALOG
-from services.extensions.ray.metrics import zero
+from services.extensions.ray.metrics import metric, zero
 
 # The scheduler's metrics (services/extensions/vllm/scheduler.py), recorded in the engine core; their
 # names, labels and buckets are declared in services/common/metric_catalog.py.
@@ -47,7 +46,7 @@ class RayMetrics(store_metrics._Calls):
 
     def __init__(self):
         self._metrics = {
-            method: (kind, telemetry.metric(name), labels) for method, (kind, name, _, labels) in SPEC.items()
+            method: (kind, metric(name), labels) for method, (kind, name, _, labels) in SPEC.items()
         }
         # Failures, prefetches, preemptions and urgency faults may not happen for a long while: their series exist
         # at 0 so dashboards and alerts see a healthy store.
