@@ -17,7 +17,7 @@ from services.gateway.audio_files import SPEED_RANGE
 from services.gateway.openai_api import MAX_NAME_CHARS, Name, _Loose, parse_form, validated
 from services.models.profile import LimitsSpec
 from services.pipeline import media
-from services.pipeline.pipeline import MAX_SPEECH_CHARS, MAX_TRANSCRIPTION_PROMPT_CHARS
+from services.pipeline.checks import MAX_SPEECH_CHARS, MAX_TRANSCRIPTION_PROMPT_CHARS
 from services.pipeline.turn import SpeechTurn, TranscriptionTurn
 
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")

@@ -19,7 +19,7 @@ from services.common.errors import OmniError, bad_request, too_large
 from services.gateway.audio_files import SpeechFile
 from services.models.profile import LimitsSpec
 from services.pipeline import media
-from services.pipeline.pipeline import MAX_STOP, MAX_STOP_CHARS
+from services.pipeline.checks import MAX_STOP, MAX_STOP_CHARS
 from services.pipeline.tools import MAX_TOOLS, CallDelta, ToolCall, Tools
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Part, Sampling, Turn, speech_out

@@ -34,7 +34,7 @@ from services.gateway.openai_api import (
     validated,
 )
 from services.models.profile import LimitsSpec
-from services.pipeline.pipeline import Event
+from services.pipeline.events import Event
 from services.pipeline.tools import MAX_TOOLS, CallDelta, ToolCall, Tools, joined
 from services.pipeline.tools import asked as tools_asked
 from services.pipeline.turn import SEED_BOUND, Message, Sampling, Turn, speech_out

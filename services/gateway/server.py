@@ -31,9 +31,13 @@ from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER, Undecodable
 from services.gateway.playback import Playback
 from services.gateway.quota import quota_service
 from services.models.profile import Profile
-from services.pipeline.pipeline import Event, Pipeline, Prepared, StageHandles, Transcription
+from services.pipeline.events import Event
+from services.pipeline.pipeline import Pipeline
+from services.pipeline.prepared import Prepared
 from services.pipeline.prompt import PromptBuilder
+from services.pipeline.stage_calls import StageHandles
 from services.pipeline.tools import CallDelta, joined
+from services.pipeline.transcription import Transcription
 from services.quota.tenants import TenantSpec
 from services.realtime import grpc_events
 from services.realtime import server_events as se
@@ -370,7 +374,7 @@ class Gateway:
         arrival = time.perf_counter()
         async with self._admitting("speech", "gateway.speech", request.headers) as (span, tenant):
             req, turn = audio_api.speech_request(await self._read_json(request))
-            prepared = await self.pipeline.prepare_speech(turn, tenant)
+            prepared = await self.pipeline.speech.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)
         file = SpeechFile(req.response_format, req.speed)
         chunks = self._speech_chunks(prepared, file, arrival, span)
@@ -387,7 +391,7 @@ class Gateway:
 
     async def _speech_chunks(self, p: Prepared, file: SpeechFile, arrival: float, span, api_name="speech"):
         """(bytes of the file, usage at the end) as the speech is made."""
-        async for ev in self._observed(api_name, self.pipeline.synthesize(p), arrival, span):
+        async for ev in self._observed(api_name, self.pipeline.speech.synthesize(p), arrival, span):
             if ev.pcm16 and (data := file.push(ev.pcm16)):
                 yield data, None
             if ev.finish_reason:
@@ -436,7 +440,7 @@ class Gateway:
             limits = self.profile.limits
             form, data = await audio_api.read_form(await self._read_body(request), request.headers, limits)
             turn = await asyncio.to_thread(audio_api.transcription_turn, form, data, limits)
-            t = await self.pipeline.prepare_transcription(turn, tenant, "transcription")
+            t = await self.pipeline.transcription.prepare(turn, tenant, "transcription")
             telemetry.inject(t.ctx)
         segments = self._transcribed(t, arrival, span)
         if form.stream:
@@ -453,7 +457,7 @@ class Gateway:
         """The transcriber's segments, measured; the request's span ends with them."""
         code = "ok"
         try:
-            async for segment in self.pipeline.transcribe(t):
+            async for segment in self.pipeline.transcription.transcribe(t):
                 yield segment
         except BaseException as e:
             code = "error"
@@ -736,7 +740,7 @@ class Gateway:
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         async with self._admitting("grpc_speech", "gateway.speech", metadata) as (span, tenant):
             req, turn = audio_api.grpc_speech_request(request)
-            prepared = await self.pipeline.prepare_speech(turn, tenant)
+            prepared = await self.pipeline.speech.prepare(turn, tenant)
             telemetry.inject(prepared.ctx)
         file = SpeechFile(req.response_format, req.speed)
         first = True
@@ -762,7 +766,7 @@ class Gateway:
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
         async with self._admitting("grpc_transcription", "gateway.transcription", metadata) as (span, tenant):
             turn = await asyncio.to_thread(audio_api.grpc_transcription, request, self.profile.limits)
-            t = await self.pipeline.prepare_transcription(turn, tenant, "grpc_transcription")
+            t = await self.pipeline.transcription.prepare(turn, tenant, "grpc_transcription")
             telemetry.inject(t.ctx)
         texts, language, duration = [], "", t.turn.audio.seconds
         async for segment in self._transcribed(t, arrival, span):

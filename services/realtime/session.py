@@ -591,14 +591,14 @@ class RealtimeSession:
         refused = unserved(config, self.profile)
         if (tools := self._tools(config.tools, config.tool_choice)) is not None:
             try:
-                if schema := self.pipeline.tool_schema(tools):
+                if schema := self.pipeline.checks.tool_schema(tools):
                     await checked_json_schema(schema, param="tools", what="tools")
             except OmniError as e:
                 field = e.param if e.param in given else ("tools" if "tools" in given else "tool_choice")
                 refused.append(((field,), e.message))
         if (asked := config.audio.input.transcription) is not None:
             try:
-                self.pipeline.check_transcription(self._transcription_turn(asked, None))
+                self.pipeline.transcription.check(self._transcription_turn(asked, None))
             except OmniError as e:
                 refused.append((("audio", "input", "transcription"), e.message))
         return refused
@@ -846,10 +846,10 @@ class RealtimeSession:
         clip = item.clips[0] if len(item.clips) == 1 else AudioClip.joined(item.clips)
         texts: list[str] = []
         try:
-            t = await self.pipeline.prepare_transcription(
+            t = await self.pipeline.transcription.prepare(
                 self._transcription_turn(asked, clip), self.tenant, "realtime", paid=True
             )
-            async for segment in self.pipeline.transcribe(t):
+            async for segment in self.pipeline.transcription.transcribe(t):
                 delta = (" " if texts else "") + segment.text
                 texts.append(segment.text)
                 await self.send(se.InputAudioTranscriptionDelta(item_id=item.id, delta=delta))

@@ -20,7 +20,7 @@ from omni.v1 import common_pb2, stages_pb2
 
 from services.common.redis_config import async_client
 from services.dataplane import token_stream
-from services.pipeline.pipeline import _continued
+from services.pipeline.thinking import _continued
 
 
 @pytest.fixture(scope="module")

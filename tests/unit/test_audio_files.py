@@ -18,7 +18,7 @@ from services.gateway.audio_api import transcript_body
 from services.gateway.audio_files import FORMATS, SpeechFile
 from services.models.profile import LimitsSpec, load_profile
 from services.pipeline.media import audio_file
-from services.pipeline.pipeline import _spoken_pieces
+from services.pipeline.speaking import _spoken_pieces
 
 RATE = 24_000
 

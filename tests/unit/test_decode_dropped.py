@@ -15,7 +15,9 @@ from omni.v1 import common_pb2, stages_pb2
 
 from services.common.errors import OmniError
 from services.models.profile import load_profile
-from services.pipeline.pipeline import Pipeline, stage_calls
+from services.pipeline.stage_calls import stage_calls
+from services.pipeline.stage_deadlines import StageDeadlines
+from services.pipeline.thinking import Thinking
 
 PROMPT = [5, 6, 7]
 
@@ -46,13 +48,13 @@ class Decode:
             )
 
 
-def _pipeline(decode: Decode, **resume) -> Pipeline:
+def _thinking(decode: Decode, **resume) -> Thinking:
     profile = load_profile("tiny")
     pipe = profile.pipeline.model_copy(
         update={"decode_resume": profile.pipeline.decode_resume.model_copy(update={"retry_s": 0, **resume})}
     )
     profile = profile.model_copy(update={"pipeline": pipe})
-    return Pipeline(profile, SimpleNamespace(decode=decode), None, None)
+    return Thinking(profile, SimpleNamespace(decode=decode), StageDeadlines(pipe.stage_deadlines))
 
 
 def _request(max_tokens: int = 10, **sampling) -> stages_pb2.DecodeRequest:
@@ -66,14 +68,14 @@ def _request(max_tokens: int = 10, **sampling) -> stages_pb2.DecodeRequest:
     )
 
 
-async def _run(pipeline: Pipeline, request: stages_pb2.DecodeRequest) -> list[stages_pb2.DecodeChunk]:
+async def _run(thinking: Thinking, request: stages_pb2.DecodeRequest) -> list[stages_pb2.DecodeChunk]:
     with stage_calls():
-        return [chunk async for chunk in pipeline._decode(request, {})]
+        return [chunk async for chunk in thinking._decode(request, {})]
 
 
 async def test_a_dropped_decode_goes_on_from_the_tokens_sent():
     decode = Decode([([[1], [2, 3]], ""), ([[4], [5]], "length")])
-    chunks = await _run(_pipeline(decode), _request(max_tokens=5))
+    chunks = await _run(_thinking(decode), _request(max_tokens=5))
     assert [t for c in chunks for t in c.token_ids] == [1, 2, 3, 4, 5]
     assert [c.finish_reason for c in chunks] == ["", "", "", "length"]
     again = decode.requests[1]
@@ -86,7 +88,7 @@ async def test_a_dropped_decode_goes_on_from_the_tokens_sent():
 
 async def test_a_decode_dropped_before_any_token_is_asked_again():
     decode = Decode([([[]], ""), ([[1, 2]], "stop")])
-    chunks = await _run(_pipeline(decode), _request())
+    chunks = await _run(_thinking(decode), _request())
     assert [t for c in chunks for t in c.token_ids] == [1, 2] and chunks[-1].finish_reason == "stop"
     assert [list(s.tokens.ids) for s in decode.requests[1].prompt.segments] == [PROMPT]
 
@@ -99,6 +101,6 @@ async def test_a_decode_dropped_before_any_token_is_asked_again():
 async def test_a_dropped_decode_that_cannot_go_on_is_a_503_not_an_answer(resume, sampling):
     decode = Decode([([[1]], ""), ([[2]], "stop")])
     with pytest.raises(OmniError) as e:
-        await _run(_pipeline(decode, **resume), _request(**sampling))
+        await _run(_thinking(decode, **resume), _request(**sampling))
     assert (e.value.status, e.value.code) == (503, "stage_unavailable")
     assert len(decode.requests) == 1

@@ -10,7 +10,7 @@ import json
 import pytest
 from omni.v1 import common_pb2
 
-from services.pipeline.pipeline import Event
+from services.pipeline.events import Event
 from tests.unit.realtime.test_session_bounds import Pipeline, _profile, _session
 
 

@@ -11,7 +11,7 @@ import json
 
 from omni.v1 import common_pb2
 
-from services.pipeline.pipeline import Event
+from services.pipeline.events import Event
 from services.policies.admission import AdmissionParams
 from services.realtime.session import PCM_RATE
 from tests.unit.realtime.test_session_bounds import Pipeline, _profile, _session

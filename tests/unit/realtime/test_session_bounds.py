@@ -19,7 +19,8 @@ from omni.v1 import common_pb2, stages_pb2
 from loadtest.speech import speech
 from services.common.errors import bad_request
 from services.models.profile import load_profile
-from services.pipeline.pipeline import Event, prompt_tokens
+from services.pipeline.events import Event
+from services.pipeline.prompt import prompt_tokens
 from services.pipeline.turn import AudioClip
 from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission

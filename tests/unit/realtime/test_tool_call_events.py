@@ -9,11 +9,12 @@ pipeline's events are scripted: which text is a call is the parser's business
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from omni.v1 import common_pb2
 
 from services.gateway.responses_api import Rendered, ResponsesRequest
-from services.pipeline.pipeline import Event
+from services.pipeline.events import Event
 from services.pipeline.tools import CallDelta
 from tests.unit.realtime.test_session_bounds import Pipeline, _profile, _session
 
@@ -44,12 +45,12 @@ MESSAGE_THEN_CALL = [
 
 
 class Calling(Pipeline):
+    # the model's own call format (a tool parser): "auto" is generated under no schema
+    checks = SimpleNamespace(tool_schema=lambda tools, structured=False: "")
+
     async def generate(self, prepared):
         for ev in SCRIPT:
             yield ev
-
-    def tool_schema(self, tools, structured: bool = False) -> str:
-        return ""
 
 
 async def test_realtime_sends_the_message_then_the_call():
