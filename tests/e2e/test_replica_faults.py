@@ -26,7 +26,7 @@ import pytest
 import websockets.sync.client as ws_client
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
-from services.gateway.audio_api import MAX_SPEECH_CHARS
+from services.gateway.audio.protocol import MAX_SPEECH_CHARS
 from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from omni.v1 import stages_pb2
 
 from services.common.errors import OmniError
-from services.gateway.audio_api import transcript_body
-from services.gateway.audio_files import FORMATS, SpeechFile
+from services.gateway.audio.files import FORMATS, SpeechFile
+from services.gateway.audio.protocol import transcript_body
 from services.models.profile import LimitsSpec, load_profile
 from services.pipeline.media import audio_file
 from services.pipeline.speaking import _spoken_pieces

@@ -1,4 +1,4 @@
-"""Client-secret requests and the browser WebSocket's key subprotocol (services/gateway/realtime_auth.py)."""
+"""Client-secret requests and the browser WebSocket's key subprotocol (services/gateway/realtime/auth.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from services.common.errors import OmniError
-from services.gateway.realtime_auth import ClientSecretRequest, session_settings, subprotocol_key
+from services.gateway.realtime.auth import ClientSecretRequest, session_settings, subprotocol_key
 from services.models.profile import load_profile
 
 

@@ -1,4 +1,4 @@
-"""The WebRTC transport's playout track (services/gateway/webrtc.py), frame by frame: answers are
+"""The WebRTC transport's playout track (services/gateway/realtime/webrtc.py), frame by frame: answers are
 paced out in 20 ms frames with silence between them, their progress reported as played, started /
 stopped / cleared as the data channel tells them; and how an offer is read (its body, or OpenAI's
 form with session settings) and checked before any parsing."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from services.common.errors import OmniError
-from services.gateway.webrtc import FRAME_SAMPLES, MAX_LATE_S, Call, FramePacer, Playout, read_offer
+from services.gateway.realtime.webrtc import FRAME_SAMPLES, MAX_LATE_S, Call, FramePacer, Playout, read_offer
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE
 

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 from omni.v1 import common_pb2
 
-from services.gateway.responses_api import Rendered, ResponsesRequest
+from services.gateway.responses.protocol import ResponsesRequest
+from services.gateway.responses.render import Rendered
 from services.pipeline.events import Event
 from services.pipeline.tools import CallDelta
 from tests.unit.realtime.test_session_bounds import Pipeline, _profile, _session

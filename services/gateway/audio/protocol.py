@@ -13,8 +13,8 @@ from pydantic import Field
 from starlette.datastructures import Headers, UploadFile
 
 from services.common.errors import bad_request
-from services.gateway.audio_files import SPEED_RANGE
-from services.gateway.openai_api import MAX_NAME_CHARS, Name, _Loose, parse_form, validated
+from services.gateway.audio.files import SPEED_RANGE
+from services.gateway.protocol import MAX_NAME_CHARS, Loose, Name, parse_form, validated
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.checks import MAX_SPEECH_CHARS, MAX_TRANSCRIPTION_PROMPT_CHARS
@@ -23,7 +23,7 @@ from services.pipeline.turn import SpeechTurn, TranscriptionTurn
 TRANSCRIPT_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
 
 
-class SpeechBody(_Loose):
+class SpeechBody(Loose):
     model: Name
     input: str = Field(max_length=MAX_SPEECH_CHARS)
     voice: Name = ""
@@ -69,7 +69,7 @@ def speech_sse(delta: bytes | None, usage=None) -> str:
 # ---- transcriptions ---------------------------------------------------------------------------
 
 
-class TranscriptionBody(_Loose):
+class TranscriptionBody(Loose):
     model: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     response_format: Literal["json", "text", "srt", "verbose_json", "vtt"] = "json"
     stream: bool = False

@@ -29,7 +29,7 @@ from starlette.datastructures import Headers, UploadFile
 from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request, internal_error
 from services.extensions.ray.metrics import metric
-from services.gateway.openai_api import parse_form
+from services.gateway.protocol import parse_form
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
