@@ -15,7 +15,11 @@ the session goes on (it just cannot be resumed from that turn).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from services.common.session_key import SessionKey
 
 PREFIX = "omniray:realtime:"
+SAVE_WAIT_S = 5.0  # at close, how long the last save may still take
+log = logging.getLogger(__name__)
 
 # KEYS[1] the hash; ARGV: owner, ttl_s, fields to delete count, those fields, then field/value pairs.
 # 1: saved; 0: another connection owns it; 2: the record is gone (it lapsed).
@@ -145,3 +151,74 @@ class SessionStore:
             raise Taken(str(session))
         if done == 2:
             raise Lapsed(str(session))
+
+
+class SessionSaver:
+    """Saves one session at its turn boundaries: one save at a time, a boundary during a save makes
+    one more after it; only the clips not saved yet are written. A session resumed elsewhere
+    (`Taken`) is told through `taken`; a failed save is counted and the session goes on."""
+
+    def __init__(
+        self, store: SessionStore, owner: str, key: SessionKey, stats, taken: Callable[[], Awaitable[None]]
+    ):
+        self.store, self.owner, self.key, self.stats, self.taken = store, owner, key, stats, taken
+        self.saved_clips: set[str] = set()
+        self._saving: asyncio.Task | None = None
+        self._again = False
+        self.stopped = False  # the connection closes: nothing more is saved after the save in flight
+
+    def soon(self, snapshot: Callable[[], tuple[SavedState, list]]) -> None:
+        """Save what `snapshot` gives (the state and the conversation's items) when the save in
+        flight is done, or now."""
+        if self.stopped:
+            return
+        self._snapshot = snapshot
+        if self._saving is not None and not self._saving.done():
+            self._again = True
+            return
+        self._saving = asyncio.create_task(self._save())
+
+    async def _save(self) -> None:
+        while True:
+            self._again = False
+            try:
+                state, new_clips, gone = self._state()
+                await self.store.save(self.key, self.owner, state, new_clips, gone)
+            except Taken:  # resumed by another connection: this one ends
+                self.stats.saves.inc(tags={"outcome": "taken"})
+                await self.taken()
+                return
+            except Lapsed:  # no save for grace_s while connected: a new record, every clip again
+                with contextlib.suppress(Exception):
+                    await self.store.claim(self.key, self.owner)
+                    self.saved_clips = set()
+                    self._again = True
+            except Exception as e:  # Redis away: this turn cannot be resumed; the session goes on
+                self.stats.saves.inc(tags={"outcome": "failed"})
+                log.warning("realtime session %s: save failed: %s", self.key, e)
+            else:
+                self.stats.saves.inc(tags={"outcome": "ok"})
+                self.saved_clips = (self.saved_clips | new_clips.keys()) - set(gone)
+            if not self._again or self.stopped:
+                return
+
+    def _state(self) -> tuple[SavedState, dict[str, np.ndarray], list[str]]:
+        """The state to save, the clips not saved yet (by field), the saved clips gone since."""
+        state, items = self._snapshot()
+        saved, new_clips, names = [], {}, set()
+        for item in items:
+            item_names = [f"clip:{item.id}:{k}" for k in range(len(item.clips))]
+            for name, clip in zip(item_names, item.clips, strict=True):
+                names.add(name)
+                if name not in self.saved_clips:
+                    new_clips[name] = clip.samples()
+            fields = {f: getattr(item, f) for f in SavedItem.model_fields if f != "clips"}
+            saved.append(SavedItem(**fields, clips=item_names))
+        state.items = saved
+        return state, new_clips, sorted(self.saved_clips - names)
+
+    async def saved(self) -> None:
+        """Wait for the save in flight, if any, up to SAVE_WAIT_S (a failed one is counted)."""
+        if self._saving is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._saving), SAVE_WAIT_S)

@@ -14,7 +14,7 @@ from services.common.errors import OmniError
 from services.models.profile import Profile
 from services.quota.client_secrets import DEFAULT_TTL_S, MAX_TTL_S, MIN_TTL_S
 from services.realtime import events as ev
-from services.realtime.session import unserved
+from services.realtime.settings import unserved
 
 # OpenAI's browser WebSocket: `new WebSocket(url, ["realtime", "openai-insecure-api-key." + key])`;
 # the server answers with the `realtime` subprotocol.

@@ -160,17 +160,17 @@ async def test_a_silent_open_microphone_keeps_only_the_prefix_padding():
     for _ in range(5 * 60 * 10):
         noise = (rng.normal(0, 30, step // 2)).astype("<i2").tobytes()
         await s.handle(_append(noise))
-        largest = max(largest, len(s.buffer))
+        largest = max(largest, len(s.input.buffer))
     assert _errors(sent) == [] and not [e for e in sent if e["type"].startswith("input_audio_buffer.")]
     assert largest <= (300 + 33) * BYTES_PER_MS
-    assert s.input_ms == pytest.approx(5 * 60 * 1000)  # positions still count every sample
+    assert s.input.input_ms == pytest.approx(5 * 60 * 1000)  # positions still count every sample
 
 
 async def test_without_server_vad_the_client_decides_and_the_buffer_limit_holds():
     s, sent = await _session(_profile(), audio={"input": {"turn_detection": None}})
     for _ in range(8):  # 120 s: the limit
         await s.handle(_append(bytes(15 * 1000 * BYTES_PER_MS)))
-    assert _errors(sent) == [] and len(s.buffer) == 120 * 1000 * BYTES_PER_MS
+    assert _errors(sent) == [] and len(s.input.buffer) == 120 * 1000 * BYTES_PER_MS
     await s.handle(_append(bytes(1000 * BYTES_PER_MS)))
     assert [e["code"] for e in _errors(sent)] == ["input_audio_buffer_full"]
 
@@ -200,10 +200,10 @@ async def test_a_turn_is_its_speech_and_padding_at_the_reported_positions(two_se
     committed = [e["item_id"] for e in sent if e["type"] == "input_audio_buffer.committed"]
     assert _errors(sent) == [] and len(started) == len(stopped) == len(committed) == 2
     assert 1500 <= started[0] <= 2100  # the speech starts at 2 s (less the 300 ms padding)
-    for item, begin, end in zip(s.items, started, stopped, strict=True):
+    for item, begin, end in zip(s.conversation.items, started, stopped, strict=True):
         assert _pcm16(item) == pcm[begin * BYTES_PER_MS : end * BYTES_PER_MS]
     assert stopped[0] < (2000 + len(first) / BYTES_PER_MS) + 200  # not the 1.5 s of silence after
-    assert len(s.buffer) <= (300 + 33) * BYTES_PER_MS
+    assert len(s.input.buffer) <= (300 + 33) * BYTES_PER_MS
 
 
 async def test_an_update_while_the_user_speaks_keeps_the_turn(two_sentences):
@@ -220,7 +220,7 @@ async def test_an_update_while_the_user_speaks_keeps_the_turn(two_sentences):
         for k in range(0, len(pcm), step):
             await s.handle(_append(pcm[k : k + step]))
             if update and k == len(pcm) // 2 // step * step:
-                assert s.speech_start_ms is not None  # mid-speech
+                assert s.input.speech_start_ms is not None  # mid-speech
                 await s.handle(
                     json.dumps({"type": "session.update", "session": {"type": "realtime", **update}})
                 )
@@ -234,7 +234,7 @@ async def test_an_update_while_the_user_speaks_keeps_the_turn(two_sentences):
         return [{k: v for k, v in e.items() if k not in ("event_id", "item_id")} for e in events]
 
     assert strip(updated) == strip(plain)
-    assert _pcm16(s_updated.items[-1]) == _pcm16(s_plain.items[-1])
+    assert _pcm16(s_updated.conversation.items[-1]) == _pcm16(s_plain.conversation.items[-1])
     # another silence duration is new turn detection: VAD starts over, the half-spoken turn with it
     restarted, _ = await spoken({"audio": {"input": {"turn_detection": {**td, "silence_duration_ms": 300}}}})
     assert [e["type"] for e in restarted].count("input_audio_buffer.speech_started") == 2
@@ -250,8 +250,8 @@ async def test_speculative_clips_are_a_prefix_of_the_committed_turn(two_sentence
     step = 100 * BYTES_PER_MS
     for k in range(0, len(pcm), step):
         await s.handle(_append(pcm[k : k + step]))
-        if s.ahead is not None:
-            await s.ahead  # one at a time, as its speed allows
+        if s.input.ahead is not None:
+            await s.input.ahead  # one at a time, as its speed allows
     await s.response.task
     assert _errors(sent) == [] and pipeline.ahead
     turn = list(pipeline.prepared[-1].request.messages[-1].parts)
@@ -287,10 +287,13 @@ async def test_the_oldest_turns_go_in_batches_and_their_items_and_audio_with_the
     carried = []
     for _ in range(10):
         carried += await _turns(s, 1)
-        first_user = first_user or s.items[0].id
+        first_user = first_user or s.conversation.items[0].id
     assert carried == [1, 2, 3, 4, 3, 4, 3, 4, 3, 4]
     assert _errors(sent) == [] and s.stats.dropped == 6
-    assert len(s.items) == 8 and sum(len(_pcm16(i)) for i in s.items) == 4 * 500 * BYTES_PER_MS
+    assert (
+        len(s.conversation.items) == 8
+        and sum(len(_pcm16(i)) for i in s.conversation.items) == 4 * 500 * BYTES_PER_MS
+    )
     await s.handle(json.dumps({"type": "conversation.item.retrieve", "item_id": first_user}))
     assert _errors(sent)[-1]["code"] == "item_not_found"
 
@@ -349,11 +352,11 @@ async def test_a_response_asking_for_more_than_the_cap_is_refused_before_the_win
     profile = _profile(max_history_turns=64)
     s, sent = await _session(profile, audio={"input": {"turn_detection": None}})
     await _turns(s, 3)
-    items = [i.id for i in s.items]
+    items = [i.id for i in s.conversation.items]
     cap = profile.limits.max_tokens_cap
     await s.handle(json.dumps({"type": "response.create", "response": {"max_output_tokens": cap + 1}}))
     assert _errors(sent)[-1]["message"] == f"max_output_tokens must be at most {cap}"
-    assert [i.id for i in s.items] == items and not s.busy  # the conversation is as it was
+    assert [i.id for i in s.conversation.items] == items and not s.busy  # the conversation is as it was
 
 
 async def test_session_settings_do_not_grow_past_their_bound():
@@ -377,5 +380,5 @@ async def test_items_created_between_responses_stay_within_the_window():
     for i in range(40):
         await s.handle(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"note {i}"}]}}))  # fmt: skip
-    assert not _errors(sent) and 3 <= len(s.items) <= 4
-    assert s.items[-1].text == "note 39"  # the newest kept
+    assert not _errors(sent) and 3 <= len(s.conversation.items) <= 4
+    assert s.conversation.items[-1].text == "note 39"  # the newest kept

@@ -77,7 +77,7 @@ async def test_realtime_sends_the_message_then_the_call():
         {"city": "Paris"},
     )
     # both are in the conversation, in order
-    assert [i.kind for i in s.items[-2:]] == ["message", "function_call"]
+    assert [i.kind for i in s.conversation.items[-2:]] == ["message", "function_call"]
 
 
 async def _events():
