@@ -8,7 +8,8 @@
 MOVED: its client was told to reconnect elsewhere, and its tenant slot is kept for that reconnect.
 TAKEN: another connection resumed it; the slot and the playback monitor's entry are the new one's.
 Either ends the transport's loop (`ended`). CLOSED: nothing more is saved or sent; how it left
-(MOVED, TAKEN) is kept in `handed_off`."""
+(MOVED, TAKEN) is kept in `handed_off` — TAKEN too when the last save, finishing after the
+connection closed, finds the session resumed elsewhere."""
 
 from __future__ import annotations
 
@@ -36,16 +37,18 @@ _NEXT = {
 class Lifecycle:
     def __init__(self):
         self.phase = Phase.OPEN
-        self.handed_off: Phase | None = None  # MOVED or TAKEN, once it was
+        self.handed_off: set[Phase] = set()  # MOVED, TAKEN: what it was
         self.ended: asyncio.Future = asyncio.get_running_loop().create_future()  # the transport stops
 
     def to(self, phase: Phase) -> bool:
         """Move to `phase` if the machine allows it from here; whether it did."""
-        if phase not in _NEXT[self.phase]:
+        late_take = self.phase is Phase.CLOSED and phase is Phase.TAKEN
+        if phase not in _NEXT[self.phase] and not late_take:
             return False
-        self.phase = phase
+        if not late_take:
+            self.phase = phase
         if phase in (Phase.MOVED, Phase.TAKEN):
-            self.handed_off = phase
+            self.handed_off.add(phase)
             if not self.ended.done():
                 self.ended.set_result(None)
         return True
