@@ -99,12 +99,16 @@ class RealtimeHub:
         send: Callable[[se.ServerEvent], Awaitable[None]],
         resume: str | None = None,
         settings: dict | None = None,
+        *,
+        audio_track: bool = False,
     ) -> RealtimeSession:
         """A new session, or with `resume` (a session id) the tenant's saved session of that id.
         `settings`: session settings the client sent with the open (a WebRTC call's form), applied
         before `session.created`. `api_key` may be a client secret
         (services/quota/client_secrets.py): used up here, its own settings applied instead (a caller
-        does not send both). A resumed session keeps its saved settings."""
+        does not send both). A resumed session keeps its saved settings.
+        `audio_track`: the transport plays the responses' audio itself (WebRTC): it gets pcm16,
+        whatever the session's output format."""
         try:
             if is_client_secret(api_key):
                 tenant, settings = await self.quota.redeem_secret(api_key)
@@ -150,7 +154,7 @@ class RealtimeHub:
                 await old.taken_over()  # a live connection of this replica: it ends now
             session = RealtimeSession(
                 self.pipeline, self.profile, tenant, session_id, send, self.monitor, self.admission, self.stats,
-                continuity,
+                continuity, audio_track,
             )  # fmt: skip
             if saved is not None:
                 session.restore(*saved)

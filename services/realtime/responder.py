@@ -28,6 +28,7 @@ class SessionSide(Protocol):
     id: str
     key: str
     tenant: TenantSpec
+    audio_track: bool  # its transport plays the audio itself: pcm16, whatever the output format
 
     async def send(self, event: se.ServerEvent) -> None: ...
 
@@ -123,7 +124,13 @@ class Responder:
                                    remaining=round(max(0.0, b.remaining), 3), reset_seconds=round(b.reset_s, 3))
                       for b in buckets]  # fmt: skip
             await self.send(se.RateLimitsUpdated(rate_limits=limits))
-        response.task = asyncio.create_task(self.run(response, prepared, session.audio.output.format.type))
+        response.task = asyncio.create_task(
+            self.run(
+                response,
+                prepared,
+                "audio/pcm" if self.session.audio_track else session.audio.output.format.type,
+            )
+        )
 
     async def cancel(self) -> None:
         r = self.response

@@ -63,6 +63,7 @@ class RealtimeSession:
         admission: AimdAdmission,
         stats: RealtimeStats,
         continuity: tuple[SessionStore, str] | None = None,
+        audio_track: bool = False,
     ):
         self.pipeline, self.profile, self.tenant, self.monitor = pipeline, profile, tenant, monitor
         self.admission, self.stats = admission, stats
@@ -75,6 +76,8 @@ class RealtimeSession:
         self.life = Lifecycle()
         self.input = InputBuffer(profile, self.config.audio.input.format.type)
         self.conversation = Conversation(profile, stats)
+        # A transport with its own audio track (WebRTC) takes the responses' audio as pcm16.
+        self.audio_track = audio_track
         self.responder = Responder(self, pipeline, self.conversation, monitor, admission, stats)
         self.next_item_id = se.new_id("item")  # the user item speech will become
         self.transcribing: set[asyncio.Task] = set()  # input transcriptions beside the responses

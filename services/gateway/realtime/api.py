@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import grpc
 from fastapi import Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import Response
 from omni.v1 import omni_pb2
@@ -18,22 +17,17 @@ from services.gateway.grpc_wire import Undecodable
 from services.gateway.observer import RequestObserver, bearer_token
 from services.gateway.protocol import validated
 from services.gateway.realtime import auth, webrtc
+from services.gateway.realtime.transport import REFUSALS, Ending, Invalid, serve
 from services.models.profile import Profile
 from services.quota.service import QuotaService
 from services.realtime import grpc_events
 from services.realtime import server_events as se
 from services.realtime.hub import RealtimeHub, Refused
 
-# Refused realtime sessions: gRPC status codes, and WebSocket close codes.
-GRPC_REFUSAL = {"unauthenticated": grpc.StatusCode.UNAUTHENTICATED, "not_found": grpc.StatusCode.NOT_FOUND,
-                "limit": grpc.StatusCode.RESOURCE_EXHAUSTED, "unavailable": grpc.StatusCode.UNAVAILABLE}  # fmt: skip
 MODEL_HEADER = "x-omniray-model"  # gRPC realtime: the model asked for (optional)
 # Resume a saved realtime session (docs/realtime.md "Reconnect"): WebSocket query / gRPC metadata
 RESUME_PARAM = "session_id"
 RESUME_HEADER = "x-omniray-session-id"
-WS_CLOSE = {"unauthenticated": (1008, "unauthorized"), "not_found": (1008, "not found"),
-            "limit": (se.TRY_AGAIN_LATER, "try again later"),
-            "unavailable": (se.TRY_AGAIN_LATER, "try again later")}  # fmt: skip
 
 
 class RealtimeAPI:
@@ -91,108 +85,102 @@ class RealtimeAPI:
         A browser sends its key (or a client secret) as a subprotocol, and is answered `realtime`."""
         subprotocols = ws.scope.get("subprotocols") or []
         await ws.accept(subprotocol=auth.SUBPROTOCOL if auth.SUBPROTOCOL in subprotocols else None)
-
-        async def send(event: se.ServerEvent) -> None:
-            await ws.send_text(se.to_json(event))
-
+        transport = _WebSocket(ws)
         try:
             session = await self.hub.open(
                 bearer_token(ws.headers.get("authorization")) or auth.subprotocol_key(subprotocols),
                 ws.query_params.get("model"),
-                send,
+                transport.send,
                 ws.query_params.get(RESUME_PARAM),
             )
         except Refused as refused:
-            await send(refused.event)
-            code, reason = WS_CLOSE[refused.reason]
+            await transport.send(refused.event)
+            code, reason = REFUSALS[refused.reason].ws
             await ws.close(code=code, reason=reason)
             return
         self.observer.counted("realtime", "ok")
         try:
-            while True:
-                message = await self._next_client_event(session, ws.receive)
-                if message is None:
-                    if session.moved:  # 1012: service restart; reconnect with the session id
-                        await ws.close(code=1012, reason="server draining: reconnect with session_id")
-                    else:
-                        await ws.close(code=1000, reason="resumed elsewhere" if session.taken else "idle")
-                    break
-                if message["type"] == "websocket.disconnect":
-                    break
-                await session.handle(message.get("text") or message.get("bytes") or b"")
+            await serve(session, transport)
         except WebSocketDisconnect:
             pass
         finally:
             await self.hub.close(session)
 
-    async def _next_client_event(self, session, receive):
-        """The client's next event; None once the session has been idle too long (told so with an
-        `error` event), was resumed by another connection or moved off this draining replica.
-        Waiting while a response plays out is not idling."""
-        idle_s = self.profile.realtime.idle_timeout_s
-        # One receive for the whole wait: cancelling a stream's read half-way can break the stream.
-        pending = asyncio.ensure_future(receive())
-        ended = session.ended  # resumed by another connection (a future of the session's: not cancelled here)
-        try:
-            while True:
-                done, _ = await asyncio.wait(
-                    {pending, ended}, timeout=idle_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                if ended in done:
-                    return None
-                if done:
-                    return pending.result()
-                if not session.busy:
-                    await session.send(
-                        se.error(
-                            f"no client event for {idle_s:g} s: the session is closed", "session_idle_timeout"
-                        )
-                    )
-                    return None
-        finally:
-            pending.cancel()
-
     async def grpc(
         self, request_stream: AsyncIterator[omni_pb2.RealtimeClientEvent], grpc_context=None
     ) -> AsyncIterator[omni_pb2.RealtimeServerEvent]:
-        """The WebSocket's session over a bidirectional gRPC stream (Serve's
-        proxy carries it); client events converted by services/realtime/grpc_events.py, server events
-        encoded by services/realtime/server_events.py."""
+        """The WebSocket's session over a bidirectional gRPC stream (Serve's proxy carries it); client
+        events converted by services/realtime/grpc_events.py, server events encoded by
+        services/realtime/server_events.py."""
         metadata = dict(grpc_context.invocation_metadata()) if grpc_context else {}
-        outbox: asyncio.Queue = asyncio.Queue()
+        transport = _GrpcStream(request_stream)
         try:
             session = await self.hub.open(
                 bearer_token(metadata.get("authorization")),
                 metadata.get(MODEL_HEADER),
-                outbox.put,
+                transport.send,
                 metadata.get(RESUME_HEADER),
             )
         except Refused as refused:
             if grpc_context is not None:
-                grpc_context.set_code(GRPC_REFUSAL[refused.reason])
+                grpc_context.set_code(REFUSALS[refused.reason].grpc)
                 grpc_context.set_details(str(refused))
             raise
         self.observer.counted("grpc_realtime", "ok")
-
-        async def read() -> None:
-            messages = aiter(request_stream)
+        async def served() -> None:
             try:
-                while (
-                    message := await self._next_client_event(session, lambda: anext(messages, None))
-                ) is not None:
-                    if isinstance(message, Undecodable):  # an error event; the session goes on
-                        await session.handle_invalid(
-                            f"event is not an omni.v1.RealtimeClientEvent: {message.reason}"
-                        )
-                    else:
-                        await session.handle(grpc_events.client_event(message))
+                await serve(session, transport)
             finally:
-                await outbox.put(None)  # the client closed its side: the session ends
+                await transport.outbox.put(None)  # however the session ended, the stream does
 
-        reader = asyncio.create_task(read())
+        reader = asyncio.create_task(served())
         try:
-            while (event := await outbox.get()) is not None:
+            while (event := await transport.outbox.get()) is not None:
                 yield se.to_proto(event)
         finally:
             reader.cancel()
             await self.hub.close(session)
+
+
+class _WebSocket:
+    """A session's WebSocket (Transport)."""
+
+    CLOSE = {"idle": (1000, "idle"), "taken": (1000, "resumed elsewhere"),
+             "moved": (1012, "server draining: reconnect with session_id")}  # fmt: skip  # 1012: service restart
+
+    def __init__(self, ws: WebSocket):
+        self.ws = ws
+
+    async def receive(self) -> str | bytes | None:
+        message = await self.ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return None
+        return message.get("text") or message.get("bytes") or b""
+
+    async def send(self, event: se.ServerEvent) -> None:
+        await self.ws.send_text(se.to_json(event))
+
+    async def close(self, ending: Ending) -> None:
+        if ending in self.CLOSE:  # else the client closed it
+            code, reason = self.CLOSE[ending]
+            await self.ws.close(code=code, reason=reason)
+
+
+class _GrpcStream:
+    """A session's bidirectional gRPC stream (Transport): events out through `outbox`, None ends it."""
+
+    def __init__(self, requests: AsyncIterator[omni_pb2.RealtimeClientEvent]):
+        self.requests = aiter(requests)
+        self.outbox: asyncio.Queue = asyncio.Queue()
+
+    async def receive(self) -> dict | Invalid | None:
+        message = await anext(self.requests, None)
+        if isinstance(message, Undecodable):  # an error event; the session goes on
+            return Invalid(f"event is not an omni.v1.RealtimeClientEvent: {message.reason}")
+        return None if message is None else grpc_events.client_event(message)
+
+    async def send(self, event: se.ServerEvent) -> None:
+        await self.outbox.put(event)
+
+    async def close(self, ending: Ending) -> None:
+        await self.outbox.put(None)  # the stream ends (the client's side closed, or the session did)

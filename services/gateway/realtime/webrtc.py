@@ -27,13 +27,14 @@ from aiortc.mediastreams import MediaStreamError
 from starlette.datastructures import Headers, UploadFile
 
 from services.common import untrusted_json
-from services.common.errors import OmniError, bad_request, internal_error
+from services.common.errors import OmniError, bad_request
 from services.extensions.ray.metrics import metric
 from services.gateway.protocol import parse_form
+from services.gateway.realtime.transport import REFUSALS, Audio, Ending, serve
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
-from services.realtime.codecs import PCM_RATE, InputAudio
+from services.realtime.codecs import PCM_RATE
 from services.realtime.hub import RealtimeHub, Refused
 from services.realtime.session import RealtimeSession
 
@@ -46,9 +47,7 @@ INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this 
 MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
 MAX_EARLY_EVENTS = 1000  # server events held until the data channel opens
 MAX_LATE_S = 0.1  # a frame sender this far behind real time skips ahead (FramePacer)
-ERROR_EVERY_S = 1.0  # a failing audio path reports once a second, not at the frame rate
 FLUSH_S = 1.0  # at most this long for the data channel's last events before the call closes
-REFUSAL_STATUS = {"unauthenticated": 401, "not_found": 404, "limit": 429, "unavailable": 503}
 
 
 class _Metrics:
@@ -192,11 +191,8 @@ class Call:
         self.pending: asyncio.Queue = asyncio.Queue(MAX_PENDING)  # ("event", text) | ("audio", pcm16)
         self.over = asyncio.Event()
         self.connected = False  # ICE and DTLS up (the peer connection's state)
-        self._decoders: dict[str, InputAudio] = {}  # a response's output format -> pcm16 (by response)
         self._tasks: set[asyncio.Task] = set()
-        self._reported_at = -float("inf")
         self._cleared: str | None = None  # the response whose audio this call last said was cleared
-        self._heard_at = time.monotonic()  # the client's last audio frame or event
 
     # ---- server events out ----------------------------------------------------------------------
 
@@ -217,12 +213,11 @@ class Call:
 
     async def send(self, event: se.ServerEvent) -> None:
         """The session's events: audio onto the track, everything else onto the data channel."""
-        if isinstance(event, se.ResponseOutputAudioDelta):
-            self.playout.push(event.response_id, event.item_id, self._pcm16(event.response_id, event.delta))
+        if isinstance(event, se.ResponseOutputAudioDelta):  # pcm16: the session's audio for a track
+            self.playout.push(event.response_id, event.item_id, event.delta)
             return
         if isinstance(event, se.ResponseDone):
             self.playout.finish(event.response.id)
-            self._decoders.pop(event.response.id, None)
         if isinstance(event, se.OutputAudioBufferCleared):  # the client's clear, answered by the session
             self.playout.clear()
             if event.response_id is not None and event.response_id == self._cleared:
@@ -232,13 +227,6 @@ class Call:
         if isinstance(event, se.ConversationItemTruncated) and (cut := self.playout.clear(event.item_id)):
             self._cleared = cut
             self._emit(se.OutputAudioBufferCleared(response_id=cut))
-
-    def _pcm16(self, response_id: str, audio: bytes) -> bytes:
-        fmt = self.session.config.audio.output.format.type  # audio comes from a response: opened
-        if fmt == "audio/pcm":
-            return audio
-        decoder = self._decoders.setdefault(response_id, InputAudio(fmt))
-        return decoder.decode(audio)
 
     def _late(self, seconds: float) -> None:
         self.metrics.playout_late.inc(seconds)
@@ -274,7 +262,6 @@ class Call:
 
         @channel.on("message")
         def _message(message):
-            self._heard_at = time.monotonic()
             try:
                 self.pending.put_nowait(("event", message))
             except asyncio.QueueFull:
@@ -295,7 +282,6 @@ class Call:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
-                self._heard_at = time.monotonic()
                 for out in resampler.resample(frame):
                     chunk += bytes(out.planes[0])[: out.samples * 2]
                 if len(chunk) < step:
@@ -306,38 +292,39 @@ class Call:
                     self.metrics.dropped.inc(len(chunk) / 2 / PCM_RATE)
                 chunk.clear()
 
-    async def _serve(self) -> None:
-        """Client events and audio into the session, one at a time and in order (as a WebSocket's)."""
-        while True:
-            kind, data = await self.pending.get()
-            if kind == "event":
-                await self.session.handle(data)
-                continue
-            try:
-                await self.session.append_audio(data)
-            except ev.RealtimeEventError as e:  # reported once a second, the call goes on
-                await self._report_error(se.error(str(e), e.code))
-            except Exception as e:  # our fault: logged under an id, the call goes on
-                err = internal_error(e, f"webrtc call {self.id}: microphone audio failed")
-                await self._report_error(se.error(err.message, err.code, kind="server_error"))
+    async def receive(self) -> str | Audio | None:
+        """The next client event (data channel) or microphone chunk, in order; None once the call is
+        over (the peer left or never connected, or it was hung up)."""
+        get, over = asyncio.ensure_future(self.pending.get()), asyncio.ensure_future(self.over.wait())
+        try:
+            done, _ = await asyncio.wait({get, over}, return_when=asyncio.FIRST_COMPLETED)
+            if get not in done:
+                return None
+            kind, data = get.result()
+            return data if kind == "event" else Audio(data)
+        finally:
+            get.cancel()
+            over.cancel()
 
-    async def _report_error(self, error: se.Error) -> None:
-        if time.monotonic() - self._reported_at >= ERROR_EVERY_S:
-            self._reported_at = time.monotonic()
-            await self.session.send(error)
+    async def close(self, ending: Ending) -> None:
+        """Let the last events (a migration's, a take-over's, the idle timeout's) leave before the
+        connection closes."""
+        deadline = time.monotonic() + FLUSH_S
+        while self.channel is not None and self.channel.readyState == "open" and self.channel.bufferedAmount:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)
 
     # ---- lifetime -------------------------------------------------------------------------------
 
     async def run(self, hub: RealtimeHub) -> None:
-        """Serve the call until the peer leaves (or never connects), the session ends (resumed
+        """Serve the call until the peer leaves (or never connects), the session ends (idle, resumed
         elsewhere, moved off a draining replica) or it is hung up; then let everything go."""
-        self._spawn(self._serve())
         self.session.ended.add_done_callback(lambda _: self.over.set())
         connect_s = self.session.profile.realtime.webrtc_connect_timeout_s
         deadline = asyncio.get_running_loop().call_later(connect_s, self._not_connected, connect_s)
         try:
-            await self._until_over()
-            await self._flush()
+            await serve(self.session, self)
         finally:
             deadline.cancel()
             for task in list(self._tasks):
@@ -347,30 +334,6 @@ class Call:
                 await self.pc.close()  # stops its tracks too
             finally:
                 await hub.close(self.session)
-
-    async def _until_over(self) -> None:
-        """Until the call is over, or the client has sent nothing (no audio frame, no event) for the
-        profile's realtime idle timeout while no response was in flight (told with an `error`)."""
-        idle_s = self.session.profile.realtime.idle_timeout_s
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.over.wait(), timeout=idle_s / 4)
-                return
-            if time.monotonic() - self._heard_at >= idle_s and not self.session.busy:
-                await self.session.send(
-                    se.error(
-                        f"no audio or event for {idle_s:g} s: the session is closed", "session_idle_timeout"
-                    )
-                )
-                return
-
-    async def _flush(self) -> None:
-        """Let the last events (a migration's, a take-over's) leave before the connection closes."""
-        deadline = time.monotonic() + FLUSH_S
-        while self.channel is not None and self.channel.readyState == "open" and self.channel.bufferedAmount:
-            if time.monotonic() > deadline:
-                return
-            await asyncio.sleep(0.02)
 
     def _not_connected(self, connect_s: float) -> None:
         if not self.connected:
@@ -472,10 +435,12 @@ class Calls:
                     "the SDP offer could not be parsed or negotiated", code="invalid_sdp"
                 ) from None
             try:
-                call.session = await self.hub.open(api_key, model, call.send, resume, settings)
+                call.session = await self.hub.open(
+                    api_key, model, call.send, resume, settings, audio_track=True
+                )
             except Refused as refused:
                 e = refused.event.error
-                raise OmniError(REFUSAL_STATUS[refused.reason], e.message, code=e.code, type=e.type) from None
+                raise OmniError(REFUSALS[refused.reason].http, e.message, code=e.code, type=e.type) from None
             pc.addTrack(call.playout)
             try:
                 await pc.setLocalDescription(await pc.createAnswer())
