@@ -188,25 +188,11 @@ class Responder:
                         await self.send(se.ResponseOutputAudioTranscriptDelta(delta=out.text, **ids))
                     else:
                         await self.send(se.ResponseOutputTextDelta(delta=out.text, **ids))
-                for d in out.calls:
-                    if d.index not in calls:
-                        calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
-                    item = calls[d.index]
-                    item.text += d.arguments
-                    if d.arguments:
-                        await self.send(se.FunctionCallArgumentsDelta(
-                            response_id=r.id, item_id=item.id, output_index=r.output.index(item),
-                            call_id=item.call_id, delta=d.arguments))  # fmt: skip
+                await self._call_pieces(r, calls, out.calls)
                 # the event's tokens wrote its last piece: a call's, else the message's
                 (calls[out.calls[-1].index] if out.calls else r.item).tokens += out.tokens
                 if out.pcm16 and r.message == "open":
-                    ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
-                    if out.transcript is not None or not r.item.spoken:  # a new spoken piece
-                        r.item.spoken.append([out.transcript or "", 0.0])
-                    r.item.spoken[-1][1] += ms
-                    self.monitor.audio_sent(self.key, ms)
-                    if delta := audio_out.encode(out.pcm16):
-                        await self.send(se.ResponseOutputAudioDelta(delta=delta, **ids))
+                    await self._audio(r, out, audio_out)
                 if out.finish_reason and out.usage is not None:
                     finish, r.usage = out.finish_reason, self._usage(out.usage, r)
             if finish == "length":  # the response's (or session's) max_output_tokens, or the profile's
@@ -234,17 +220,43 @@ class Responder:
             if r.message == "open":
                 await self._end_message(r)
             for item in calls.values():
-                item.generated = item.text
-                index = r.output.index(item)
-                await self.send(se.FunctionCallArgumentsDone(response_id=r.id, item_id=item.id, output_index=index,
-                                                             call_id=item.call_id, name=item.name,
-                                                             arguments=item.text))  # fmt: skip
-                done = item.describe(r.item_status)
-                await self.send(se.ResponseOutputItemDone(response_id=r.id, output_index=index, item=done))
-                if r.in_conversation:
-                    await self.send(se.ConversationItemDone(item=done))
+                await self._call_done(r, item)
             await self.send(se.ResponseDone(response=self.describe(r)))
             await self.session.turn_done()
+
+    async def _call_pieces(self, r: Response, calls: dict[int, Item], pieces) -> None:
+        """Calls as the answer writes them: each added when it begins, its arguments' deltas."""
+        for d in pieces:
+            if d.index not in calls:
+                calls[d.index] = await self._add_call(r, ToolCall(d.id, d.name, ""))
+            item = calls[d.index]
+            item.text += d.arguments
+            if d.arguments:
+                await self.send(se.FunctionCallArgumentsDelta(
+                    response_id=r.id, item_id=item.id, output_index=r.output.index(item),
+                    call_id=item.call_id, delta=d.arguments))  # fmt: skip
+
+    async def _audio(self, r: Response, out, audio_out: OutputAudio) -> None:
+        """A piece of the message's audio: counted against the piece of text it speaks, sent."""
+        ms = len(out.pcm16) / 2 / (out.sample_rate or PCM_RATE) * 1000
+        if out.transcript is not None or not r.item.spoken:  # a new spoken piece
+            r.item.spoken.append([out.transcript or "", 0.0])
+        r.item.spoken[-1][1] += ms
+        self.monitor.audio_sent(self.key, ms)
+        if delta := audio_out.encode(out.pcm16):
+            await self.send(se.ResponseOutputAudioDelta(delta=delta, response_id=r.id, item_id=r.item.id))
+
+    async def _call_done(self, r: Response, item: Item) -> None:
+        """A call's arguments and item done, after the message's."""
+        item.generated = item.text
+        index = r.output.index(item)
+        await self.send(se.FunctionCallArgumentsDone(response_id=r.id, item_id=item.id, output_index=index,
+                                                     call_id=item.call_id, name=item.name,
+                                                     arguments=item.text))  # fmt: skip
+        done = item.describe(r.item_status)
+        await self.send(se.ResponseOutputItemDone(response_id=r.id, output_index=index, item=done))
+        if r.in_conversation:
+            await self.send(se.ConversationItemDone(item=done))
 
     async def _begin_message(self, r: Response) -> None:
         """The response's message item added (to the conversation too, in band), its part begun."""

@@ -3,9 +3,8 @@ Realtime's names and shapes, and omniray's extensions), the single definition bo
 encode from and clients decode with:
 
 - JSON (the WebSocket): `to_json` / `parse`; audio deltas as base64, as OpenAI's;
-- protobuf (gRPC, `omni.v1.RealtimeServerEvent`): `to_proto` / `from_proto`. The message has a field
-  for what clients read on the hot path (ids, text and audio deltas, statuses, usage, errors) and
-  carries the whole event as JSON in `json`; audio deltas go as raw bytes only.
+- protobuf (gRPC, `omni.v1.RealtimeServerEvent`): services/realtime/grpc_events.py `to_proto` /
+  `from_proto`.
 
 The session builds these; nothing else writes a server event by hand.
 """
@@ -16,7 +15,6 @@ import base64
 import uuid
 from typing import Annotated, Any, Literal
 
-from omni.v1 import common_pb2, omni_pb2
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, TypeAdapter
 
 from services.realtime.events import SessionConfig
@@ -474,44 +472,3 @@ def to_json(event: _Event) -> str:
 def parse(data: str | bytes | dict) -> _Event:
     """A server event from its JSON text or decoded JSON (clients; raises pydantic's ValidationError)."""
     return _SERVER.validate_python(data) if isinstance(data, dict) else _SERVER.validate_json(data)
-
-
-# ---- protobuf ----------------------------------------------------------------------------------
-
-_SCALARS = ("response_id", "item_id", "transcript", "audio_start_ms", "audio_end_ms")
-
-
-def to_proto(event: _Event) -> omni_pb2.RealtimeServerEvent:
-    out = omni_pb2.RealtimeServerEvent(type=event.type, event_id=event.event_id)
-    for name in _SCALARS:
-        if isinstance(value := getattr(event, name, None), str | int):
-            setattr(out, name, value)
-    delta = getattr(event, "delta", None)
-    if isinstance(delta, bytes):
-        out.audio = delta
-    elif isinstance(delta, str):
-        out.delta = delta
-    if (response := getattr(event, "response", None)) is not None:
-        out.response_id, out.response_status = response.id, response.status
-        if response.usage is not None:
-            u = response.usage
-            out.usage.CopyFrom(common_pb2.Usage(prompt_tokens=u.input_tokens, completion_tokens=u.output_tokens,
-                                                total_tokens=u.total_tokens))  # fmt: skip
-    if (item := getattr(event, "item", None)) is not None:
-        out.item_id = item.id
-        out.transcript = next((c.transcript or c.text or "" for c in getattr(item, "content", ())), "")
-    if isinstance(event, Error):
-        e = event.error
-        out.error.CopyFrom(omni_pb2.RealtimeError(type=e.type, code=e.code, message=e.message,
-                                                  event_id=e.event_id or ""))  # fmt: skip
-    if not isinstance(delta, bytes):  # audio goes as bytes only, not twice
-        out.json = to_json(event)
-    return out
-
-
-def from_proto(message: omni_pb2.RealtimeServerEvent) -> _Event:
-    """The event a `to_proto` message carries (clients)."""
-    if message.type == ResponseOutputAudioDelta.model_fields["type"].default:
-        return ResponseOutputAudioDelta(event_id=message.event_id, response_id=message.response_id,
-                                        item_id=message.item_id, delta=message.audio)  # fmt: skip
-    return parse(message.json)

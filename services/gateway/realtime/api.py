@@ -127,6 +127,7 @@ class RealtimeAPI:
                 grpc_context.set_details(str(refused))
             raise
         self.observer.counted("grpc_realtime", "ok")
+
         async def served() -> None:
             try:
                 await serve(session, transport)
@@ -136,7 +137,7 @@ class RealtimeAPI:
         reader = asyncio.create_task(served())
         try:
             while (event := await transport.outbox.get()) is not None:
-                yield se.to_proto(event)
+                yield grpc_events.to_proto(event)
         finally:
             reader.cancel()
             await self.hub.close(session)

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.realtime import grpc_events
 from services.realtime import server_events as se
 from services.realtime.events import SessionConfig
 
@@ -95,13 +96,13 @@ def test_every_server_event_has_an_example():
 def test_json_and_protobuf_carry_the_same_event(event):
     assert se.parse(se.to_json(event)) == event
     assert se.parse(json.loads(se.to_json(event))) == event
-    assert se.from_proto(se.to_proto(event)) == event
+    assert grpc_events.from_proto(grpc_events.to_proto(event)) == event
 
 
 def test_audio_is_base64_in_json_and_raw_bytes_once_in_protobuf():
     event = se.ResponseOutputAudioDelta(delta=b"\x00\x01", **IDS)
     assert json.loads(se.to_json(event))["delta"] == base64.b64encode(b"\x00\x01").decode()
-    message = se.to_proto(event)
+    message = grpc_events.to_proto(event)
     assert (message.audio, message.response_id, message.item_id, message.json) == (
         b"\x00\x01",
         *IDS.values(),
@@ -110,19 +111,19 @@ def test_audio_is_base64_in_json_and_raw_bytes_once_in_protobuf():
 
 
 def test_protobuf_fields_clients_read_without_the_json():
-    done = se.to_proto(EXAMPLES[11])
+    done = grpc_events.to_proto(EXAMPLES[11])
     assert (done.response_id, done.response_status, done.usage.total_tokens) == ("resp_1", "cancelled", 7)
     assert (
         done.transcript == "" and json.loads(done.json)["response"]["output"][0]["content"][0]["transcript"]
     )
-    err = se.to_proto(EXAMPLES[0])
+    err = grpc_events.to_proto(EXAMPLES[0])
     assert (err.error.type, err.error.code, err.error.message, err.error.event_id) == (
         "invalid_request_error", "invalid_json", "bad", "evt_9")  # fmt: skip
-    started = se.to_proto(EXAMPLES[5])
+    started = grpc_events.to_proto(EXAMPLES[5])
     assert (started.audio_start_ms, started.item_id) == (120, "item_1")
-    retrieved = se.to_proto(EXAMPLES[8])
+    retrieved = grpc_events.to_proto(EXAMPLES[8])
     assert (retrieved.item_id, retrieved.transcript) == ("item_2", "Hello the")
-    delta = se.to_proto(EXAMPLES[12])
+    delta = grpc_events.to_proto(EXAMPLES[12])
     assert (delta.delta, delta.response_id) == ("Hel", "resp_1")
 
 
@@ -160,4 +161,4 @@ def test_any_audio_and_text_survive_both_codecs(pcm, text):
         se.ResponseOutputAudioTranscriptDelta(delta=text, **IDS),
     ):
         assert se.parse(se.to_json(event)) == event
-        assert se.from_proto(se.to_proto(event)) == event
+        assert grpc_events.from_proto(grpc_events.to_proto(event)) == event
