@@ -4,8 +4,10 @@ Users: text chat and spoken answers (REST, streaming SSE), image chat (a data: U
 documents (10-50 images: the router makes them a document), a realtime voice session with barge-in
 (WebSocket `/v1/realtime`: espeak-ng speech at real-time pace, server VAD, playback reported with
 `omniray.playback.progress`, interruptions by speaking over the reply or by response.cancel +
-conversation.item.truncate) and gRPC chat (`omni.v1.Omni/Chat`, server streaming). Each user class
-draws its API key from a mix of tenants (configs/tenants/loadtest.yaml).
+conversation.item.truncate), a realtime voice call over WebRTC (the browser's flow through
+loadtest/webrtc_client.py: Opus on RTP both ways, events on the data channel, server VAD) and gRPC
+chat (`omni.v1.Omni/Chat`, server streaming). Each user class draws its API key from a mix of
+tenants (configs/tenants/loadtest.yaml).
 
 Every request is timed to its end and reported by hand, so a stream counts once it has ended; time
 to first token and first audio go in as their own rows (type TTFT / TTFP) of Locust's stats and
@@ -39,6 +41,7 @@ from loadtest import voice_turns
 from loadtest.client import Result
 from loadtest.realtime_client import RealtimeClient
 from loadtest.speech import RATE, SENTENCES, speech
+from loadtest.webrtc_client import CallRefused, WebRtcClient
 from loadtest.workload import chat_prompts
 from services.realtime.server_events import WHOLE
 
@@ -56,6 +59,7 @@ KEYS = {
     "image": ["sk-lt-acme-1", "sk-lt-acme-2"],
     "document": ["sk-lt-initech-docs"],
     "voice": ["sk-lt-voicely"],
+    "webrtc": ["sk-lt-voicely"],
     "grpc": ["sk-lt-globex", "sk-lt-acme-2"],
 }
 PROMPTS = chat_prompts(64, seed=8, max_tokens=MAX_TOKENS, median_words=30)
@@ -389,3 +393,52 @@ class VoiceUser(TenantUser):
         )
         error = "audio of the interrupted reply after speech_started" if late is not None else ""
         fire(self, "WS", "realtime.barge_in", s.events[cut][0] - spoke, error)
+
+
+class WebRtcVoiceUser(TenantUser):
+    """One realtime call over WebRTC per user, as a browser holds one: speak a sentence into the
+    microphone track, server VAD ends the turn, hear the answer on the remote track to its end.
+    TTFP is from the end of speech (`speech_stopped`, on the data channel) to the first frame with
+    sound; no barge-in here (the WebSocket voice user measures it)."""
+
+    fixed_count = 1
+    kind = "webrtc"
+    wait_time = constant(0.3)
+
+    def on_start(self) -> None:
+        super().on_start()
+        if not VoiceUser._speech:
+            VoiceUser._speech = [speech(s) for s in SENTENCES]
+        session = {"type": "realtime", "max_output_tokens": MAX_TOKENS,
+                   "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}}  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            self.call = WebRtcClient(self.host, self.key, MODEL, timeout=TIMEOUT_S, session=session)
+            self.call.wait(_is("session.created"), 0, what="session.created")
+        except (CallRefused, TimeoutError, OSError) as e:
+            fire(self, "WebRTC", "webrtc.connect", time.perf_counter() - t0, repr(e))
+            raise StopUser() from e
+        fire(self, "WebRTC", "webrtc.connect", time.perf_counter() - t0)
+
+    def on_stop(self) -> None:
+        self.call.close()
+
+    @task
+    def turn(self) -> None:
+        c, mark = self.call, len(self.call.events)
+        try:
+            c.say(self.rng.choice(VoiceUser._speech) + bytes(RATE * 2 * 7 // 10))
+            stopped = c.wait(_is("input_audio_buffer.speech_stopped"), mark, what="speech_stopped")
+            t_stop = c.events[stopped][0]
+            created = c.wait(_is("response.created"), stopped, what="response.created")
+            rid = c.events[created][1]["response"]["id"]
+            fire(self, "TTFP", "webrtc.turn", c.wait_sound(t_stop) - t_stop)
+            done = c.wait(lambda e: e["type"] == "response.done" and e["response"]["id"] == rid, created,
+                          what="response.done")  # fmt: skip
+            status = c.events[done][1]["response"]["status"]
+            errors = [f"{e['error'].get('code')}: {e['error']['message']}" for _, e in c.events[mark:]
+                      if e["type"] == "error"]  # fmt: skip
+            error = f"error events: {errors[:3]}" if errors else ("" if status in WHOLE else status)
+            fire(self, "WebRTC", "webrtc.turn", c.events[done][0] - t_stop, error)
+        except (TimeoutError, OSError) as e:
+            fire(self, "WebRTC", "webrtc.turn", 0, repr(e))

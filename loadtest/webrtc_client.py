@@ -22,7 +22,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 
 from loadtest.realtime_client import RATE, ServerEventLog
-from services.gateway.realtime.webrtc import FramePacer
+from services.gateway.realtime.pacing import FramePacer
 from services.quota import LOCAL_API_KEY
 
 FRAME = RATE // 50  # 20 ms

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
 from services.common.errors import OmniError
-from services.gateway.realtime.webrtc import FRAME_SAMPLES, MAX_LATE_S, Call, FramePacer, Playout, read_offer
+from services.gateway.realtime.pacing import MAX_LATE_S, FramePacer
+from services.gateway.realtime.webrtc import FRAME_SAMPLES, Call, Playout, read_offer
 from services.realtime import server_events as se
 from services.realtime.codecs import PCM_RATE
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
 import logging
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request
 from services.extensions.ray.metrics import metric
 from services.gateway.protocol import parse_form
+from services.gateway.realtime.pacing import FramePacer
 from services.gateway.realtime.transport import REFUSALS, Audio, Ending, serve
 from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
@@ -46,7 +46,6 @@ FRAME_SAMPLES = PCM_RATE // 50  # 20 ms: Opus's usual packet
 INPUT_CHUNK_MS = 40  # microphone audio handed to the session (server VAD) this many ms at a time
 MAX_PENDING = 250  # client events and audio chunks waiting for the session: ~10 s of audio
 MAX_EARLY_EVENTS = 1000  # server events held until the data channel opens
-MAX_LATE_S = 0.1  # a frame sender this far behind real time skips ahead (FramePacer)
 FLUSH_S = 1.0  # at most this long for the data channel's last events before the call closes
 
 
@@ -55,46 +54,6 @@ class _Metrics:
         self.calls = metric("omniray_gateway_webrtc_calls")
         self.dropped = metric("omniray_gateway_webrtc_input_dropped_seconds_total")
         self.playout_late = metric("omniray_gateway_webrtc_playout_late_seconds_total")
-
-
-class FramePacer:
-    """An audio track's frames (pcm16 mono, 20 ms) stamped and released at real time: a sender
-    asks for the next frame as soon as it sent the last one. A sender more than MAX_LATE_S behind
-    (its process starved) goes on from now rather than sending what it missed in one burst: a burst
-    would sit in the receiver's jitter buffer (or overflow it) while counted as played, so the
-    played position would run ahead of the listener. The audio not yet sent is delayed, not lost.
-    `on_late(seconds)` hears of each skip."""
-
-    def __init__(self, rate: int = PCM_RATE, on_late: Callable[[float], None] | None = None):
-        self.rate, self.samples = rate, rate // 50
-        self._on_late = on_late
-        self._start = 0.0
-        self._pts = -1
-
-    def delay(self, now: float) -> float:
-        """Seconds from `now` until the next frame is due (0: now)."""
-        if self._pts < 0:
-            self._start, self._pts = now, 0
-            return 0.0
-        self._pts += self.samples
-        late = now - (self._start + self._pts / self.rate)
-        if late > MAX_LATE_S:
-            self._start += late  # this frame is due now, the next ones a frame apart from it
-            if self._on_late is not None:
-                self._on_late(late)
-            return 0.0
-        return max(-late, 0.0)
-
-    async def wait(self) -> None:
-        """Until the next frame is due."""
-        await asyncio.sleep(self.delay(time.monotonic()))
-
-    def frame(self, pcm: bytes) -> av.AudioFrame:
-        """`pcm` (at most a frame's; padded with silence) as the frame due."""
-        frame = av.AudioFrame(format="s16", layout="mono", samples=self.samples)
-        frame.planes[0].update(pcm + bytes(self.samples * 2 - len(pcm)))
-        frame.pts, frame.sample_rate, frame.time_base = self._pts, self.rate, fractions.Fraction(1, self.rate)
-        return frame
 
 
 class Playout(MediaStreamTrack):
