@@ -99,6 +99,8 @@ def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     # 30 s a cloud load balancer takes to deregister it. Its own metrics and stats listeners get
     # this run's ports (fixed defaults would collide with another run on the machine).
     env["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
+    # Serve's HAProxy through omniray's launcher: a header-read timeout at the edge (slowloris)
+    env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(Path(sys.executable).parent / "omniray-haproxy")
     env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(cluster.haproxy_metrics_port)
     env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(cluster.haproxy_stats_port)
     # The gateway replicas' direct-ingress ports: Serve's fixed default ranges would be shared by two

@@ -172,6 +172,9 @@ def test_pods_get_redis_url_tenants_and_data(rendered, name):
         )
         # Ray Serve runs as `make run` runs it (HAProxy ingress, throughput-optimized).
         assert {k: e[k]["value"] for k in SERVE_ENV} == SERVE_ENV
+        # its HAProxy through omniray's launcher (the image's venv), with the header-read timeout
+        assert e["RAY_SERVE_HAPROXY_BINARY_PATH"]["value"] == "/opt/venv/bin/omniray-haproxy"
+        assert int(e["OMNIRAY_HEADER_READ_TIMEOUT_S"]["value"]) > 0
         init = group["template"]["spec"]["initContainers"][0]
         assert (
             init["command"][-1]

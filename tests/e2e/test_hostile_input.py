@@ -12,7 +12,9 @@ import io
 import json
 import socket
 import struct
+import time
 from collections import Counter
+from urllib.parse import urlsplit
 
 import grpc
 import httpx
@@ -394,6 +396,31 @@ def test_rest_text_past_the_context_is_refused_by_its_length(http, model_name):
     _assert_client_error(r, 400)
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded" and "characters" in err["message"], err
+
+
+def test_rest_slow_headers_are_cut_off_at_the_edge(omniray):
+    """A client that sends its request's headers a byte at a time (slowloris) gets HAProxy's 408 and
+    its connection closed within the header-read timeout (services/extensions/ray/haproxy_edge.py:
+    10 s), not held for as long as it keeps sending."""
+    url = urlsplit(omniray.http_url)
+    start, answer = time.monotonic(), b""
+    with socket.create_connection((url.hostname, url.port), timeout=5) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: omniray\r\nX-Slow: ")
+        conn.settimeout(0.5)
+        while time.monotonic() - start < 40:
+            try:
+                conn.sendall(b"x")  # the header never ends
+                if not (data := conn.recv(4096)):
+                    break
+                answer += data
+            except TimeoutError:
+                continue
+            except OSError:  # reset by the edge
+                break
+    took = time.monotonic() - start
+    TALLY["rest_slowloris"] += 1
+    assert took < 30, f"a slow client's headers were waited on for {took:.0f} s"
+    assert not answer or answer.split(b"\r\n", 1)[0].split()[1] == b"408", answer[:200]
 
 
 HEADER_CASES = {

@@ -189,6 +189,11 @@ spec:
           value: "1"
         - name: RAY_SERVE_THROUGHPUT_OPTIMIZED
           value: "1"
+        # HAProxy through omniray's launcher: requests' headers within this long (slowloris), else 408
+        - name: RAY_SERVE_HAPROXY_BINARY_PATH
+          value: /opt/venv/bin/omniray-haproxy
+        - name: OMNIRAY_HEADER_READ_TIMEOUT_S
+          value: {{ $root.Values.headerReadTimeoutSeconds | int | quote }}
         {{- include "omniray.redisEnv" $root | nindent 8 }}
         {{- with $root.Values.otel.endpoint }}
         - name: OTEL_EXPORTER_OTLP_ENDPOINT
