@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 from pathlib import Path
+
+from loadtest import results
 
 REQUEST_TYPES = ("REST", "gRPC", "WS")
 FIRST_OUTPUT_TYPES = ("TTFT", "TTFP")
@@ -156,8 +157,7 @@ def write(prefix: Path, meta: dict | None = None) -> dict:
     """summary.json, summary.md and locust.png next to the CSVs; returns the summary."""
     summary = summarize(prefix, meta)
     out = prefix.parent
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(markdown(summary))
+    results.write_summary(out, summary, markdown(summary))
     plot(prefix, out / "locust.png", (meta or {}).get("title", ""))
     return summary
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtest import locust_report
-from loadtest.results import RESULTS
+from loadtest import locust_report, results
 from services import runtime
 from services.common.paths import REPO_ROOT
 from services.models.profile import load_profile
@@ -68,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpc-port", type=int, default=0, help="0: a free port")
     ap.add_argument("--out", type=Path, default=None, help="default loadtest/results/<time>")
     args = ap.parse_args(argv)
-    out = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or results.folder()
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / "locust"
     # The runtime's processes inherit it: the gateway's quota service reads this tenants file.

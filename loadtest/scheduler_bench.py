@@ -36,6 +36,7 @@ from dataclasses import asdict
 from types import SimpleNamespace
 
 from kv_store.metrics import Recorder
+from loadtest import results
 from services.extensions.vllm import engine_metrics
 from services.extensions.vllm.scheduler import SESSION_ARG, UrgencyOrder
 from services.playback.board import BoardView, decode
@@ -173,6 +174,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"step {args.step_ms} ms, board poll {args.poll_ms} ms, mean response {args.mean_tokens} tokens, "
           f"audio chunk {args.chunk_tokens} tokens x {args.ms_per_token} ms, user turn {args.user_turn_s} s")  # fmt: skip
+    rows = []
     header = ("sessions", "policy", "plan", "avg ms", "p50 ms", "p90 ms", "classified/round", "running")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, (8, 9, 12, 8, 8, 8, 17, 8), strict=True)))
     for n in args.sessions:
@@ -185,7 +187,10 @@ def main() -> None:
                 p90 = ms[int(0.9 * (len(ms) - 1))]
                 print(f"{n:>8} {policy:>9} {plan:>12} {avg[plan]:8.3f} {statistics.median(ms):8.3f} {p90:8.3f} "
                       f"{classified:17.1f} {running:8.0f}")  # fmt: skip
+                rows.append({"sessions": n, "policy": policy, "plan": plan, "avg_ms": avg[plan],
+                             "p50_ms": statistics.median(ms), "p90_ms": p90, "classified_per_round": classified})  # fmt: skip
             print(f"{'':>8} {'':>9} {'speed-up':>12} {avg['full/round'] / avg['incremental']:7.1f}x")
+    print(f"[scheduler] wrote {results.write('scheduler', None, {'settings': vars(args), 'rows': rows})}")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from loadtest import results
 from loadtest.locust_run import TENANTS, locust_command, warm_up
-from loadtest.results import RESULTS
 from services import runtime
 from services.models.profile import load_profile
 
@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.run_time = f"{int(args.minutes * 60)}s"
     run_s = args.minutes * 60
-    out = RESULTS / time.strftime("soak-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
+    out = results.folder("soak")
     prefix = out / "locust"
     os.environ.setdefault("OMNIRAY_TENANTS_FILE", str(TENANTS))
     model = load_profile(args.profile).served_model_name
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "faults": faults,
         "rss": rss,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    results.write_summary(out, summary)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("clean_kinds",)}, indent=2))
     print(f"[soak] results in {out}")
     ok = summary["requests"] and not summary["lost"] and all(e["growth"] < 0.10 for e in rss.values())

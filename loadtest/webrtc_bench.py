@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 
+from loadtest import results
 from loadtest.realtime_client import CHUNK_MS, RATE, RealtimeClient
 from loadtest.speech import SENTENCES, speech
 from loadtest.webrtc_client import WebRtcClient
@@ -85,6 +86,8 @@ def main() -> None:
         print(f"{name:9s} TTFP p50 {p50 * 1000:6.0f} ms  P90 {p90 * 1000:6.0f} ms  ({len(xs)} turns)")
     (w50, w90), (r50, r90) = _stats(ttfp["websocket"]), _stats(ttfp["webrtc"])
     print(f"webrtc - websocket: p50 {(r50 - w50) * 1000:+.0f} ms, P90 {(r90 - w90) * 1000:+.0f} ms")
+    data = {**results.header(args.profile, turns=args.turns, max_tokens=args.max_tokens), "ttfp_s": ttfp}
+    print(f"[webrtc] wrote {results.write('webrtc', args.profile, data)}")
 
 
 if __name__ == "__main__":
