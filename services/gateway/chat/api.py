@@ -11,11 +11,10 @@ from omni.v1 import omni_pb2
 
 from services.common import telemetry
 from services.gateway import grpc_wire
-from services.gateway.body import read_json
 from services.gateway.chat import render
 from services.gateway.chat.protocol import parse_request
-from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER
 from services.gateway.observer import RequestObserver
+from services.gateway.responding import prepared_response
 from services.models.profile import Profile
 from services.pipeline.pipeline import Pipeline
 from services.pipeline.tools import CallDelta, joined
@@ -26,17 +25,10 @@ class ChatAPI:
         self.profile, self.pipeline, self.observer = profile, pipeline, observer
 
     async def rest(self, request: Request):
-        arrival = time.perf_counter()
-        async with self.observer.admitting("rest", "gateway.chat", request.headers) as (span, tenant):
-            req, turn = parse_request(
-                await read_json(request, self.profile.limits),
-                self.profile.limits,
-                session=request.headers.get(SESSION_HEADER, ""),
-                slo_class=request.headers.get(SLO_HEADER, ""),
-            )
-            prepared = await self.pipeline.prepare(turn, tenant)
-            telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
-        events = self.observer.events("rest", self.pipeline.generate(prepared), arrival, span)
+        limits = self.profile.limits
+        req, prepared, events = await prepared_response(
+            request, "rest", "gateway.chat", parse_request, limits, self.pipeline, self.observer
+        )
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
         speak, headers = prepared.plan.speak, prepared.lease.headers
         if req.stream:

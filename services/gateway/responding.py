@@ -1,0 +1,45 @@
+"""What Chat Completions and Responses share: a REST request admitted (its tenant, from its key),
+parsed with the routing headers into a Turn, prepared by the pipeline, and its events measured."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Request
+
+from services.common import telemetry
+from services.gateway.body import read_json
+from services.gateway.grpc_wire import SESSION_HEADER, SLO_HEADER
+from services.gateway.observer import RequestObserver
+from services.models.profile import LimitsSpec
+from services.pipeline.events import Event
+from services.pipeline.pipeline import Pipeline
+from services.pipeline.prepared import Prepared
+from services.pipeline.turn import Turn
+
+
+async def prepared_response(
+    request: Request,
+    api_name: str,
+    op: str,
+    parse: Callable[..., tuple[Any, Turn]],
+    limits: LimitsSpec,
+    pipeline: Pipeline,
+    observer: RequestObserver,
+) -> tuple[Any, Prepared, AsyncIterator[Event]]:
+    """(the parsed request, the prepared turn, its events measured under `api_name`; `op`: the root
+    span's name); every client error (key, body, validation, quota) is raised here, before a
+    response byte."""
+    arrival = time.perf_counter()
+    async with observer.admitting(api_name, op, request.headers) as (span, tenant):
+        req, turn = parse(
+            await read_json(request, limits),
+            limits,
+            session=request.headers.get(SESSION_HEADER, ""),
+            slo_class=request.headers.get(SLO_HEADER, ""),
+        )
+        prepared = await pipeline.prepare(turn, tenant)
+        telemetry.inject(prepared.ctx)  # generation's stage spans are children of the request's
+    return req, prepared, observer.events(api_name, pipeline.generate(prepared), arrival, span)
