@@ -54,19 +54,19 @@ class StageMetrics:
     def __init__(self, stage: str):
         self.stage = stage
         self.latency = metric("omniray_stage_latency_seconds")
-        self.errors = metric("omniray_stage_errors_total")
         self.inflight = metric("omniray_stage_inflight_requests")
         self._inflight = 0
-        self._ops: set[str] = set()
+
+    def _errors(self, op: str):
+        """The error counter; its series for `op` exists (at 0) once the operation has run."""
+        return metric("omniray_stage_errors_total", stage=self.stage, op=op)
 
     def observe(self, op: str, seconds: float) -> None:
-        if op not in self._ops:  # the error series exists (at 0) once the operation has run
-            self._ops.add(op)
-            metric("omniray_stage_errors_total", stage=self.stage, op=op)
+        self._errors(op)
         self.latency.observe(seconds, tags={"stage": self.stage, "op": op})
 
     def error(self, op: str) -> None:
-        self.errors.inc(tags={"stage": self.stage, "op": op})
+        self._errors(op).inc(tags={"stage": self.stage, "op": op})
 
     def started(self) -> None:
         self._inflight += 1

@@ -27,3 +27,26 @@ def test_label_values_are_only_for_at_zero_metrics():
 def test_a_histogram_cannot_start_at_zero():
     with pytest.raises(ValueError, match="histogram"):
         Metric("omniray_x_seconds", "histogram", "x", buckets=(1.0,), at_zero=True)
+
+
+def test_every_call_that_makes_an_at_zero_metric_names_its_labels():
+    """Statically, so a replica does not fail at start: each `metric("name", ...)` in the code names
+    every label of an `at_zero` metric (and none of another)."""
+    import ast
+
+    from services.common.paths import REPO_ROOT
+
+    wrong = []
+    for path in (REPO_ROOT / "services").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = getattr(node, "func", None)
+            if not (
+                isinstance(node, ast.Call) and getattr(called, "id", getattr(called, "attr", "")) == "metric"
+            ):
+                continue
+            if not (node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in CATALOG):
+                continue
+            m, given = CATALOG[node.args[0].value], {k.arg for k in node.keywords}
+            if (set(m.labels) if m.at_zero else set()) != given:
+                wrong.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {m.name} {sorted(given)}")
+    assert not wrong, wrong
