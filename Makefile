@@ -101,31 +101,31 @@ test-fast: setup
 	$(PY) -m pytest -q tests/unit tests/chart
 
 bench: models
-	$(PY) -m loadtest.bench --profile $(PROFILE) --levels $(LEVELS)
+	$(PY) -m loadtest.benchmarks.bench --profile $(PROFILE) --levels $(LEVELS)
 
 # vLLM-Omni's Qwen3-Omni workload (100-token prompt -> text + audio, seeded, c = 1/4/10) with the speech
 # stages' layers switched on one at a time (serial, batched talker, batched code2wav, async output):
 # req/s, TTFP, RTF, streams per forward (docs/speech.md). For the GPU profile; on a CPU:
 # make bench-omni PROFILE=qwen3-omni-tiny OMNI_LEVELS=1,4,8 OMNI_ARGS="--max-tokens 16 --per-level 24"
 bench-omni: models
-	$(PY) -m loadtest.omni_compare --profile $(PROFILE) --levels $(OMNI_LEVELS) $(OMNI_ARGS)
+	$(PY) -m loadtest.benchmarks.omni_compare --profile $(PROFILE) --levels $(OMNI_LEVELS) $(OMNI_ARGS)
 
 # Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
 bench-encoder: models
-	$(PY) -m loadtest.encoder_hol --profile $(PROFILE)
+	$(PY) -m loadtest.benchmarks.encoder_hol --profile $(PROFILE)
 
 # Tenant isolation: tenant B's latency alone vs while tenant A bursts at 10x its quota (tiny profile).
 bench-fairness: setup
 	$(PY) -m services.models.build --profile tiny
-	$(PY) -m loadtest.fairness --profile tiny
+	$(PY) -m loadtest.benchmarks.fairness --profile tiny
 
 # KV eviction decision time with 10k pages, per policy (pure CPU, seconds).
 bench-eviction: setup
-	$(PY) -m loadtest.eviction_bench
+	$(PY) -m loadtest.benchmarks.eviction_bench
 
 # On-path KV reload of a turn after speech start, with vs without speech-triggered preload.
 bench-preload: setup
-	$(PY) -m loadtest.preload_bench
+	$(PY) -m loadtest.benchmarks.preload_bench
 
 # N concurrent voice sessions (espeak speech, barge-in p = 0 / 0.5): FCFS+LRU vs interaction-aware;
 # then the useful-RPS sweep (highest session count with P90 TTFP <= 1 s and >= 90% continuous replies).
@@ -133,45 +133,45 @@ SESSIONS ?= 8
 TURNS ?= 12
 BLOCKS ?= 4
 bench-voice: models
-	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS) --blocks $(BLOCKS)
+	$(PY) -m loadtest.benchmarks.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS) --blocks $(BLOCKS)
 
 bench-voice-sweep: models
-	$(PY) -m loadtest.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4 --blocks 2
+	$(PY) -m loadtest.benchmarks.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4 --blocks 2
 
 # Gateway CPU per realtime turn over a 10-turn conversation (flat: a turn costs what it adds).
 # The audio endpoints: speech first byte vs whole file, transcription speed, speech -> text WER.
 bench-audio: models
-	$(PY) -m loadtest.audio_endpoints_bench --profile $(PROFILE) --wer
+	$(PY) -m loadtest.benchmarks.audio_endpoints_bench --profile $(PROFILE) --wer
 
 bench-turn-cost: models
-	$(PY) -m loadtest.realtime_turn_cost --profile $(PROFILE)
+	$(PY) -m loadtest.benchmarks.realtime_turn_cost --profile $(PROFILE)
 
 # Long-lived streaming sessions (tiny thinker): unbounded KV vs sinks + window (saturation time
 # predicted vs measured, occupancy plot), the N* sweep (a fresh engine per N), AIMD admission vs N*.
 # An hour of one realtime conversation on the bounded engine: session KV vs per-turn requests.
 bench-session-kv: setup
 	$(PY) -m services.models.build --profile tiny
-	$(PY) -m loadtest.session_kv_bench
+	$(PY) -m loadtest.benchmarks.session_kv_bench
 
 bench-long-sessions: setup
 	$(PY) -m services.models.build --profile tiny
-	$(PY) -m loadtest.long_sessions
+	$(PY) -m loadtest.benchmarks.long_sessions
 
 # Audio TTFP after end of speech with vs without speculative prefill (2k-token history, tiny engine
 # at a larger width so that prefill costs what it would).
 bench-speculative: setup
-	$(PY) -m loadtest.speculative_bench
+	$(PY) -m loadtest.benchmarks.speculative_bench
 
 # The interaction-aware scheduler's decision time per round at 64 / 256 / 1024 sessions.
 bench-scheduler: setup
-	$(PY) -m loadtest.scheduler_bench
+	$(PY) -m loadtest.benchmarks.scheduler_bench
 
 # 64 MiB of KV pages pulled from another process over NIXL vs an in-process copy.
 bench-kv-transfer: setup
-	$(PY) -m loadtest.kv_transfer_bench
+	$(PY) -m loadtest.benchmarks.kv_transfer_bench
 
 bench-kv-turn2: setup models
-	$(PY) -m loadtest.kv_turn2_bench --profile small
+	$(PY) -m loadtest.benchmarks.kv_turn2_bench --profile small
 
 # Locust, headless, against its own run of the tiny profile (load-test tenants): text, image,
 # document, realtime voice with barge-in and gRPC users; CSVs, summary and plots under
@@ -180,14 +180,14 @@ LOADTEST_USERS ?= 8
 LOADTEST_TIME ?= 75s
 loadtest: setup
 	$(PY) -m services.models.build --profile tiny
-	$(PY) -m loadtest.locust_run --profile tiny --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME)
+	$(PY) -m loadtest.locustfiles.locust_run --profile tiny --users $(LOADTEST_USERS) --run-time $(LOADTEST_TIME)
 
 # Soak: the Locust mix for SOAK_MINUTES with a replica killed and Redis restarted; RSS growth and
 # lost requests (docs/benchmarks.md). Not part of `make test`.
 SOAK_MINUTES ?= 30
 soak: setup
 	$(PY) -m services.models.build --profile tiny
-	$(PY) -m loadtest.soak --profile tiny --users $(LOADTEST_USERS) --minutes $(SOAK_MINUTES)
+	$(PY) -m loadtest.locustfiles.soak --profile tiny --users $(LOADTEST_USERS) --minutes $(SOAK_MINUTES)
 
 # The Helm chart's generated files (each profile's Serve config, the dev tenant) and k8s/ rendered
 # from the chart; tests/chart fails when they differ from a fresh run.

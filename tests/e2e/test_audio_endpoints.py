@@ -19,7 +19,7 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from omni.v1 import omni_pb2, omni_pb2_grpc
 
-from loadtest.speech import spoken_wav
+from loadtest.clients.speech import spoken_wav
 from services.quota import LOCAL_API_KEY
 from tests.conftest import grpc_channel
 

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from loadtest.console_browser import CHROMIUM, console, question_wav
+from loadtest.clients.console_browser import CHROMIUM, console, question_wav
 
 pytestmark = [
     pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="needs chromium (make system-deps)"),

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from PIL import Image
 
-from loadtest.realtime_client import RealtimeClient
+from loadtest.clients.realtime_client import RealtimeClient
 from services.quota import LOCAL_API_KEY
 from tests.conftest import AUTH, data_url, grpc_channel, png_bytes, wav_bytes
 

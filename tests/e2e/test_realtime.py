@@ -14,8 +14,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from loadtest.realtime_client import RealtimeClient
-from loadtest.speech import speech
+from loadtest.clients.realtime_client import RealtimeClient
+from loadtest.clients.speech import speech
 from services.realtime.server_events import WHOLE
 from tests.conftest import until
 

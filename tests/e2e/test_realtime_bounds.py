@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from loadtest.realtime_client import RealtimeClient
-from loadtest.speech import speech
+from loadtest.clients.realtime_client import RealtimeClient
+from loadtest.clients.speech import speech
 from services.realtime.server_events import WHOLE
 from tests.e2e.test_realtime import _assert_scraped, realtime
 

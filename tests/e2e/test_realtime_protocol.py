@@ -255,7 +255,7 @@ def test_committed_turns_are_transcribed_beside_the_response(openai_client):
 
     if shutil.which("espeak-ng") is None:
         pytest.skip("needs espeak-ng to speak the turn")
-    from loadtest.speech import speech
+    from loadtest.clients.speech import speech
 
     # Whisper tiny.en hears espeak's voice resampled twice (22.05 -> 24 -> 16 kHz) well on this one
     question = "How do I make a cup of green tea?"

@@ -14,7 +14,7 @@ import threading
 import pytest
 from omni.v1 import omni_pb2, omni_pb2_grpc
 
-from loadtest.realtime_client import RealtimeClient
+from loadtest.clients.realtime_client import RealtimeClient
 from services import runtime
 from services.app import DEPLOYMENT_NAMES
 from services.realtime.codecs import PCM_RATE

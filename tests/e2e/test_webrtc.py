@@ -16,9 +16,9 @@ import pytest
 import websockets
 import websockets.sync.client as ws_client
 
-from loadtest.realtime_client import RATE
-from loadtest.speech import speech
-from loadtest.webrtc_client import CallRefused, WebRtcClient
+from loadtest.clients.realtime_client import RATE
+from loadtest.clients.speech import speech
+from loadtest.clients.webrtc_client import CallRefused, WebRtcClient
 from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.quota.tenants import RealtimeLimits

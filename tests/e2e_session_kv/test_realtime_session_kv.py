@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import yaml
 
-from loadtest.realtime_client import RealtimeClient
+from loadtest.clients.realtime_client import RealtimeClient
 from services.extensions.vllm import sink_window
 from services.models.profile import CONFIG_DIR
 from services.realtime.server_events import WHOLE

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from loadtest.speech import spoken_wav
+from loadtest.clients.speech import spoken_wav
 from services.models.profile import load_profile
 from services.models.registry import adapter_module
 from services.quota import LOCAL_API_KEY
@@ -137,7 +137,7 @@ def test_openai_agents_sdk_voice_agent_talks_with_its_defaults(small):
 
     from agents.realtime import RealtimeAgent, RealtimeRunner
 
-    from loadtest.speech import speech
+    from loadtest.clients.speech import speech
 
     url = small.base_url.copy_with(scheme="ws", path="/v1/realtime")
     question = speech("What is the capital of France?") + b"\x00\x00" * 24_000 * 2  # then 2 s of silence

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from loadtest.speech import speech
+from loadtest.clients.speech import speech
 from tests.conftest import load_adapter
 
 pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="needs espeak-ng")

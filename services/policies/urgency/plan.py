@@ -10,7 +10,7 @@ A request is classified again only when:
 - its classification ran out (`Classified.until`, wall time), or is `refresh_s` old and its class
   reads what keys do not track (`UrgencyPolicy.refreshed`: a U2 score's KV and pool occupancy) —
   refreshes spread over rounds, not all at once. `refresh_s` 0 classifies every request every round
-  (what the plan saves: the baseline of loadtest/scheduler_bench.py).
+  (what the plan saves: the baseline of loadtest/benchmarks/scheduler_bench.py).
 A paced request (`Classified.pace`) is released without classifying it again: a timer releases it
 when playback has caught up, and a round count checks it again when it may be over its hold — it
 gains at most `tokens_per_round` tokens a round on playback, which moves on at least the shortest

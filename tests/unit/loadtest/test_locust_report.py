@@ -6,7 +6,7 @@ import csv
 import json
 import math
 
-from loadtest import locust_report
+from loadtest.locustfiles import locust_report
 
 PCTS = ["50%", "66%", "75%", "80%", "90%", "95%", "98%", "99%", "99.9%", "99.99%", "100%"]
 STATS = ["Type", "Name", "Request Count", "Failure Count", "Median Response Time", "Average Response Time",

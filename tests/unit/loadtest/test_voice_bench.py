@@ -1,4 +1,4 @@
-"""The voice benchmark's workload and figures (loadtest/voice_bench.py), without a deployment."""
+"""The voice benchmark's workload and figures (loadtest/benchmarks/voice_bench.py), without a deployment."""
 
 from __future__ import annotations
 
@@ -15,7 +15,15 @@ import websockets.sync.server as ws_server
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest.voice_bench import Client, blocks, means_ms, reply_length, scrape, silent_end, useful_rps
+from loadtest.benchmarks.voice_bench import (
+    Client,
+    blocks,
+    means_ms,
+    reply_length,
+    scrape,
+    silent_end,
+    useful_rps,
+)
 
 
 @given(st.integers(0, 2**32), st.integers(1, 500), st.integers(0, 500))

@@ -1,4 +1,4 @@
-"""How the load test's voice sessions interrupt replies (loadtest/voice_turns.py)."""
+"""How the load test's voice sessions interrupt replies (loadtest/clients/voice_turns.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest import voice_turns
-from loadtest.voice_turns import SPEECH_MARGIN_MS, decide, plan
+from loadtest.clients import voice_turns
+from loadtest.clients.voice_turns import SPEECH_MARGIN_MS, decide, plan
 
 
 def test_plan_follows_the_barge_in_probability():

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from omni.v1 import common_pb2, stages_pb2
 
-from loadtest.speech import speech
+from loadtest.clients.speech import speech
 from services.common.errors import bad_request
 from services.models.profile import load_profile
 from services.pipeline.events import Event

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest.speech import speech
+from loadtest.clients.speech import speech
 from services.realtime.vad import WINDOW_MS, ServerVad, SileroStream, TurnSegmenter
 
 RATE = 24_000

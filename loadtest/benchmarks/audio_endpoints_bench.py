@@ -9,7 +9,7 @@
 
 Medians over `--requests` requests per sentence set.
 
-    python -m loadtest.audio_endpoints_bench --profile small --requests 6 --wer
+    python -m loadtest.benchmarks.audio_endpoints_bench --profile small --requests 6 --wer
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import httpx
 
 from loadtest import results
-from loadtest.speech import SENTENCES, spoken_wav
+from loadtest.clients.speech import SENTENCES, spoken_wav
 from services import runtime
 from services.quota import LOCAL_API_KEY
 

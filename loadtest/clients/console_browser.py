@@ -2,7 +2,7 @@
 Playwright, with a fake microphone that plays a WAV file (in a loop, as Chromium does). The
 browser test and the screenshot in docs/images come from here; by hand:
 
-    python -m loadtest.console_browser --url http://127.0.0.1:8000 --say "What is the capital of France?" \\
+    python -m loadtest.clients.console_browser --url http://127.0.0.1:8000 --say "What is the capital of France?" \\
         --screenshot docs/images/console.png
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from loadtest.speech import RATE, speech
+from loadtest.clients.speech import RATE, speech
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 

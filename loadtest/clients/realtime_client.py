@@ -1,7 +1,7 @@
 """The one OpenAI-Realtime WebSocket client of tests, benchmarks and Locust: a blocking connection, a
 reader thread (a greenlet under Locust's gevent) that keeps every server event with its arrival time,
 waits on event types or predicates, and audio sent at real-time pace. The event log is shared with
-the WebRTC client (loadtest/webrtc_client.py).
+the WebRTC client (loadtest/clients/webrtc_client.py).
 
 Events are kept as the JSON the server sent (dicts), each checked against the server's own
 definition (services/realtime/server_events.py) as it arrives: an event the server could not have

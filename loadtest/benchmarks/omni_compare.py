@@ -32,10 +32,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import results
-from loadtest.bench import chat_bodies, measured_level
-from loadtest.client import run_closed_loop
-from loadtest.profiles import derive
-from loadtest.workload import _WORDS, ChatPrompt
+from loadtest.benchmarks.bench import chat_bodies, measured_level
+from loadtest.benchmarks.profiles import derive
+from loadtest.clients.client import run_closed_loop
+from loadtest.clients.workload import _WORDS, ChatPrompt
 from services import runtime
 from services.models.profile import load_profile
 

@@ -19,7 +19,7 @@ The same simulation runs twice: the incremental plan (`refresh_s` as served) and
 a full classification and sort every round (what the scheduler did before: `refresh_s` = 0).
 LiveServe reports 0.093 ms average / 0.222 ms P90 at 256 sessions.
 
-    python -m loadtest.scheduler_bench --sessions 64 256 1024 --rounds 3000
+    python -m loadtest.benchmarks.scheduler_bench --sessions 64 256 1024 --rounds 3000
 """
 
 from __future__ import annotations

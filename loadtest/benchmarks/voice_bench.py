@@ -27,7 +27,7 @@ ratios interaction-aware / baseline. With `--sweep`, each set runs the listed se
 p = 0 and reports its useful RPS: responses heard whole per second at the highest count with ≥ 90%
 continuous responses and P90 TTFP ≤ `--slo-s`.
 
-    python -m loadtest.voice_bench --profile tiny --sessions 4 --turns 3
+    python -m loadtest.benchmarks.voice_bench --profile tiny --sessions 4 --turns 3
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import results
-from loadtest.profiles import derive, widen_thinker
-from loadtest.realtime_client import RATE, RealtimeClient
-from loadtest.speech import SENTENCES, speech
+from loadtest.benchmarks.profiles import derive, widen_thinker
+from loadtest.clients.realtime_client import RATE, RealtimeClient
+from loadtest.clients.speech import SENTENCES, speech
 from services import runtime
 from services.realtime.server_events import TRY_AGAIN_LATER, WHOLE
 
@@ -88,7 +88,7 @@ class SessionStats:
 
 
 class Client:
-    """One voice session: the shared realtime client (loadtest/realtime_client.py) collects server
+    """One voice session: the shared realtime client (loadtest/clients/realtime_client.py) collects server
     events; the main thread speaks, plays and barges in."""
 
     def __init__(self, url: str, utterances: list[bytes], barge_p: float, seed: int, tokens: tuple[int, int] = REPLY_TOKENS,

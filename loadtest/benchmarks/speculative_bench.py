@@ -12,7 +12,7 @@ TTFP = `input_audio_buffer.speech_stopped` → first `response.output_audio.delt
 The thinker is the tiny profile's Llama at `--hidden`/`--layers` (random weights, built locally), so
 that prefill costs what it costs a model of that size on this machine.
 
-    python -m loadtest.speculative_bench --hidden 512 --layers 8 --history-tokens 2000 --pairs 4
+    python -m loadtest.benchmarks.speculative_bench --hidden 512 --layers 8 --history-tokens 2000 --pairs 4
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from loadtest import results
-from loadtest.profiles import derive, widen_thinker
-from loadtest.speech import SENTENCES, speech
-from loadtest.voice_bench import Client
+from loadtest.benchmarks.profiles import derive, widen_thinker
+from loadtest.benchmarks.voice_bench import Client
+from loadtest.clients.speech import SENTENCES, speech
 from services import runtime
 from services.models.profile import load_profile
 

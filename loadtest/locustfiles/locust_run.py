@@ -3,7 +3,7 @@ tenants), run Locust headless against it, stop it (also on failure or Ctrl-C), t
 CSVs, summary.json / summary.md and locust.png under loadtest/results/<time>/. Exits non-zero when
 any request failed (or none was made).
 
-    python -m loadtest.locust_run --profile tiny --users 8 --run-time 75s
+    python -m loadtest.locustfiles.locust_run --profile tiny --users 8 --run-time 75s
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import httpx
 
-from loadtest import locust_report, results
+from loadtest import results
+from loadtest.locustfiles import locust_report
 from services import runtime
 from services.common.paths import REPO_ROOT
 from services.models.profile import load_profile
@@ -47,7 +48,7 @@ def warm_up(http_url: str, model: str) -> None:
 def locust_command(args, host: str, prefix: Path) -> list[str]:
     return [
         str(Path(sys.executable).parent / "locust"),
-        "-f", str(REPO_ROOT / "loadtest" / "locustfile.py"),
+        "-f", str(REPO_ROOT / "loadtest" / "locustfiles" / "locustfile.py"),
         "--headless", "--only-summary",
         "--users", str(args.users), "--spawn-rate", str(args.spawn_rate), "--run-time", args.run_time,
         "--host", host,
@@ -101,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             "run_time": args.run_time,
             "locust_exit_code": rc,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
-            "command": shlex.join(["python", "-m", "loadtest.locust_run", *(argv or sys.argv[1:])]),
+            "command": shlex.join(
+                ["python", "-m", "loadtest.locustfiles.locust_run", *(argv or sys.argv[1:])]
+            ),
             "title": f"omniray {args.profile}: {args.users} Locust users, {args.run_time}",
         },
     )

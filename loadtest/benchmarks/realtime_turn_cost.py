@@ -9,7 +9,7 @@ slope of gateway CPU over the turn number, and the last turns' cost over the fir
 does. Repeated `--repeat` times on the same cluster (fresh sessions); means per turn (/proc counts
 CPU in 10 ms ticks: the mean over repeats resolves below a tick, a median would not).
 
-    python -m loadtest.realtime_turn_cost --profile tiny --turns 10
+    python -m loadtest.benchmarks.realtime_turn_cost --profile tiny --turns 10
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 import psutil
 
 from loadtest import results
-from loadtest.profiles import derive
-from loadtest.realtime_client import CHUNK_MS, RATE, RealtimeClient
-from loadtest.speech import SENTENCES, speech
+from loadtest.benchmarks.profiles import derive
+from loadtest.clients.realtime_client import CHUNK_MS, RATE, RealtimeClient
+from loadtest.clients.speech import SENTENCES, speech
 from services import runtime
 from services.realtime.server_events import WHOLE
 

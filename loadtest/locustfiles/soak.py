@@ -6,7 +6,7 @@ else: a timeout, a dropped connection, a stream that ended without its end), and
 gateway and the thinker engines (replica process + its vLLM engine core) after warm-up and at the
 end. Writes summary.json under loadtest/results/soak-<time>/.
 
-    python -m loadtest.soak --users 8 --minutes 30
+    python -m loadtest.locustfiles.soak --users 8 --minutes 30
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from loadtest import results
-from loadtest.locust_run import TENANTS, locust_command, warm_up
+from loadtest.locustfiles.locust_run import TENANTS, locust_command, warm_up
 from services import runtime
 from services.models.profile import load_profile
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(f"{prefix}_stats.csv") as f:
         total = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
     summary = {
-        "command": shlex.join(["python", "-m", "loadtest.soak", *(argv or sys.argv[1:])]),
+        "command": shlex.join(["python", "-m", "loadtest.locustfiles.soak", *(argv or sys.argv[1:])]),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
         "profile": args.profile,
         "users": args.users,

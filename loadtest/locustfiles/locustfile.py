@@ -1,11 +1,11 @@
-"""Locust users for omniray (`make loadtest`, or `locust -f loadtest/locustfile.py --host URL`).
+"""Locust users for omniray (`make loadtest`, or `locust -f loadtest/locustfiles/locustfile.py --host URL`).
 
 Users: text chat and spoken answers (REST, streaming SSE), image chat (a data: URL PNG or JPEG),
 documents (10-50 images: the router makes them a document), a realtime voice session with barge-in
 (WebSocket `/v1/realtime`: espeak-ng speech at real-time pace, server VAD, playback reported with
 `omniray.playback.progress`, interruptions by speaking over the reply or by response.cancel +
 conversation.item.truncate), a realtime voice call over WebRTC (the browser's flow through
-loadtest/webrtc_client.py: Opus on RTP both ways, events on the data channel, server VAD) and gRPC
+loadtest/clients/webrtc_client.py: Opus on RTP both ways, events on the data channel, server VAD) and gRPC
 chat (`omni.v1.Omni/Chat`, server streaming). Each user class draws its API key from a mix of
 tenants (configs/tenants/loadtest.yaml).
 
@@ -37,12 +37,12 @@ from locust.exception import StopUser
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from PIL import Image
 
-from loadtest import voice_turns
-from loadtest.client import Result
-from loadtest.realtime_client import RealtimeClient
-from loadtest.speech import RATE, SENTENCES, speech
-from loadtest.webrtc_client import CallRefused, WebRtcClient
-from loadtest.workload import chat_prompts
+from loadtest.clients import voice_turns
+from loadtest.clients.client import Result
+from loadtest.clients.realtime_client import RealtimeClient
+from loadtest.clients.speech import RATE, SENTENCES, speech
+from loadtest.clients.webrtc_client import CallRefused, WebRtcClient
+from loadtest.clients.workload import chat_prompts
 from services.realtime.server_events import WHOLE
 
 grpc_gevent.init_gevent()  # gRPC's own threads would block gevent's loop
@@ -252,7 +252,7 @@ class GrpcChatUser(TenantUser):
 
 
 class VoiceSession(RealtimeClient):
-    """The shared realtime client (loadtest/realtime_client.py) with a listener's playback."""
+    """The shared realtime client (loadtest/clients/realtime_client.py) with a listener's playback."""
 
     def __init__(self, url: str, key: str) -> None:
         self.audio_ms: dict[str, float] = {}  # received per response

@@ -5,8 +5,8 @@ KV it must read — sink and window blocks only — per second) as a share of th
 times SDPA over the same sequences with the sink+window mask (which reads the whole KV). On CPU it
 times the torch reference path (what serving uses there) against SDPA. Same shapes, same run.
 
-    python -m loadtest.kernels_bench --device cpu
-    python -m loadtest.kernels_bench --device cuda --peak-gbs 4800   # H200 HBM3e
+    python -m loadtest.benchmarks.kernels_bench --device cpu
+    python -m loadtest.benchmarks.kernels_bench --device cuda --peak-gbs 4800   # H200 HBM3e
 """
 
 from __future__ import annotations

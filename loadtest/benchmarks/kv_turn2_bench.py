@@ -7,7 +7,7 @@ history from the store (pulled from A over NIXL), once with the store bypassed (
 its own fresh history so neither run finds the other's KV in B's own prefix cache. Pairs alternate
 their order; medians and the ratio are printed and written to loadtest/results/.
 
-    python -m loadtest.kv_turn2_bench --profile small --history 2048 --pairs 5
+    python -m loadtest.benchmarks.kv_turn2_bench --profile small --history 2048 --pairs 5
 """
 
 from __future__ import annotations

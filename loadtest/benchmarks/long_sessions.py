@@ -18,7 +18,7 @@ Parts (each on a fresh engine, the tiny profile's thinker, one core):
              AimdAdmission (fed each frame's latency / B) admits or refuses them; where its limit
              settles vs N*.
 
-    python -m loadtest.long_sessions            # all parts, ~8 min on 2 cores
+    python -m loadtest.benchmarks.long_sessions            # all parts, ~8 min on 2 cores
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
     data = asyncio.run(main_async(args))
-    data["command"] = "python -m loadtest.long_sessions " + " ".join(sys.argv[1:])
+    data["command"] = "python -m loadtest.benchmarks.long_sessions " + " ".join(sys.argv[1:])
     print(f"results: {results.write('long_sessions', 'tiny', data)}")
 
 

@@ -21,7 +21,7 @@ import openai
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-from loadtest.realtime_client import RATE, ServerEventLog
+from loadtest.clients.realtime_client import RATE, ServerEventLog
 from services.gateway.realtime.pacing import FramePacer
 from services.quota import LOCAL_API_KEY
 

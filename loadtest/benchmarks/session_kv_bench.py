@@ -8,7 +8,7 @@ tokens computed, the time to the reply's first token. Both arms through ThinkerE
 decode stage's entry) on one tiny-thinker engine, one after the other; the conversation (user
 tokens, greedy replies) is the same text in both.
 
-    python -m loadtest.session_kv_bench              # one simulated hour: 360 turns of 10 s
+    python -m loadtest.benchmarks.session_kv_bench              # one simulated hour: 360 turns of 10 s
 """
 
 from __future__ import annotations

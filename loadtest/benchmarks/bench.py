@@ -1,9 +1,9 @@
 """`make bench`: serving figures for a profile, each against a baseline measured in the same run.
 
-1. Text out, omniray vs vLLM's own OpenAI server (loadtest/vllm_server.py: the same thinker with the
+1. Text out, omniray vs vLLM's own OpenAI server (loadtest/benchmarks/vllm_server.py: the same thinker with the
    decode engine's arguments) driven by the same streaming client with the same requests, in
    interleaved rounds (A B, B A, ...) at each concurrency: req/s, TTFT, their ratios (medians over
-   rounds), and where the CPU went (CPU ms per request of every process group, loadtest/process_cpu.py).
+   rounds), and where the CPU went (CPU ms per request of every process group, loadtest/benchmarks/process_cpu.py).
 2. Audio out with async chunk: audio TTFP, RTF, req/s.
 3. Audio out without async chunk (each stage waits for the whole previous output): audio TTFP, and
    the ratio to (2).
@@ -21,9 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from loadtest import process_cpu, results, vllm_server
-from loadtest.client import Result, run_closed_loop
-from loadtest.workload import chat_prompts
+from loadtest import results
+from loadtest.benchmarks import process_cpu, vllm_server
+from loadtest.clients.client import Result, run_closed_loop
+from loadtest.clients.workload import chat_prompts
 from services import runtime
 from services.models.profile import load_profile
 

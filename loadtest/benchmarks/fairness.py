@@ -20,8 +20,8 @@ import httpx
 import redis.asyncio as aioredis
 
 from loadtest import results
-from loadtest.client import stream_chat
-from loadtest.workload import chat_prompts
+from loadtest.clients.client import stream_chat
+from loadtest.clients.workload import chat_prompts
 from services import runtime
 from services.models.profile import load_profile
 from services.quota.tenants import Limits, TenantSpec, put_tenant

@@ -5,7 +5,7 @@ end of the question at the client to the first audio the client has (WebSocket: 
 the transport's real-time pacing and the client's jitter buffer). Transports alternate turn by turn
 so that drift of the machine falls on both.
 
-    python -m loadtest.webrtc_bench --profile tiny --turns 10
+    python -m loadtest.benchmarks.webrtc_bench --profile tiny --turns 10
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import statistics
 import time
 
 from loadtest import results
-from loadtest.realtime_client import CHUNK_MS, RATE, RealtimeClient
-from loadtest.speech import SENTENCES, speech
-from loadtest.webrtc_client import WebRtcClient
+from loadtest.clients.realtime_client import CHUNK_MS, RATE, RealtimeClient
+from loadtest.clients.speech import SENTENCES, speech
+from loadtest.clients.webrtc_client import WebRtcClient
 from services import runtime
 from services.models.profile import load_profile
 

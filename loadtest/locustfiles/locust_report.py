@@ -1,11 +1,11 @@
 """Summary and plots of a Locust run from its CSVs (`--csv PREFIX --csv-full-history`).
 
 Rows of type REST / gRPC / WS are requests (timed to the end of the stream); rows of type TTFT /
-TTFP are time to first token / first audio of those requests (loadtest/locustfile.py), so they are
+TTFP are time to first token / first audio of those requests (loadtest/locustfiles/locustfile.py), so they are
 left out of the request totals. Writes summary.json, summary.md and locust.png (latency percentiles
 and throughput over time, from `PREFIX_stats_history.csv`).
 
-    python -m loadtest.locust_report loadtest/results/<time>/locust
+    python -m loadtest.locustfiles.locust_report loadtest/results/<time>/locust
 """
 
 from __future__ import annotations
