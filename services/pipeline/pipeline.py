@@ -203,6 +203,8 @@ class Pipeline:
                 pass
         return tokens
 
-    def generate(self, p: Prepared) -> AsyncIterator[Event]:
-        """The prepared request's response, as events (generation.py)."""
-        return Generation(self, p).events()
+    async def generate(self, p: Prepared) -> AsyncIterator[Event]:
+        """The prepared request's response, as events (generation.py); made when first iterated, so
+        whatever fails fails inside the stream its API observes."""
+        async for event in Generation(self, p).events():
+            yield event

@@ -7,9 +7,9 @@
 
 MOVED: its client was told to reconnect elsewhere, and its tenant slot is kept for that reconnect.
 TAKEN: another connection resumed it; the slot and the playback monitor's entry are the new one's.
-Either ends the transport's loop (`ended`). CLOSED: nothing more is saved or sent; how it left
-(MOVED, TAKEN) is kept in `handed_off` — TAKEN too when the last save, finishing after the
-connection closed, finds the session resumed elsewhere."""
+Either ends the transport's loop (`ended`). CLOSED: nothing more is saved or sent. How it left is
+kept in `handed_off` whenever it happens — a hand-over or the last save may finish after the
+connection closed (or after a take-over): the tenant's slot is then kept for the reconnect."""
 
 from __future__ import annotations
 
@@ -42,16 +42,15 @@ class Lifecycle:
 
     def to(self, phase: Phase) -> bool:
         """Move to `phase` if the machine allows it from here; whether it did."""
-        late_take = self.phase is Phase.CLOSED and phase is Phase.TAKEN
-        if phase not in _NEXT[self.phase] and not late_take:
-            return False
-        if not late_take:
+        allowed = phase in _NEXT[self.phase]
+        if allowed:
             self.phase = phase
-        if phase in (Phase.MOVED, Phase.TAKEN):
+        if phase in (Phase.MOVED, Phase.TAKEN):  # how it left, whenever it did (see the module doc)
             self.handed_off.add(phase)
             if not self.ended.done():
                 self.ended.set_result(None)
-        return True
+            return True
+        return allowed
 
     @property
     def serving(self) -> bool:

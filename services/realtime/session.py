@@ -137,6 +137,11 @@ class RealtimeSession:
             self.saver.saved_clips = {name for saved in state.items for name in saved.clips}
         self.input.start_vad(self.config.audio.input.turn_detection)
 
+    @property
+    def _resumable(self) -> bool:
+        """Saved for a reconnect, and still this connection's to save."""
+        return self.saver is not None and not self.saver.stopped
+
     def _save_soon(self) -> None:
         """Save the session at a turn boundary (continuity.py)."""
         if self.saver is not None and self.life.phase is not Phase.CLOSED:
@@ -152,7 +157,7 @@ class RealtimeSession:
         """This gateway replica drains: the session moves at its next turn boundary — now when no
         response is in flight, else when the response is done. Without continuity (off, or its
         store unreachable at open) it cannot move and goes on until the replica stops."""
-        if self.saver is None or self.life.phase is Phase.CLOSED:
+        if not self._resumable or self.life.phase is Phase.CLOSED:
             return
         self.life.to(Phase.MIGRATING)
         if not self.busy:
@@ -160,7 +165,7 @@ class RealtimeSession:
 
     async def _hand_over(self) -> None:
         """Save the conversation as it is, tell the client to reconnect with its id, end here."""
-        if self.life.phase is Phase.CLOSED or self.ended.done() or self.saver is None:
+        if self.life.phase is Phase.CLOSED or self.ended.done() or not self._resumable:
             return
         self._save_soon()
         await self.saver.saved()
@@ -172,7 +177,8 @@ class RealtimeSession:
     async def taken_over(self) -> None:
         """Another connection resumed this session: say so and end this one."""
         self.life.to(Phase.TAKEN)
-        self.saver = None
+        if self.saver is not None:
+            self.saver.stopped = True  # the record is the new connection's
         with contextlib.suppress(Exception):
             await self.send(se.error("this session was resumed by another connection", "session_taken_over"))
 

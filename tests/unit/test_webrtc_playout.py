@@ -235,3 +235,16 @@ async def test_an_event_over_the_channels_message_size_is_reported_and_the_call_
     )
     assert '"omniray.session.migrate"' in call.channel.sent[1]
     assert not call.over.is_set()
+
+
+async def test_a_call_over_serves_nothing_still_queued():
+    """The transport's receive: client events and microphone chunks in order while the call lives;
+    once it is over (hung up, peer gone) nothing still queued reaches the session."""
+    call = Call(pc=None, metrics=None)
+    call.pending.put_nowait(("event", '{"type": "input_audio_buffer.clear"}'))
+    call.pending.put_nowait(("audio", b"\x00\x00" * 960))
+    assert await call.receive() == '{"type": "input_audio_buffer.clear"}'
+    assert (await call.receive()).pcm16 == b"\x00\x00" * 960
+    call.pending.put_nowait(("audio", b"\x00\x00" * 960))
+    call.over.set()
+    assert await call.receive() is None

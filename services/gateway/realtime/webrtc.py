@@ -256,8 +256,8 @@ class Call:
         over (the peer left or never connected, or it was hung up)."""
         get, over = asyncio.ensure_future(self.pending.get()), asyncio.ensure_future(self.over.wait())
         try:
-            done, _ = await asyncio.wait({get, over}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
+            await asyncio.wait({get, over}, return_when=asyncio.FIRST_COMPLETED)
+            if self.over.is_set():  # what is still queued is not served: the call is over
                 return None
             kind, data = get.result()
             return data if kind == "event" else Audio(data)

@@ -1,6 +1,6 @@
 """The realtime session's lifecycle as a state machine: the transitions it allows, `ended` for the
-transport, and how a closed session left (moved, taken — taken also by a save that finishes after
-the close)."""
+transport, and how a session left (moved, taken) — recorded whenever it happens, also after the
+connection closed (a hand-over's or the last save's late finish), as the session's flags were."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ async def test_a_draining_session_moves_and_its_transport_ends():
     assert not life.to(Phase.MIGRATING)  # once
     assert life.to(Phase.MOVED) and life.ended.done() and not life.serving
     assert life.to(Phase.CLOSED) and life.handed_off == {Phase.MOVED}
-    assert not life.to(Phase.OPEN) and life.phase is Phase.CLOSED
+    assert not life.to(Phase.OPEN) and not life.to(Phase.MIGRATING) and life.phase is Phase.CLOSED
 
 
-async def test_a_session_taken_over_ends_and_keeps_saying_so_once_closed():
+async def test_a_session_taken_over_ends_and_stays_taken():
     life = Lifecycle()
-    assert life.to(Phase.TAKEN) and life.ended.done()
-    assert not life.to(Phase.MIGRATING) and not life.to(Phase.MOVED)
+    assert life.to(Phase.TAKEN) and life.ended.done() and life.phase is Phase.TAKEN
+    assert not life.to(Phase.MIGRATING) and life.phase is Phase.TAKEN
     assert life.to(Phase.CLOSED) and life.handed_off == {Phase.TAKEN}
 
 
-async def test_the_last_save_after_close_may_find_it_taken():
+async def test_how_it_left_is_recorded_after_the_close_too():
     life = Lifecycle()
     assert life.to(Phase.CLOSED) and not life.ended.done()
-    assert life.to(Phase.TAKEN)  # recorded, the phase stays closed
-    assert life.phase is Phase.CLOSED and life.handed_off == {Phase.TAKEN} and life.ended.done()
-    assert not life.to(Phase.MOVED)
+    assert life.to(Phase.MOVED) and life.to(Phase.TAKEN)  # a late hand-over, then a late save
+    assert life.phase is Phase.CLOSED and life.handed_off == {Phase.MOVED, Phase.TAKEN} and life.ended.done()
