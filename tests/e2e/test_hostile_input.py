@@ -609,7 +609,12 @@ RESPONSES_CASES = {
     "max_output_tokens_over_cap": (lambda m: _resp(m, max_output_tokens=2**31 - 1), 400),
     "temperature_high": (lambda m: _resp(m, temperature=3), 422),
     "tool_type_web_search": (lambda m: _resp(m, tools=[{"type": "web_search"}]), 422),
-    "tools_auto": (lambda m: _resp(m, tools=[{"type": "function", "name": "f"}]), 400),
+    "tools_auto_with_text_format": (
+        lambda m: _resp(
+            m, tools=[{"type": "function", "name": "f"}], text={"format": {"type": "json_object"}}
+        ),
+        400,
+    ),
     "tool_choice_unknown_function": (
         lambda m: _resp(
             m, tools=[{"type": "function", "name": "f"}], tool_choice={"type": "function", "name": "g"}
@@ -952,8 +957,11 @@ REALTIME_CASES = {
             "session": {"tools": [{"type": "function", "name": "a b"}], "tool_choice": "required"},
         }
     ),
-    "tools_auto": json.dumps(
-        {"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}
+    "tool_parameters_uncompilable": json.dumps(
+        {
+            "type": "session.update",
+            "session": {"tools": [{"type": "function", "name": "f", "parameters": {"type": "x"}}]},
+        }
     ),
     "tool_choice_unknown": json.dumps({"type": "session.update", "session": {"tool_choice": "always"}}),
     "tool_choice_without_tools": json.dumps(
