@@ -186,11 +186,13 @@ def test_grpc_chat_calls_a_required_tool(omniray, model_name):
         assert chunks[-1].finish_reason == "tool_calls" and not any(c.text for c in chunks)
         # "auto" (no choice given) over gRPC too: answered as structured output, content or a call
         auto = omni_pb2.ChatRequest(model=model_name, messages=request.messages, tools=[tool],
-                                    sampling=common_pb2.SamplingParams(max_tokens=48, temperature=0))  # fmt: skip
+                                    sampling=common_pb2.SamplingParams(max_tokens=200, temperature=0))  # fmt: skip
         chunks = list(stub.Chat(auto, timeout=120))
-        calls = [c for chunk in chunks for c in chunk.tool_calls]
-        assert chunks[-1].finish_reason in ("tool_calls", "stop", "length")
-        assert (chunks[-1].finish_reason == "tool_calls") == bool(calls)
-        assert all(c.name == "get_weather" for c in calls)
+        calls, finish = [c for chunk in chunks for c in chunk.tool_calls], chunks[-1].finish_reason
+        assert finish in ("tool_calls", "stop", "length")  # length: a reply or a call max_tokens cut
+        if finish == "tool_calls":
+            assert calls and all(c.name == "get_weather" and json.loads(c.arguments)["city"] for c in calls)
+        if finish == "stop":
+            assert not calls
     finally:
         channel.close()
