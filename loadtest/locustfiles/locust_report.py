@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loadtest import results
 
-REQUEST_TYPES = ("REST", "gRPC", "WS")
+REQUEST_TYPES = ("REST", "gRPC", "WS", "WebRTC")
 FIRST_OUTPUT_TYPES = ("TTFT", "TTFP")
 
 

@@ -343,10 +343,11 @@ class VoiceUser(TenantUser):
                 self._answered(rid, t_stop)
             else:
                 self._interrupt(how, rid, item, played)
+            # a cancel that crossed the reply's end on the wire is answered response_cancel_not_active
             errors = [
                 f"{e['error'].get('code')}: {e['error']['message']}"
                 for _, e in s.events[mark:]
-                if e["type"] == "error"
+                if e["type"] == "error" and e["error"].get("code") != "response_cancel_not_active"
             ] + [f"malformed event {m}" for m in s.malformed]
             s.malformed.clear()
             if errors:
@@ -369,7 +370,8 @@ class VoiceUser(TenantUser):
             self.pending = (rid, item, played)
             return
         mark, t0 = len(s.events), time.monotonic()
-        s.send({"type": "response.cancel"})
+        if not s.done(rid):  # a reply already generated is only cut (its audio may still play)
+            s.send({"type": "response.cancel"})
         s.send({"type": "conversation.item.truncate", "item_id": item, "content_index": 0,
                 "audio_end_ms": int(played)})  # fmt: skip
         cut = s.wait(
