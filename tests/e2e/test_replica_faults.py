@@ -111,10 +111,11 @@ def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name)
     ]  # fmt: skip
     for t in threads:
         t.start()
-    assert rest.started.wait(30) and rpc.started.wait(30) and spoken.started.wait(30), (
-        "the streams did not start"
-    )
-    time.sleep(1)  # the structured answer is under way too (it writes no content deltas: JSON is content)
+    # every stream under way when the kill lands (the structured one too: its JSON is content), so
+    # none of them can reach the replacement replica instead
+    started = (rest, rpc, spoken, grammar)
+    assert all(o.started.wait(30) for o in started), "the streams did not start"
+    time.sleep(1)
 
     killed_at = time.monotonic()
     segments = kill(replica_pid("Decode"))
