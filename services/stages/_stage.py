@@ -56,10 +56,14 @@ class StageMetrics:
         self.latency = metric("omniray_stage_latency_seconds")
         self.inflight = metric("omniray_stage_inflight_requests")
         self._inflight = 0
+        self._errors_by_op: dict[str, object] = {}
 
     def _errors(self, op: str):
-        """The error counter; its series for `op` exists (at 0) once the operation has run."""
-        return metric("omniray_stage_errors_total", stage=self.stage, op=op)
+        """The error counter; its series for `op` exists (at 0) once the operation has run. Made
+        once per operation: a stage call takes no lock for it after that."""
+        if (errors := self._errors_by_op.get(op)) is None:
+            errors = self._errors_by_op[op] = metric("omniray_stage_errors_total", stage=self.stage, op=op)
+        return errors
 
     def observe(self, op: str, seconds: float) -> None:
         self._errors(op)
