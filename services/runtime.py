@@ -188,6 +188,27 @@ def start(
     if LocalCluster.load(run_dir) is not None:
         log("[omniray] stopping the previous local run first")
         stop(run_dir, log=log)
+    cluster = new_cluster(run_dir, http_port, grpc_port)
+    try:
+        _start_redis(cluster)
+        start_ray(cluster, load_profile(profile).limits.max_request_bytes)
+        deploy(
+            cluster,
+            profile,
+            app_args=app_args,
+            stage_overrides=stage_overrides,
+            env_vars=env_vars,
+            timeout_s=timeout_s,
+        )
+    except BaseException:
+        stop(run_dir, log=log)
+        raise
+    return cluster
+
+
+def new_cluster(run_dir: Path, http_port: int, grpc_port: int) -> LocalCluster:
+    """A run's state, saved in run_dir: its ports (free ones beside the two given), Ray's directory
+    and the run id that tags its processes. Nothing started yet."""
     cluster = LocalCluster(
         run_dir=run_dir,
         http_port=http_port,
@@ -203,21 +224,6 @@ def start(
         run_id=uuid.uuid4().hex,
     )
     cluster.save()
-    try:
-        _start_redis(cluster)
-        cluster.save()
-        _start_ray(cluster, load_profile(profile).limits.max_request_bytes)
-        deploy(
-            cluster,
-            profile,
-            app_args=app_args,
-            stage_overrides=stage_overrides,
-            env_vars=env_vars,
-            timeout_s=timeout_s,
-        )
-    except BaseException:
-        stop(run_dir, log=log)
-        raise
     return cluster
 
 
@@ -299,6 +305,7 @@ def apply(cluster: LocalCluster, config: dict[str, Any], timeout_s: float = 300.
 
 def _start_redis(cluster: LocalCluster) -> None:
     cluster.redis_pid = start_redis(cluster.redis_port, cluster.run_dir).pid
+    cluster.save()
 
 
 def start_redis(port: int, run_dir: Path) -> subprocess.Popen:
@@ -327,9 +334,16 @@ def start_redis(port: int, run_dir: Path) -> subprocess.Popen:
     raise RuntimeError(f"redis did not start; see {run_dir / 'redis.log'}")
 
 
-def _start_ray(cluster: LocalCluster, max_request_bytes: int) -> None:
+def start_ray(
+    cluster: LocalCluster,
+    max_request_bytes: int,
+    resources: dict[str, float] | None = None,
+    node_env: dict[str, str] | None = None,
+) -> None:
     """`max_request_bytes`: the gRPC proxy's receive limit, the profile's body limit (Serve reads it
-    from the environment of the processes `ray start` begins; its default is 2 GiB)."""
+    from the environment of the processes `ray start` begins; its default is 2 GiB). `resources`
+    and `node_env`: the custom resources the node advertises and what every process on it gets, as
+    a KubeRay group's pods have them (tests/e2e runs the chart's Serve config so)."""
     subprocess.run(
         [
             _bin("ray"),
@@ -343,9 +357,10 @@ def _start_ray(cluster: LocalCluster, max_request_bytes: int) -> None:
             f"--metrics-export-port={cluster.metrics_port}",
             f"--temp-dir={cluster.ray_temp_dir}",
             "--disable-usage-stats",
-        ],
+        ]
+        + ([f"--resources={json.dumps(resources)}"] if resources else []),
         check=True,
-        env={**_ray_env(cluster), GRPC_MAX_MESSAGE_ENV: str(max_request_bytes)},
+        env={**_ray_env(cluster), **(node_env or {}), GRPC_MAX_MESSAGE_ENV: str(max_request_bytes)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

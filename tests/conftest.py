@@ -1,5 +1,5 @@
-"""Shared fixtures and helpers. The shared `tiny` cluster (`omniray`) is tests/e2e's: started once for
-that package and stopped when it is done (tests/e2e/conftest.py)."""
+"""Shared fixtures and helpers. The shared `tiny` deployment (`omniray`) is tests/e2e's: started once
+for that package, its fault tests last, and stopped when it is done (tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -189,6 +190,24 @@ def load_adapter(profile_name: str, role: str):
     if not path.exists():
         pytest.skip(f"run `make models PROFILE={profile_name}` first")
     return adapter_module(spec.adapter).load(path, spec.options)
+
+
+FAULTS = "faults"  # a package's tests that kill, drain or redeploy parts of its deployment
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A package's `faults/` tests run after the package's others, so those meet a deployment no
+    fault test has changed; they stay inside the package, which keeps its one deployment."""
+
+    def package(item: pytest.Item) -> Path:
+        folder = item.path.parent
+        return folder.parent if folder.name == FAULTS else folder
+
+    first: dict[Path, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(package(item), index)
+    items.sort(key=lambda item: (first[package(item)], item.path.parent.name == FAULTS))
 
 
 _EXIT_STATUS = pytest.StashKey[int]()

@@ -20,7 +20,7 @@ from services.extensions.ray import object_refs
 def local_ray():
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

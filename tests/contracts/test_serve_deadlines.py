@@ -24,7 +24,7 @@ def stage():
 
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
 
     @serve.deployment(ray_actor_options={"num_cpus": 0})
     class Stage:

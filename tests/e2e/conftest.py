@@ -1,33 +1,89 @@
-"""The shared cluster: the real local runtime (Redis, Ray, Serve, vLLM) on free ports with the `tiny`
-profile, exactly as `make run` starts it. Package-scoped (`__init__.py` makes tests/e2e a package):
-started for the first test here that needs it and stopped when this package is done, so the rest of
-the suite does not share two cores with its idle engines. Its tiny models are a private copy
-(OMNIRAY_DATA, for this process and the cluster's: a test changes one on disk under it); the other
-profiles' (tiny's transcriber is small's Whisper) are links to the shared ones."""
+"""The shared `tiny` deployment, started as the Helm chart starts it: a Ray node advertising the pool
+resources of the chart's worker groups and given the environment the chart gives its pods (models,
+Redis, tenants, the OTLP endpoint), and on it the Serve config the chart ships
+(helm/omniray/files/serve/tiny.yaml) with free ports and the tests' encoder autoscaling. The rest is
+`make run`'s runtime (services/runtime.py): Redis, Serve's HAProxy edge, the run's own ports.
+test_chart_config.py checks that it is the chart's config and that every replica sits on its pool.
+
+Package-scoped (`__init__.py` makes tests/e2e a package): started for the first test here and stopped
+when the package is done, so the rest of the suite does not share two cores with its idle engines.
+Tests that kill, drain or redeploy parts of it are in faults/ and run after the others (ordered in
+tests/conftest.py), so no other test meets a deployment a fault test has changed. Its tiny models
+are a private copy (OMNIRAY_DATA, for this process and the cluster's: a test changes one on disk
+under it); the other profiles' (tiny's transcriber is small's Whisper) are links to the shared ones."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from services import deploy, runtime
+from services.common import redis_config
 from services.common.paths import data_dir
+from services.extensions.ray.haproxy_edge import TIMEOUT_ENV as HEADER_READ_TIMEOUT_ENV
+from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
-from tests.conftest import ENCODER_AUTOSCALING, local_cluster
+from tests.conftest import ENCODER_AUTOSCALING
+
+PROFILE = "tiny"
+CHART_SERVE_CONFIG = deploy.CHART_DIR / "files" / "serve" / f"{PROFILE}.yaml"
+CHART_TENANTS = deploy.CHART_DIR / "files" / "tenants" / "local.yaml"
+HEADER_READ_TIMEOUT_S = 4
+POOLS = {deploy.pool_resource(p): deploy.POOL_RESOURCE_UNITS for p in set(deploy.STAGE_POOLS.values())}
+
+
+def chart_config(http_port: int, grpc_port: int) -> dict[str, Any]:
+    """The chart's Serve config with this run's ports and the tests' encoder autoscaling (short
+    delays, so a test can watch the encoder scale)."""
+    config = yaml.safe_load(CHART_SERVE_CONFIG.read_text())
+    config["http_options"]["port"], config["grpc_options"]["port"] = http_port, grpc_port
+    (app,) = config["applications"]
+    encoder = next(d for d in app["deployments"] if d["name"] == "Encoder")
+    encoder.update(ENCODER_AUTOSCALING)
+    return config
+
+
+@contextlib.contextmanager
+def as_the_chart_runs(pod_env: dict[str, str]) -> Iterator[runtime.LocalCluster]:
+    run_dir = Path(tempfile.mkdtemp(prefix=f"omniray-test-chart-{PROFILE}-"))
+    try:
+        cluster = runtime.new_cluster(run_dir, runtime.free_port(), runtime.free_port())
+        cluster.redis_pid = runtime.start_redis(cluster.redis_port, run_dir).pid
+        cluster.save()
+        # what the chart's pods get (helm/omniray/templates/_helpers.tpl: omniray.rayPod)
+        pod_env = {
+            "OMNIRAY_DATA": str(data_dir()),
+            redis_config.ENV: cluster.redis_url,
+            "OMNIRAY_TENANTS_FILE": str(CHART_TENANTS),
+            # the chart's headerReadTimeoutSeconds, shorter: the slowloris test waits it out
+            HEADER_READ_TIMEOUT_ENV: str(HEADER_READ_TIMEOUT_S),
+            **pod_env,
+        }
+        runtime.start_ray(cluster, load_profile(PROFILE).limits.max_request_bytes, POOLS, pod_env)
+        runtime.apply(cluster, chart_config(cluster.http_port, cluster.grpc_port), timeout_s=420)
+        yield cluster
+    finally:
+        runtime.stop(run_dir, graceful=False)  # thrown away: nothing to drain for
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")
 def omniray(otlp_receiver, tmp_path_factory):
     shared, private = data_dir() / "models", tmp_path_factory.mktemp("data") / "models"
-    shutil.copytree(shared / "tiny", private / "tiny")
+    shutil.copytree(shared / PROFILE, private / PROFILE)
     for other in shared.iterdir():
-        if other.name != "tiny":
+        if other.name != PROFILE:
             (private / other.name).symlink_to(other)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMNIRAY_DATA", str(private.parent))
-        with local_cluster(
-            "tiny", stage_overrides={"encoder": ENCODER_AUTOSCALING}, env_vars=otlp_receiver.env
-        ) as cluster:
+        with as_the_chart_runs(otlp_receiver.env) as cluster:
             yield cluster
 
 

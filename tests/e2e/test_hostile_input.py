@@ -400,8 +400,8 @@ def test_rest_text_past_the_context_is_refused_by_its_length(http, model_name):
 
 def test_rest_slow_headers_are_cut_off_at_the_edge(omniray):
     """A client that sends its request's headers a byte at a time (slowloris) gets HAProxy's 408 and
-    its connection closed within the header-read timeout (services/extensions/ray/haproxy_edge.py:
-    10 s), not held for as long as it keeps sending."""
+    its connection closed within the header-read timeout (services/extensions/ray/haproxy_edge.py;
+    4 s on this deployment: tests/e2e/conftest.py), not held for as long as it keeps sending."""
     url = urlsplit(omniray.http_url)
     start, answer = time.monotonic(), b""
     with socket.create_connection((url.hostname, url.port), timeout=5) as conn:

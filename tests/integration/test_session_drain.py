@@ -3,7 +3,7 @@ each is saved as it is, its client gets `omniray.session.migrate` and the connec
 client reconnecting with the session id on another replica gets the conversation back, in the
 tenant's one session slot (kept for that reconnect). Two gateway replicas' hubs on one real Redis;
 the Serve drain signal itself is tests/contracts/test_ray_internals.py, the whole path with a
-model behind it tests/e2e/test_realtime_resume.py."""
+model behind it tests/e2e/faults/test_realtime_resume.py."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ resumes the response from the tokens already sent, as for a lost replica, counte
 `cause="engine_dropped"`; when it cannot (resume off, a grammar), the client gets the 503
 `stage_unavailable`, never a response reported complete. The decode deployment is a stand-in that
 streams real `DecodeChunk`s as the thinker stage does (the engine side: tests/integration/
-test_session_kv_engine.py; a killed replica: tests/e2e/test_replica_faults.py)."""
+test_session_kv_engine.py; a killed replica: tests/e2e/faults/test_replica_faults.py)."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ def test_large_tensor_goes_by_reference_through_the_object_store():
     # Reuse the session's cluster connection when another test already made one.
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         big = np.arange(1 << 19, dtype=np.float32)  # 2 MiB, over the inline limit
         desc = tensors.describe(big)

@@ -11,8 +11,7 @@ import time
 import httpx
 
 from services import runtime
-from services.models.profile import load_profile
-from tests.conftest import AUTH, ENCODER_AUTOSCALING
+from tests.conftest import AUTH
 
 
 def _stream(omniray, model_name, max_tokens: int) -> str:
@@ -36,7 +35,7 @@ def _stream(omniray, model_name, max_tokens: int) -> str:
     return "ok" if finish in ("length", "stop") else f"finish {finish}"
 
 
-def test_rolling_decode_under_load_fails_nothing(omniray, otlp_receiver, model_name):
+def test_rolling_decode_under_load_fails_nothing(omniray, model_name):
     results: list[str] = []
     stop = threading.Event()
 
@@ -50,16 +49,12 @@ def test_rolling_decode_under_load_fails_nothing(omniray, otlp_receiver, model_n
         t.start()
     time.sleep(3)  # streams in flight on the old replica
 
-    decode = load_profile("tiny").stages["decode"]
-    new_options = {**decode.ray_actor_options, "num_cpus": decode.ray_actor_options["num_cpus"] + 0.01}
+    config = runtime.applied(omniray)  # the decode deployment's options changed: Serve rolls it
+    (app,) = config["applications"]
+    decode = next(d for d in app["deployments"] if d["name"] == "Decode")
+    decode["ray_actor_options"]["num_cpus"] = round(decode["ray_actor_options"]["num_cpus"] + 0.01, 3)
     t0 = time.monotonic()
-    runtime.deploy(
-        omniray,
-        "tiny",
-        stage_overrides={"encoder": ENCODER_AUTOSCALING, "decode": {"ray_actor_options": new_options}},
-        env_vars=otlp_receiver.env,
-        timeout_s=300,
-    )
+    runtime.apply(omniray, config, timeout_s=300)
     rolled_s = time.monotonic() - t0
     time.sleep(5)  # and a little load on the new replica
     stop.set()
