@@ -190,8 +190,7 @@ def start(
         stop(run_dir, log=log)
     cluster = new_cluster(run_dir, http_port, grpc_port)
     try:
-        _start_redis(cluster)
-        start_ray(cluster, load_profile(profile).limits.max_request_bytes)
+        start_node(cluster, load_profile(profile).limits.max_request_bytes)
         deploy(
             cluster,
             profile,
@@ -236,9 +235,8 @@ def temporary(
 ) -> Iterator[LocalCluster]:
     """A whole local run on free ports in a temporary directory, stopped and removed afterwards
     (tests and benchmarks)."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{prefix}{Path(profile).stem}-"))  # a name or a YAML path
-    try:
-        cluster = start(
+    with scratch_run(f"{prefix}{Path(profile).stem}-") as run_dir:  # a name or a YAML path
+        yield start(
             profile,
             http_port=free_port(),
             grpc_port=free_port(),
@@ -246,13 +244,18 @@ def temporary(
             timeout_s=timeout_s,
             **kwargs,
         )
-    except BaseException:  # start stopped what it had started
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+
+
+@contextlib.contextmanager
+def scratch_run(prefix: str) -> Iterator[Path]:
+    """A temporary run directory; whatever run is started in it is stopped, and the directory
+    removed, on the way out."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield cluster
+        yield run_dir
     finally:
-        stop(run_dir, graceful=False)  # thrown away: nothing to drain for
+        if LocalCluster.load(run_dir) is not None:  # a failed start stopped what it had started
+            stop(run_dir, graceful=False)  # thrown away: nothing to drain for
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -303,9 +306,16 @@ def apply(cluster: LocalCluster, config: dict[str, Any], timeout_s: float = 300.
     _wait_ready(cluster, timeout_s)
 
 
-def _start_redis(cluster: LocalCluster) -> None:
+def start_node(
+    cluster: LocalCluster,
+    max_request_bytes: int,
+    resources: dict[str, float] | None = None,
+    node_env: dict[str, str] | None = None,
+) -> None:
+    """The run's Redis, then its Ray head node (see start_ray)."""
     cluster.redis_pid = start_redis(cluster.redis_port, cluster.run_dir).pid
     cluster.save()
+    start_ray(cluster, max_request_bytes, resources, node_env)
 
 
 def start_redis(port: int, run_dir: Path) -> subprocess.Popen:

@@ -1,9 +1,11 @@
 """Replica faults for tests on a running cluster: find a Serve replica's process, kill it (and the
 engine it started) as a node failure would, stream an answer while it happens, and read the counters
-that say what the gateway did. Used by tests/e2e (the `tiny` cluster) and tests/e2e_qwen3_omni."""
+that say what the gateway did; roll a deployment by a change to its config. Used by tests/e2e/faults
+(the `tiny` deployment) and tests/e2e_qwen3_omni."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -41,6 +43,16 @@ def replica_pid(stage: str) -> int:
         filters=[("class_name", "=", f"ServeReplica:omniray:{stage}"), ("state", "=", "ALIVE")]
     )
     return actor["pid"]
+
+
+def rolled(config: dict, deployment: str) -> dict:
+    """A copy of a deployed Serve config in which only `deployment`'s options changed (a hundredth
+    of a CPU more): applied, Serve starts that deployment's new replicas and drains its old ones."""
+    config = copy.deepcopy(config)
+    (app,) = config["applications"]
+    options = next(d for d in app["deployments"] if d["name"] == deployment)["ray_actor_options"]
+    options["num_cpus"] = round(options["num_cpus"] + 0.01, 3)
+    return config
 
 
 def kill(pid: int) -> set[str]:

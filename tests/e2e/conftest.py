@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,11 +50,8 @@ def chart_config(http_port: int, grpc_port: int) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def as_the_chart_runs(pod_env: dict[str, str]) -> Iterator[runtime.LocalCluster]:
-    run_dir = Path(tempfile.mkdtemp(prefix=f"omniray-test-chart-{PROFILE}-"))
-    try:
+    with runtime.scratch_run(f"omniray-test-chart-{PROFILE}-") as run_dir:
         cluster = runtime.new_cluster(run_dir, runtime.free_port(), runtime.free_port())
-        cluster.redis_pid = runtime.start_redis(cluster.redis_port, run_dir).pid
-        cluster.save()
         # what the chart's pods get (helm/omniray/templates/_helpers.tpl: omniray.rayPod)
         pod_env = {
             "OMNIRAY_DATA": str(data_dir()),
@@ -66,12 +61,9 @@ def as_the_chart_runs(pod_env: dict[str, str]) -> Iterator[runtime.LocalCluster]
             HEADER_READ_TIMEOUT_ENV: str(HEADER_READ_TIMEOUT_S),
             **pod_env,
         }
-        runtime.start_ray(cluster, load_profile(PROFILE).limits.max_request_bytes, POOLS, pod_env)
+        runtime.start_node(cluster, load_profile(PROFILE).limits.max_request_bytes, POOLS, pod_env)
         runtime.apply(cluster, chart_config(cluster.http_port, cluster.grpc_port), timeout_s=420)
         yield cluster
-    finally:
-        runtime.stop(run_dir, graceful=False)  # thrown away: nothing to drain for
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="package")

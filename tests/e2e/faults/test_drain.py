@@ -12,6 +12,7 @@ import httpx
 
 from services import runtime
 from tests.conftest import AUTH
+from tests.faults import rolled
 
 
 def _stream(omniray, model_name, max_tokens: int) -> str:
@@ -49,12 +50,8 @@ def test_rolling_decode_under_load_fails_nothing(omniray, model_name):
         t.start()
     time.sleep(3)  # streams in flight on the old replica
 
-    config = runtime.applied(omniray)  # the decode deployment's options changed: Serve rolls it
-    (app,) = config["applications"]
-    decode = next(d for d in app["deployments"] if d["name"] == "Decode")
-    decode["ray_actor_options"]["num_cpus"] = round(decode["ray_actor_options"]["num_cpus"] + 0.01, 3)
     t0 = time.monotonic()
-    runtime.apply(omniray, config, timeout_s=300)
+    runtime.apply(omniray, rolled(runtime.applied(omniray), "Decode"), timeout_s=300)
     rolled_s = time.monotonic() - t0
     time.sleep(5)  # and a little load on the new replica
     stop.set()

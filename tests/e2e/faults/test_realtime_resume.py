@@ -21,6 +21,7 @@ from services.realtime.codecs import PCM_RATE
 from services.realtime.server_events import WHOLE
 from tests.conftest import grpc_channel, new_tenant, until
 from tests.e2e.test_grpc import _Outbox, resumes_and_answers
+from tests.faults import rolled
 
 
 def _url(omniray, model_name, session_id: str | None = None) -> str:
@@ -81,10 +82,7 @@ def test_a_reconnecting_client_resumes_its_conversation(omniray, model_name):
 
 def _roll_gateway(omniray) -> threading.Thread:
     """A new gateway version applied, on a thread: Serve starts its replica and drains the old one."""
-    config = runtime.applied(omniray)
-    (app,) = config["applications"]
-    gateway = next(d for d in app["deployments"] if d["name"] == DEPLOYMENT_NAMES["gateway"])
-    gateway["ray_actor_options"]["num_cpus"] = round(gateway["ray_actor_options"]["num_cpus"] + 0.01, 3)
+    config = rolled(runtime.applied(omniray), DEPLOYMENT_NAMES["gateway"])
     rolling = threading.Thread(target=runtime.apply, args=(omniray, config), daemon=True)
     rolling.start()
     return rolling

@@ -4,7 +4,6 @@ async chunk ordering, and a model updated under running replicas (version skew).
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import itertools
 import json
 import random
@@ -19,7 +18,7 @@ from services import runtime
 from services.models.build import MANIFEST, prepare
 from services.models.profile import load_profile
 from tests.conftest import AUTH, data_url, png_bytes
-from tests.faults import counter
+from tests.faults import counter, rolled
 
 CLIENTS = 8  # concurrent clients, each request 8 fresh images (the encoder's target is 1 ongoing)
 STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
@@ -195,10 +194,7 @@ def test_stale_encoder_features_are_rejected_reencoded_counted(omniray, model_na
     assert prepare(v2, path)
     # Only the gateway restarts (its options changed) and now expects v2.
     deployed = runtime.applied(omniray)
-    skewed = copy.deepcopy(deployed)
-    (gateway,) = [d for d in skewed["applications"][0]["deployments"] if d["name"] == "Gateway"]
-    gateway["ray_actor_options"]["num_cpus"] += 0.01
-    runtime.apply(omniray, skewed)
+    runtime.apply(omniray, rolled(deployed, "Gateway"))
     try:
         before = _mismatches(omniray)
         r = ask()
