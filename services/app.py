@@ -26,6 +26,7 @@ SERVE_ENV = {
 }
 DEPLOYMENT_NAMES = {
     "gateway": "Gateway",
+    "video": "Video",
     "encoder": "Encoder",
     "prefill": "Prefill",
     "decode": "Decode",
@@ -40,12 +41,14 @@ def build_app(args: dict[str, Any]) -> Application:
     from services.stages.encoder import Encoder
     from services.stages.speech import Talker, Vocoder
     from services.stages.thinker import Decode, Prefill
+    from services.stages.video import Video
 
     # Loaded and validated once, here: a bad profile fails the deploy, and every replica gets the
     # content it was deployed with (not a name it would read from disk again).
     profile = load_profile(str(args["profile"])).model_dump()
     return Gateway.bind(
         profile,
+        Video.bind(profile),
         Encoder.bind(profile),
         Prefill.bind(profile),
         Decode.bind(profile),

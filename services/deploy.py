@@ -28,6 +28,7 @@ GRPC_PORT = 9000  # the head container's `grpc` port in the chart
 # workerGroups are named after the other pools.
 STAGE_POOLS = {
     "gateway": "head",
+    "video": "encoder",  # the pre-stage feeds the encoder pool; it decodes on the pool's CPUs
     "encoder": "encoder",
     "prefill": "thinker",
     "decode": "thinker",

@@ -331,6 +331,14 @@ def _declared() -> list[Metric]:
             at_zero=True,
         ),
         Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
+        # the video pre-stage (services/stages/video.py)
+        Metric(
+            "omniray_video_frames_total",
+            c,
+            "Video frames the pre-stage sampled, kept as key frames, and dropped as near-duplicates.",
+            ("kind",),
+            at_zero=True,
+        ),
         Metric("omniray_encoder_batch_tiles", h, "Tiles per encoder batch.", (), (1, 2, 4, 8, 16, 32, 64)),
         Metric("omniray_encoder_pending_tiles", g, "Tiles waiting in this replica."),
         Metric("omniray_encoder_cache_requests_total", c, "Feature cache lookups.", ("modality", "result")),

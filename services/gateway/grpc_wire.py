@@ -21,8 +21,10 @@ from services.common import untrusted_json
 from services.common.errors import OmniError, bad_request
 from services.models.profile import LimitsSpec
 from services.pipeline import media
+from services.pipeline.documents import file_data, pdf_document
 from services.pipeline.tools import Tool, ToolCall, Tools
 from services.pipeline.turn import Message, Part, Sampling, Turn, speech_out
+from services.pipeline.video_input import video_input
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 IMAGE_DETAILS = ("auto", "low", "high")
@@ -194,4 +196,12 @@ def _part(part: omni_pb2.ContentPart, param: str, limits: LimitsSpec) -> Part:
         return media.image_input(data, detail, limits, param=param)
     if kind == "audio":
         return media.audio_clip(part.audio.data, part.audio.format or "wav", limits, param=param)
+    if kind == "video":
+        data = part.video.data or media.data_url_bytes(
+            part.video.url, param=param, limit=limits.max_video_bytes, what="video"
+        )
+        return video_input(data, limits, with_audio=part.video.use_audio_in_video, param=param)
+    if kind == "file":
+        data = part.file.data or file_data(part.file.file_data, limits, param=param)
+        return pdf_document(data, limits, param=param)
     raise bad_request("empty content part", param=param)

@@ -17,7 +17,9 @@ from services.common.errors import OmniError, bad_request, too_large
 from services.models.profile import LimitsSpec
 from services.pipeline import media
 from services.pipeline.checks import MAX_STOP_CHARS
+from services.pipeline.documents import file_data, pdf_document
 from services.pipeline.turn import Part
+from services.pipeline.video_input import video_input
 
 INT32_MAX = 2**31 - 1
 MAX_NAME_CHARS = 256  # model, voice, service tier: names, never free text
@@ -39,6 +41,12 @@ StopSequence = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 
 
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+
+
+class MmProcessorKwargs(Loose):
+    """vLLM's per-request processor options (`mm_processor_kwargs`); the one omniray reads."""
+
+    use_audio_in_video: bool = False
 
 
 class AudioParam(Loose):
@@ -81,7 +89,9 @@ def validated(model: type[M], body: Any) -> M:
         raise OmniError(422, f"{param}: {first['msg']}", code="invalid_value", param=param) from None
 
 
-def content_part(part: dict, param: str, limits: LimitsSpec) -> Part:
+def content_part(part: dict, param: str, limits: LimitsSpec, *, use_audio_in_video: bool = False) -> Part:
+    """One OpenAI content part as the pipeline's. `use_audio_in_video` (vLLM's request option,
+    `mm_processor_kwargs`): a clip's audio track is given to the model too."""
     kind = part.get("type")
     if kind == "text":
         if not isinstance(part.get("text"), str):
@@ -115,8 +125,26 @@ def content_part(part: dict, param: str, limits: LimitsSpec) -> Part:
                 f"audio is larger than {limits.max_audio_bytes} bytes", code="audio_too_large", param=param
             )
         return media.audio_clip(media.b64decode(audio["data"], param=param), fmt, limits, param=param)
+    if kind == "video_url":
+        video = part.get("video_url")
+        url = video.get("url") if isinstance(video, dict) else video
+        if not isinstance(url, str):
+            raise bad_request("video_url part needs video_url.url", param=param)
+        data = media.data_url_bytes(url, param=param, limit=limits.max_video_bytes, what="video")
+        return video_input(data, limits, with_audio=use_audio_in_video, param=param)
+    if kind == "file":
+        file = part.get("file")
+        if not isinstance(file, dict):
+            raise bad_request("file part needs file.file_data (a PDF, base64)", param=param)
+        if file.get("file_id") is not None:
+            raise bad_request(
+                "file_id is not supported (there is no files API); send file.file_data",
+                code="unsupported_file_id",
+                param=f"{param}.file.file_id",
+            )
+        return pdf_document(file_data(file.get("file_data"), limits, param=param), limits, param=param)
     raise bad_request(
-        "unsupported content part type; supported: text, image_url, input_audio",
+        "unsupported content part type; supported: text, image_url, input_audio, video_url, file",
         code="unsupported_content_type",
         param=param,
     )

@@ -91,6 +91,7 @@ class Gateway:
     def __init__(
         self,
         profile: dict,
+        video: DeploymentHandle,
         encoder: DeploymentHandle,
         prefill: DeploymentHandle,
         decode: DeploymentHandle,
@@ -99,7 +100,7 @@ class Gateway:
         async_chunk: bool | None = None,
     ):
         self.profile = Profile.model_validate(profile)
-        handles = StageHandles(encoder, prefill, decode, talker, vocoder)
+        handles = StageHandles(video, encoder, prefill, decode, talker, vocoder)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, handles, prompts, self.quota, async_chunk=async_chunk)

@@ -12,6 +12,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# The rate audio reaches the encoders at (every audio adapter's input rate; the stage contracts'
+# "FLOAT32 mono at 16 kHz").
+ENCODER_RATE = 16_000
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -54,6 +58,24 @@ class VisionEncoder(Protocol):
     def assemble(self, features: list, cols: int, rows: int) -> EncoderOutput:
         """One image's tile features, in row-major order of its cols x rows grid -> what the
         thinker sees."""
+
+    # Video: a clip's key frames are tiles too, `frames_per_tile` consecutive frames each (1: a
+    # frame is an image; Qwen3-Omni: its temporal patch).
+    frames_per_tile: int
+
+    def video_tile(self, frames: np.ndarray) -> Any:
+        """`frames_per_tile` key frames, uint8 RGB [n, h, w, 3] -> the model's input for them."""
+
+    def assemble_video(self, features: list, timestamps: list[float]) -> EncoderOutput:
+        """One clip's tile features in time order, and its key frames' times (seconds) -> what
+        the thinker sees."""
+
+
+def frame_image(frames: np.ndarray):
+    """A one-frame tile's frame as a PIL image (what an image model's `preprocess` takes)."""
+    from PIL import Image
+
+    return Image.fromarray(np.ascontiguousarray(frames[0]))
 
 
 class AudioEncoder(Protocol):

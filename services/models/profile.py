@@ -20,7 +20,7 @@ from services.policies.admission import AdmissionParams
 from services.policies.scorers import ScorerSpec
 
 CONFIG_DIR = REPO_ROOT / "configs"
-STAGES = ("gateway", "encoder", "prefill", "decode", "talker", "vocoder")
+STAGES = ("gateway", "video", "encoder", "prefill", "decode", "talker", "vocoder")
 
 
 class _Strict(BaseModel):
@@ -324,6 +324,23 @@ class EncoderPoolSpec(_Strict):
     cache_mib: int = Field(default=256, ge=0)
 
 
+class VideoSpec(_Strict):
+    """The video pre-stage (services/stages/video.py): how a clip becomes the key frames the encoder
+    pool sees (docs/video.md)."""
+
+    # Frames taken per second of the clip, at most `max_frames` per clip (spread evenly over a
+    # longer clip).
+    fps: float = Field(default=2.0, gt=0, le=30)
+    max_frames: int = Field(default=32, ge=1, le=512)
+    # A sampled frame is dropped as a near-duplicate of the last kept one when their 32x32 grey
+    # thumbnails differ by less than this (mean absolute difference, 0-1); 0 keeps every frame.
+    keyframe_threshold: float = Field(default=0.02, ge=0, le=1)
+    # Frames reach the encoder with the long side at most this, both sides multiples of
+    # `frame_multiple` (the vision encoder's patch grid).
+    frame_px: int = Field(default=448, ge=16)
+    frame_multiple: int = Field(default=32, ge=1)
+
+
 class LimitsSpec(_Strict):
     max_request_bytes: int = 48 * 1024 * 1024
     max_image_bytes: int = 20 * 1024 * 1024
@@ -334,6 +351,19 @@ class LimitsSpec(_Strict):
     max_media_decoded_bytes: int = 512 * 1024 * 1024
     max_audio_seconds: float = 120.0
     max_audio_bytes: int = 25 * 1024 * 1024
+    # Video clips (video_url parts), from the container's headers before anything is decoded.
+    max_video_bytes: int = 32 * 1024 * 1024
+    max_video_seconds: float = 600.0
+    max_video_side_px: int = 4096
+    max_video_frames: int = 36_000  # frames the container holds (600 s at 60 fps)
+    # Decoding work: frames x pixels per frame (the pre-stage decodes every frame of the track to
+    # reach the sampled ones): 10 minutes of 720p at 30 fps.
+    max_video_decode_pixels: int = 17_000_000_000
+    # PDFs (file parts): checked before any page is rendered; pages larger than max_pdf_page_px
+    # (long side, at 72 dpi) are rendered scaled down to it.
+    max_pdf_bytes: int = 32 * 1024 * 1024
+    max_pdf_pages: int = 100
+    max_pdf_page_px: int = 2048
     max_messages: int = 256
     max_media_items: int = 64
     max_tokens_cap: int = 4096
@@ -378,9 +408,10 @@ class Profile(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     tiling: TilingSpec = Field(default_factory=TilingSpec)
     encoder_pool: EncoderPoolSpec = Field(default_factory=EncoderPoolSpec)
+    video: VideoSpec = Field(default_factory=VideoSpec)
     kv_store: KvStoreSpec = Field(default_factory=KvStoreSpec)
     realtime: RealtimeSpec = Field(default_factory=RealtimeSpec)
-    stages: dict[Literal["gateway", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
+    stages: dict[Literal["gateway", "video", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
 
     @model_validator(mode="after")
     def _vision_tiles(self) -> Profile:

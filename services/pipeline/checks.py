@@ -14,7 +14,18 @@ from services.pipeline.prompt import PromptBuilder
 from services.pipeline.structured_output import checked_json_schema
 from services.pipeline.tool_parser import ToolCallParser
 from services.pipeline.tools import Tools
-from services.pipeline.turn import SEED_BOUND, SPEECH_FORMATS, ImageInput, SpeechTurn, TranscriptionTurn, Turn
+from services.pipeline.turn import (
+    SEED_BOUND,
+    SPEECH_FORMATS,
+    AudioClip,
+    ImageInput,
+    SpeechTurn,
+    TranscriptionTurn,
+    Turn,
+    VideoInput,
+)
+from services.policies.frames.sampling import sample_times
+from services.policies.frames.sizing import frame_size
 from services.router.tiles import TileGrid, tile_grid
 
 # name: (low, high) — OpenAI's ranges.
@@ -135,19 +146,23 @@ class TurnChecks:
     def media(self, turn: Turn) -> list[TileGrid | None]:
         """What the media cost and whether this deployment takes them, from their headers alone:
         what the plan and the quota need, before anything is decoded. Returns each image's tile
-        grid (None for audio)."""
+        grid (None for audio and video)."""
         limits = self.profile.limits
         if len(turn.media) > limits.max_media_items:
             raise bad_request(
-                f"at most {limits.max_media_items} images and audio clips per request",
+                f"at most {limits.max_media_items} images, pages, audio and video clips per request",
                 code="too_many_media_items",
                 param="messages",
             )
         grids: list[TileGrid | None] = []
         decoded = 0
         for item in turn.media:
-            kind = "image" if isinstance(item, ImageInput) else "audio"
-            if getattr(self.profile.models, "vision" if kind == "image" else "audio") is None:
+            kind = (
+                "audio"
+                if isinstance(item, AudioClip)
+                else ("video" if isinstance(item, VideoInput) else "image")
+            )
+            if getattr(self.profile.models, "audio" if kind == "audio" else "vision") is None:
                 raise bad_request(
                     f"profile {self.profile.name!r} does not accept {kind} input",
                     code="unsupported_modality",
@@ -157,7 +172,7 @@ class TurnChecks:
             if isinstance(item, ImageInput):
                 t = self.profile.tiling
                 grid = tile_grid(item.width, item.height, item.detail, t.tile_px, t.max_tiles)
-            decoded += item.decoded_bytes
+            decoded += self.video_decoded_bytes(item) if isinstance(item, VideoInput) else item.decoded_bytes
             if decoded > limits.max_media_decoded_bytes:
                 raise too_large(
                     f"the request's media decode to more than {limits.max_media_decoded_bytes} bytes",
@@ -166,6 +181,17 @@ class TurnChecks:
                 )
             grids.append(grid)
         return grids
+
+    def video_frames(self, clip: VideoInput) -> int:
+        """The key frames a clip may yield (each one encoder tile): what its quota is debited."""
+        v = self.profile.video
+        return len(sample_times(clip.seconds, v.fps, v.max_frames))
+
+    def video_decoded_bytes(self, clip: VideoInput) -> int:
+        """The clip's bytes (sent to the pre-stage) and its key frames at the encoder's size."""
+        v = self.profile.video
+        width, height = frame_size(clip.width, clip.height, v.frame_px, v.frame_multiple)
+        return len(clip.data) + self.video_frames(clip) * width * height * 3
 
     def content_or_calls(self, tools: Tools | None) -> bool:
         """ "auto" on a model with no call format of its own (no tool parser): the answer is

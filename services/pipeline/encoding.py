@@ -1,27 +1,30 @@
 """The encoder pool as a response uses it: each media item's features at this deployment's model
 versions, encoded once (kept on the item for a realtime session's later turns), re-encoded once when
-an encoder replica answers with other versions (a rollout)."""
+an encoder replica answers with other versions (a rollout). Video clips go through the video
+pre-stage first (key frames, and the audio track where asked), once per clip."""
 
 from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 
-from services.common.errors import OmniError
+from services.common.errors import OmniError, bad_request
 from services.dataplane import tensors
 from services.extensions.ray.metrics import metric
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline.stage_calls import StageHandles, stage_calls
 from services.pipeline.stage_deadlines import StageDeadlines
-from services.pipeline.turn import AudioClip, ImageInput
+from services.pipeline.turn import AudioClip, Media, VideoInput
 from services.router.tiles import TILE_POLICY_VERSION, TileGrid
 
 
 class MediaEncoding:
     def __init__(self, profile: Profile, handles: StageHandles, deadlines: StageDeadlines):
         self.h, self.deadlines = handles, deadlines
+        self.video, self.limits = profile.video, profile.limits
         self.feature_versions = {
             m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
         }
@@ -29,17 +32,24 @@ class MediaEncoding:
             "omniray_encoder_feature_version_mismatch_total", modality=tuple(self.feature_versions)
         )
 
-    def _version(self, item: AudioClip | ImageInput) -> str:
-        return self.feature_versions["image" if isinstance(item, ImageInput) else "audio"]
+    def _version(self, item: Media) -> str:
+        return self.feature_versions["audio" if isinstance(item, AudioClip) else "image"]
 
     @staticmethod
-    def _media_item(item: AudioClip | ImageInput, grid: TileGrid | None) -> stages_pb2.MediaItem:
-        """The stage contract's item: decoded samples (at the encoders' rate) or pixels."""
+    def _media_item(item: Media, grid: TileGrid | None) -> stages_pb2.MediaItem:
+        """The stage contract's item: decoded samples (at the encoders' rate), pixels, or a clip's
+        key frames."""
         if isinstance(item, AudioClip):
             return stages_pb2.MediaItem(
                 modality="audio",
                 data=tensors.describe(item.for_encoder(), content_hash=item.content_hash),
                 audio_seconds=item.seconds,
+            )
+        if isinstance(item, VideoInput):
+            return stages_pb2.MediaItem(
+                modality="video",
+                data=tensors.describe(item.key_frames, content_hash=item.content_hash),
+                timestamps=item.timestamps,
             )
         return stages_pb2.MediaItem(
             modality="image",
@@ -53,7 +63,7 @@ class MediaEncoding:
     async def encode(
         self,
         ctx: common_pb2.RequestContext,
-        items: list[AudioClip | ImageInput],
+        items: list[Media],
         grids: list[TileGrid | None],
         progress=None,
     ) -> list[stages_pb2.EncodedItem]:
@@ -62,6 +72,9 @@ class MediaEncoding:
         encoder replica still on the previous version during a rollout) is counted and re-encoded
         once. With `progress`, the encoder streams progress events to it while it works."""
         new = [i for i, item in enumerate(items) if self._version(item) not in item.encoded]
+        clips = [items[i] for i in new if isinstance(items[i], VideoInput) and not items[i].sampled_yet]
+        if clips:
+            await asyncio.gather(*(self._sample(ctx, clip) for clip in clips))
         if new:
             request = await asyncio.to_thread(
                 lambda: stages_pb2.EncodeRequest(
@@ -93,6 +106,29 @@ class MediaEncoding:
                 items[i].encoded[out.encoder_version] = out
         return [item.encoded[self._version(item)] for item in items]
 
+    async def _sample(self, ctx: common_pb2.RequestContext, clip: VideoInput) -> None:
+        """The video pre-stage's key frames (and audio track) for one clip, kept on the clip."""
+        v = self.video
+        request = stages_pb2.VideoRequest(
+            ctx=ctx,
+            clip=tensors.describe(np.frombuffer(clip.data, np.uint8), content_hash=clip.content_hash),
+            fps=v.fps,
+            max_frames=v.max_frames,
+            keyframe_threshold=v.keyframe_threshold,
+            frame_px=v.frame_px,
+            frame_multiple=v.frame_multiple,
+            with_audio=clip.track is not None,
+            max_seconds=clip.seconds,
+            max_frame_pixels=clip.width * clip.height,
+        )
+        with stage_calls():
+            reply = await self.deadlines.reply("video", self.h.video.Sample.remote(request))
+        if reply.refusal_code:
+            raise bad_request(reply.refusal, code=reply.refusal_code, param="messages")
+        frames = await tensors.materialized(reply.frames)
+        track = await tensors.materialized(reply.audio) if reply.HasField("audio") else None
+        clip.sampled_by(frames, list(reply.timestamps), reply.sampled, track)
+
     async def _encode_items(self, request: stages_pb2.EncodeRequest, progress=None) -> list:
         with stage_calls():
             if progress is None:
@@ -108,14 +144,16 @@ class MediaEncoding:
             return encoded
 
     def _stale(self, items, encoded: list[stages_pb2.EncodedItem]) -> list[str]:
+        """The modalities (of the feature versions: a clip's frames are images) answered stale."""
+        modalities = ("audio" if item.modality == "audio" else "image" for item in items)
         return [
-            item.modality
-            for item, out in zip(items, encoded, strict=True)
-            if out.encoder_version != self.feature_versions[item.modality]
+            modality
+            for modality, out in zip(modalities, encoded, strict=True)
+            if out.encoder_version != self.feature_versions[modality]
         ]
 
 
-async def _owned(out: stages_pb2.EncodedItem, item: AudioClip | ImageInput) -> stages_pb2.EncodedItem:
+async def _owned(out: stages_pb2.EncodedItem, item: Media) -> stages_pb2.EncodedItem:
     """An encoder output this process can keep using: features left in the object store by the
     encoder replica (pinned there only for a while) are taken into an object this process owns,
     pinned for as long as the item that holds them lives (a realtime session's turn)."""

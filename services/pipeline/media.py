@@ -46,23 +46,27 @@ def b64decode(data: str, *, param: str) -> bytes:
         raise bad_request("data is not valid base64", code="invalid_base64", param=param) from None
 
 
-def data_url_bytes(url: str, *, param: str, limit: int) -> bytes:
+# what a data: URL carries -> (its error code prefix, an example media type)
+DATA_URL_KINDS = {"image": "image/png", "video": "video/mp4", "file": "application/pdf"}
+
+
+def data_url_bytes(url: str, *, param: str, limit: int, what: str = "image") -> bytes:
     """The payload of a `data:<mime>;base64,<data>` URL; remote URLs are not fetched."""
     if not url.startswith("data:"):
         raise bad_request(
-            "only data: URLs are accepted for images (the server does not fetch URLs)",
-            code="invalid_image_url",
+            f"only data: URLs are accepted for {what}s (the server does not fetch URLs)",
+            code=f"invalid_{what}_url",
             param=param,
         )
     header, sep, payload = url.partition(",")
     if not sep or ";base64" not in header:
         raise bad_request(
-            "image data URL must be base64 encoded (data:image/png;base64,...)",
-            code="invalid_image_url",
+            f"{what} data URL must be base64 encoded (data:{DATA_URL_KINDS[what]};base64,...)",
+            code=f"invalid_{what}_url",
             param=param,
         )
     if len(payload) * 3 // 4 > limit:
-        raise too_large(f"image is larger than {limit} bytes", code="image_too_large", param=param)
+        raise too_large(f"{what} is larger than {limit} bytes", code=f"{what}_too_large", param=param)
     return b64decode(payload, param=param)
 
 

@@ -37,7 +37,7 @@ from services.pipeline.thinking import Thinking
 from services.pipeline.tool_parser import ToolCallParser
 from services.pipeline.tools import CallStream, ContentOrCalls, NamedCall, RequiredCalls, Tools
 from services.pipeline.transcription import Transcribing
-from services.pipeline.turn import AudioClip, Turn
+from services.pipeline.turn import AudioClip, Turn, VideoInput
 from services.quota.service import Cost, QuotaService
 from services.quota.tenants import TenantSpec
 from services.router.plan import plan, slo_class
@@ -110,6 +110,12 @@ class Pipeline:
                     turn.speech is not None and not (turn.tools is not None and turn.tools.forced),
                     [g.tiles for g in grids if g is not None],
                     [m.seconds for m in turn.media if isinstance(m, AudioClip)],
+                    [
+                        (m.seconds, self.checks.video_frames(m))
+                        for m in turn.media
+                        if isinstance(m, VideoInput)
+                    ],
+                    turn.document_pages,
                 )
             span.set_attribute("omniray.request_class", stage_plan.request_class)
             span.set_attribute("omniray.slo_class", slo)
@@ -119,6 +125,7 @@ class Pipeline:
                     text_tokens=layout.text_tokens + sampling.max_tokens,
                     image_tiles=stage_plan.tiles,
                     audio_seconds=stage_plan.audio_seconds,
+                    video_seconds=stage_plan.video_seconds,
                     document_pages=stage_plan.pages,
                     encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
                 )

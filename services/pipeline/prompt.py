@@ -17,7 +17,7 @@ from omni.v1 import stages_pb2
 from transformers import AutoTokenizer
 
 from services.pipeline.tools import Tool, arguments_value, calls_text, described
-from services.pipeline.turn import AudioClip, Message
+from services.pipeline.turn import AudioClip, DocumentInput, Message, media_of
 
 _MARK = "\x00"
 CACHED_PIECES = 4096
@@ -76,7 +76,7 @@ class PromptBuilder:
             content, previous = "", None
             for part in m.parts:
                 kind = (
-                    "text" if isinstance(part, str) else ("audio" if isinstance(part, AudioClip) else "image")
+                    "text" if isinstance(part, str) else ("audio" if isinstance(part, AudioClip) else "media")
                 )
                 # Consecutive audio parts are one stream cut in chunks (realtime turns): nothing
                 # between them, so a turn's first chunks render as a prefix of the whole turn.
@@ -85,8 +85,13 @@ class PromptBuilder:
                 if kind == "text":
                     content += part.replace(_MARK, "")
                 else:
-                    content += _marker(n_media)
-                    n_media += 1
+                    slots = []
+                    for _ in media_of(part):
+                        slots.append(_marker(n_media))
+                        n_media += 1
+                    if isinstance(part, DocumentInput):  # a document's pages, numbered
+                        slots = [f"Page {k}:\n{slot}" for k, slot in enumerate(slots, 1)]
+                    content += "\n".join(slots)  # a clip, then its audio track
                 previous = kind
             message = {"role": m.role, "content": content}
             if m.tool_calls and native:

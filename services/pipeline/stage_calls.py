@@ -35,6 +35,7 @@ class StageHandles:
     """The stage deployments; calls go over Serve's gRPC transport (SERVE_ENV: throughput-optimized
     mode)."""
 
+    video: DeploymentHandle
     encoder: DeploymentHandle
     prefill: DeploymentHandle
     decode: DeploymentHandle

@@ -17,11 +17,10 @@ import numpy as np
 from omni.v1 import stages_pb2
 from scipy.signal import resample_poly
 
+from services.models.base import ENCODER_RATE
 from services.pipeline.tools import ToolCall, Tools
 
 Role = Literal["system", "user", "assistant", "tool"]
-# The rate audio reaches the encoders at (every adapter's input rate).
-ENCODER_RATE = 16_000
 
 
 class _Once:
@@ -128,7 +127,65 @@ class ImageInput(_Once):
             return self._pixels
 
 
-Part = str | AudioClip | ImageInput
+class VideoInput(_Once):
+    """A video clip whose container was checked from its headers (services/pipeline/video_input.py):
+    size, length and frame count are known; its key frames come from the video pre-stage after
+    admission (`frames`, `timestamps`, set once). With its audio track asked for, `track` is the
+    track as an audio clip, its samples filled in by the same pre-stage call."""
+
+    def __init__(
+        self, *, data: bytes, width: int, height: int, seconds: float, frames: int, track_seconds: float = 0.0
+    ):
+        super().__init__()
+        self.data, self.width, self.height, self.seconds, self.frames = data, width, height, seconds, frames
+        self.content_hash = hashlib.sha256(data).hexdigest()
+        self.key_frames: np.ndarray | None = None  # uint8 [n, h, w, 3]
+        self.timestamps: list[float] = []
+        self.sampled = 0  # frames sampled before near-duplicates were dropped
+        self._track: np.ndarray | None = None
+        self.track = (
+            AudioClip(rate=ENCODER_RATE, frames=int(track_seconds * ENCODER_RATE), decode=self._track_samples)
+            if track_seconds > 0
+            else None
+        )
+
+    def sampled_by(self, frames: np.ndarray, timestamps: list[float], sampled: int, track: np.ndarray | None):
+        """The pre-stage's answer for this clip."""
+        with self._lock:
+            self.key_frames, self.timestamps, self.sampled = frames, timestamps, sampled
+            self._track = track if track is not None else np.zeros(0, np.float32)
+
+    @property
+    def sampled_yet(self) -> bool:
+        return self.key_frames is not None
+
+    def _track_samples(self) -> np.ndarray:
+        if self._track is None:
+            raise RuntimeError("the clip's audio track is read after the video pre-stage ran")
+        return self._track
+
+
+@dataclass(frozen=True)
+class DocumentInput:
+    """A PDF as its pages: images that render on first use (services/pipeline/documents.py)."""
+
+    pages: tuple[ImageInput, ...]
+
+
+Part = str | AudioClip | ImageInput | VideoInput | DocumentInput
+Media = AudioClip | ImageInput | VideoInput
+
+
+def media_of(part: Part) -> list[Media]:
+    """What the encoders see of a part, in prompt order: a document's pages, a clip then its audio
+    track (where asked for)."""
+    if isinstance(part, str):
+        return []
+    if isinstance(part, DocumentInput):
+        return list(part.pages)
+    if isinstance(part, VideoInput) and part.track is not None:
+        return [part, part.track]
+    return [part]
 
 
 @dataclass(frozen=True)
@@ -138,8 +195,8 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # assistant: the calls it made
     tool_call_id: str = ""  # tool: the call this is the result of
 
-    def media(self) -> list[AudioClip | ImageInput]:
-        return [p for p in self.parts if not isinstance(p, str)]
+    def media(self) -> list[Media]:
+        return [m for p in self.parts for m in media_of(p)]
 
 
 SEED_BOUND = 2**63  # seeds are int64: -SEED_BOUND <= seed < SEED_BOUND
@@ -185,10 +242,15 @@ class Turn:
     slo_class: str = ""
     service_tier: str = ""
     tools: Tools | None = None  # function calling (services/pipeline/tools.py)
-    media: list[AudioClip | ImageInput] = field(init=False, repr=False, compare=False)
+    media: list[Media] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "media", [m for msg in self.messages for m in msg.media()])
+
+    @property
+    def document_pages(self) -> int:
+        """Pages of the PDFs the messages carry."""
+        return sum(len(p.pages) for m in self.messages for p in m.parts if isinstance(p, DocumentInput))
 
     @property
     def text_chars(self) -> int:

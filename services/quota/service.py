@@ -44,6 +44,7 @@ class Cost:
     text_tokens: float = 0.0
     image_tiles: float = 0.0
     audio_seconds: float = 0.0
+    video_seconds: float = 0.0
     document_pages: float = 0.0
     encoder_gflops: float = 0.0
 

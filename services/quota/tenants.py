@@ -24,7 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 SloClass = Literal["realtime", "interactive", "batch", "bulk"]
 # Higher first: the order the router and the quota service rank classes in.
 SLO_CLASSES: tuple[SloClass, ...] = ("realtime", "interactive", "batch", "bulk")
-MODALITIES = ("text_tokens", "image_tiles", "audio_seconds", "document_pages", "encoder_gflops")
+MODALITIES = (
+    "text_tokens",
+    "image_tiles",
+    "audio_seconds",
+    "video_seconds",
+    "document_pages",
+    "encoder_gflops",
+)
 REDIS_TENANT = "omniray:tenant:{}"  # JSON TenantSpec
 REDIS_KEY = "omniray:apikey:{}"  # sha256(api key) -> tenant id
 # Keys looked up in Redis (found or not) are remembered this many at most: a flood of random keys
@@ -44,6 +51,7 @@ class Limits(_Strict):
     text_tokens: float | None = None
     image_tiles: float | None = None
     audio_seconds: float | None = None
+    video_seconds: float | None = None  # seconds of video clips (their frames also cost image_tiles)
     document_pages: float | None = None
     encoder_gflops: float | None = None
 

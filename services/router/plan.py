@@ -20,26 +20,40 @@ class StagePlan:
     n_images: int
     n_audio: int
     speak: bool  # talker + vocoder
-    tiles: int = 0
+    tiles: int = 0  # of images, document pages and video key frames
     audio_seconds: float = 0.0
+    video_seconds: float = 0.0
+    n_videos: int = 0
+    pdf_pages: int = 0
 
     @property
     def encode(self) -> bool:
-        return self.n_images + self.n_audio > 0
+        return self.n_images + self.n_audio + self.n_videos > 0
 
     @property
     def pages(self) -> int:
-        return self.n_images if self.request_class == "document" else 0
+        """Document pages: a PDF's, or the images of a many-image request."""
+        if self.request_class != "document":
+            return 0
+        return self.pdf_pages or self.n_images
 
 
-def plan(speak: bool, image_tiles: list[int], audio_seconds: list[float]) -> StagePlan:
-    """From what a request carries (the tiles of each image, the length of each audio clip) and
-    whether it asks for speech. Classification is total: every request gets exactly one class."""
+def plan(
+    speak: bool,
+    image_tiles: list[int],
+    audio_seconds: list[float],
+    video: list[tuple[float, int]] = (),
+    pdf_pages: int = 0,
+) -> StagePlan:
+    """From what a request carries (the tiles of each image, a PDF's pages among them; the length
+    of each audio clip; each video clip's length and the key frames it may yield, one tile each)
+    and whether it asks for speech. Classification is total: every request gets exactly one class.
+    A clip is vision chat ("image") unless audio makes it "audio"."""
     if audio_seconds or speak:
         cls: RequestClass = "audio"
-    elif len(image_tiles) >= DOCUMENT_MIN_IMAGES:
+    elif pdf_pages or len(image_tiles) >= DOCUMENT_MIN_IMAGES:
         cls = "document"
-    elif image_tiles:
+    elif image_tiles or video:
         cls = "image"
     else:
         cls = "text"
@@ -48,8 +62,11 @@ def plan(speak: bool, image_tiles: list[int], audio_seconds: list[float]) -> Sta
         n_images=len(image_tiles),
         n_audio=len(audio_seconds),
         speak=speak,
-        tiles=sum(image_tiles),
+        tiles=sum(image_tiles) + sum(frames for _, frames in video),
         audio_seconds=sum(audio_seconds),
+        video_seconds=sum(seconds for seconds, _ in video),
+        n_videos=len(video),
+        pdf_pages=pdf_pages,
     )
 
 

@@ -1,18 +1,22 @@
-"""Encoder pool stage: images and audio -> what the thinker sees (embeddings or text).
+"""Encoder pool stage: images, video key frames and audio -> what the thinker sees (embeddings or text).
 
 Images are cut into tiles by the grid the router chose; the tile is the scheduling unit. Tiles of
 all requests on this replica go through one TileScheduler (fewest pending tiles first, with aging)
 and share batches up to `encoder_pool.batch_size`; each image is reassembled from its tiles. A
 feature cache skips the encoder for an image it has already encoded for the same tenant, encoder
-version and tile grid. Every feature tensor carries the encoder/projector/LLM versions.
+version and tile grid. A clip's key frames (from the video pre-stage) are tiles too, grouped as the
+model reads frames (services/models/base.py VisionEncoder.frames_per_tile), cached tile by tile.
+Every feature tensor carries the encoder/projector/LLM versions.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 
+import numpy as np
 from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
@@ -22,7 +26,7 @@ from services.extensions.ray.metrics import metric
 from services.models.base import EncoderOutput
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
-from services.stages.feature_cache import FeatureCache, cache_key
+from services.stages.feature_cache import FRAME, FeatureCache, cache_key
 from services.stages.tile_scheduler import TileScheduler
 
 
@@ -134,6 +138,30 @@ class Encoder(Stage):
         image = Image.fromarray(tensors.materialize(item.data))
         return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
 
+    async def _tiled(
+        self, request: stages_pb2.EncodeRequest, tiles: dict[int, list], items: int, progress=None
+    ) -> dict[int, list]:
+        """Each item's tiles -> their features, as one scheduler job (its priority: its pending
+        tiles, so a long clip or a document does not hold a chat image back). `items`: the
+        request's items of this kind, the cached ones included (for progress)."""
+        tiles = {i: t for i, t in tiles.items() if t}
+        if not tiles:
+            return {}
+        key = (request.ctx.request_id, uuid.uuid4().hex)
+        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, items, progress)
+        self.scheduler.submit(key, [(i, t) for i, ts in tiles.items() for t in ts])
+        self._work.set()
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._run())
+        try:
+            features = await pending.done
+        finally:
+            self.scheduler.cancel(key)
+            self._pending.pop(key, None)
+        for t in tiles.values():
+            self.pool_metrics.tiles(len(t))
+        return features
+
     async def _encode_images(
         self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None
     ) -> dict[int, EncoderOutput]:
@@ -151,23 +179,63 @@ class Encoder(Stage):
         if not misses:
             return out
         tiles = await asyncio.to_thread(lambda: {i: self._tiles(request.items[i]) for i in misses})
-        key = (request.ctx.request_id, uuid.uuid4().hex)
-        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, len(indices), progress)
-        self.scheduler.submit(key, [(i, t) for i in misses for t in tiles[i]])
-        self._work.set()
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.create_task(self._run())
-        try:
-            features = await pending.done
-        finally:
-            self.scheduler.cancel(key)
-            self._pending.pop(key, None)
+        features = await self._tiled(request, tiles, len(indices), progress)
         for i in misses:
             grid = request.items[i].tiles
             out[i] = await asyncio.to_thread(self.vision.assemble, features[i], grid.cols, grid.rows)
             self.cache.put(self._cache_key(request.items[i], request.ctx.tenant), out[i])
-            self.pool_metrics.tiles(len(tiles[i]))
         return out
+
+    async def _encode_videos(
+        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None
+    ) -> dict[int, EncoderOutput]:
+        """Clips of one request -> outputs. Key frames are grouped into the model's video tiles
+        (`frames_per_tile`: 1, or Qwen3-Omni's temporal patch of 2); each tile is looked up in the
+        cache by its frames' pixels, and the tiles not found go through the tile scheduler beside
+        the images of every request."""
+        groups = await asyncio.to_thread(lambda: {i: self._frame_groups(request.items[i]) for i in indices})
+        tenant, version = request.ctx.tenant, self.versions["image"]
+        keys = {i: [cache_key(tenant, digest, version, FRAME) for digest, _ in g] for i, g in groups.items()}
+        cached: dict[int, dict[int, object]] = {i: {} for i in indices}
+        if not request.bypass_cache:
+            for i in indices:
+                for n, key in enumerate(keys[i]):
+                    if (hit := self.cache.get(key)) is not None:
+                        cached[i][n] = hit
+                self.pool_metrics.cache("video", "hit", len(cached[i]))
+                self.pool_metrics.cache("video", "miss", len(keys[i]) - len(cached[i]))
+        tiles = await asyncio.to_thread(
+            lambda: {
+                i: [self.vision.video_tile(frames) for n, (_, frames) in enumerate(g) if n not in cached[i]]
+                for i, g in groups.items()
+            }
+        )
+        features = await self._tiled(request, tiles, len(indices), progress)
+        out: dict[int, EncoderOutput] = {}
+        for i in indices:
+            fresh = iter(features.get(i, []))
+            merged = []
+            for n, key in enumerate(keys[i]):
+                if n in cached[i]:
+                    merged.append(cached[i][n])
+                else:
+                    merged.append(feature := next(fresh))
+                    self.cache.put(key, feature, _nbytes(feature))
+            stamps = list(request.items[i].timestamps)
+            out[i] = await asyncio.to_thread(self.vision.assemble_video, merged, stamps)
+        return out
+
+    def _frame_groups(self, item: stages_pb2.MediaItem) -> list[tuple[str, np.ndarray]]:
+        """The clip's key frames in the model's tiles (the last padded with its last frame, as
+        video processors pad a clip to whole temporal patches), each named by its pixels."""
+        frames = tensors.materialize(item.data)
+        per = self.vision.frames_per_tile
+        if len(frames) % per:
+            frames = np.concatenate([frames, np.repeat(frames[-1:], per - len(frames) % per, axis=0)])
+        return [
+            (hashlib.sha256(frames[at : at + per].tobytes()).hexdigest(), frames[at : at + per])
+            for at in range(0, len(frames), per)
+        ]
 
     async def _encode_audio(
         self, request: stages_pb2.EncodeRequest, item: stages_pb2.MediaItem
@@ -278,23 +346,26 @@ class Encoder(Stage):
     async def _encode(self, request: stages_pb2.EncodeRequest, progress) -> stages_pb2.EncodeResponse:
         if request.require_versions:
             await self._follow_versions(dict(request.require_versions))
-        images, audio = [], []
+        images, videos, audio = [], [], []
         for i, item in enumerate(request.items):
             if item.modality == "image" and self.vision is not None:
                 images.append(i)
+            elif item.modality == "video" and self.vision is not None:
+                videos.append(i)
             elif item.modality == "audio" and self.audio is not None:
                 audio.append(i)
             else:
                 raise ValueError(f"this profile has no encoder for {item.modality!r}")
-        image_out, *audio_out = await asyncio.gather(
+        image_out, video_out, *audio_out = await asyncio.gather(
             self._encode_images(request, images, progress),
+            self._encode_videos(request, videos, progress),
             *(self._encode_audio(request, request.items[i]) for i in audio),
         )
-        outputs = {**image_out, **dict(zip(audio, audio_out, strict=True))}
+        outputs = {**image_out, **video_out, **dict(zip(audio, audio_out, strict=True))}
         response = stages_pb2.EncodeResponse()
         for i, item in enumerate(request.items):
             out = outputs[i]
-            version = self.versions[item.modality]
+            version = self.versions["image" if item.modality == "video" else item.modality]
             encoded = response.items.add(
                 encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
             )
@@ -313,11 +384,19 @@ class Encoder(Stage):
                             suffix_ids=pl.suffix,
                             grid_thw=pl.grid_thw or (),
                             feature_frames=pl.feature_frames,
+                            seconds_per_grid=pl.seconds_per_grid,
                         )
                     )
             else:
                 encoded.text = out.text or ""
         return response
+
+
+def _nbytes(feature) -> int:
+    """A tile feature's size for the cache: an array, or an adapter's object holding arrays."""
+    if isinstance(feature, np.ndarray):
+        return feature.nbytes
+    return sum(v.nbytes for v in vars(feature).values() if isinstance(v, np.ndarray))
 
 
 class _PoolMetrics:
@@ -334,5 +413,6 @@ class _PoolMetrics:
     def tiles(self, n: int) -> None:
         self._tiles.inc(n)
 
-    def cache(self, modality: str, result: str) -> None:
-        self._cache.inc(tags={"modality": modality, "result": result})
+    def cache(self, modality: str, result: str, n: int = 1) -> None:
+        if n:
+            self._cache.inc(n, tags={"modality": modality, "result": result})

@@ -15,6 +15,7 @@ from services.gateway.protocol import (
     AudioParam,
     FunctionName,
     Loose,
+    MmProcessorKwargs,
     Name,
     Penalty,
     StopSequence,
@@ -124,6 +125,8 @@ class ChatCompletionRequest(Loose):
     # OpenAI's deprecated function calling: refused (use tools), never ignored.
     functions: list[Any] | None = None
     function_call: Any = None
+    # vLLM's: {"use_audio_in_video": true} gives the model a video_url clip's audio track too
+    mm_processor_kwargs: MmProcessorKwargs | None = None
 
     @field_validator("functions", "function_call")
     @classmethod
@@ -157,7 +160,14 @@ def parse_request(
             Message(
                 role="system" if m.role == "developer" else m.role,
                 parts=tuple(
-                    content_part(part, f"messages.{i}.content.{j}", limits)
+                    content_part(
+                        part,
+                        f"messages.{i}.content.{j}",
+                        limits,
+                        use_audio_in_video=bool(
+                            req.mm_processor_kwargs and req.mm_processor_kwargs.use_audio_in_video
+                        ),
+                    )
                     for j, part in enumerate(
                         [{"type": "text", "text": m.content}]
                         if isinstance(m.content, str)

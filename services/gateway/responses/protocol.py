@@ -24,6 +24,7 @@ from services.gateway.protocol import (
     AudioParam,
     FunctionName,
     Loose,
+    MmProcessorKwargs,
     Name,
     validated,
 )
@@ -81,6 +82,8 @@ class ResponsesRequest(Loose):
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
+    # vLLM's, as chat's: {"use_audio_in_video": true}
+    mm_processor_kwargs: MmProcessorKwargs | None = None
 
     @model_validator(mode="after")
     def _schema_given(self) -> ResponsesRequest:
@@ -103,7 +106,8 @@ def parse(
             )
     messages = [Message("system", (req.instructions,))] if req.instructions else []
     items = [{"role": "user", "content": req.input}] if isinstance(req.input, str) else req.input
-    messages += [_message(item, f"input.{i}", limits) for i, item in enumerate(items)]
+    with_track = bool(req.mm_processor_kwargs and req.mm_processor_kwargs.use_audio_in_video)
+    messages += [_message(item, f"input.{i}", limits, with_track) for i, item in enumerate(items)]
     f = req.text.format if req.text else None
     structured = {}
     if f is not None and f.type == "json_object":
@@ -135,10 +139,13 @@ _PARTS = {
     "output_text": "text",
     "input_image": "image_url",
     "input_audio": "input_audio",
+    # omniray's (the Responses API has no video part): {"type": "input_video", "video_url": "data:..."}
+    "input_video": "video_url",
+    "input_file": "file",
 }
 
 
-def _message(item: dict, param: str, limits: LimitsSpec) -> Message:
+def _message(item: dict, param: str, limits: LimitsSpec, use_audio_in_video: bool = False) -> Message:
     kind = item.get("type", "message")
     if kind == "function_call":
         call = validated(_FunctionCallItem, item)
@@ -160,9 +167,15 @@ def _message(item: dict, param: str, limits: LimitsSpec) -> Message:
                 "type": "image_url",
                 "image_url": {"url": part.get("image_url"), "detail": part.get("detail", "auto")},
             }
+        elif kind == "input_video":
+            part = {"type": "video_url", "video_url": {"url": part.get("video_url")}}
+        elif kind == "input_file":  # the Responses API puts file_data beside the type
+            part = {"type": "file", "file": {k: part.get(k) for k in ("file_data", "file_id") if k in part}}
         else:
             part = {**part, "type": _PARTS[kind]}
-        parts.append(protocol.content_part(part, f"{param}.content.{j}", limits))
+        parts.append(
+            protocol.content_part(part, f"{param}.content.{j}", limits, use_audio_in_video=use_audio_in_video)
+        )
     role = "system" if m.role == "developer" else m.role
     return Message(role, tuple(parts))
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from services.models import options as o
 from services.models import wheels
-from services.models.base import EncoderOutput
+from services.models.base import EncoderOutput, frame_image
 
 WEIGHTS = "mobilenet_v2-b0353104.pth"
 LABELS = "imagenet1k_clean_names.json"
@@ -28,6 +28,7 @@ SETTINGS = [
     (6, 160, 3, 2),
     (6, 320, 1, 1),
 ]
+VIDEO_LABELS = 2  # labels per key frame: a clip's captions stay short beside the question
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 
@@ -105,12 +106,32 @@ class MobileNetLabeler:
     def encode_tiles(self, tiles: list[np.ndarray]) -> list[np.ndarray]:
         return list(self.model(torch.from_numpy(np.stack(tiles))).softmax(-1).numpy())
 
+    def _labels(self, probs: np.ndarray, k: int) -> str:
+        top = np.argsort(probs)[::-1][:k]
+        return ", ".join(f"{self.labels[i]} ({probs[i]:.0%})" for i in top)
+
     def assemble(self, features: list[np.ndarray], cols: int, rows: int) -> EncoderOutput:
         """Class probabilities averaged over the tiles -> the top labels, as text for the thinker."""
-        probs = np.mean(features, axis=0)
-        top = np.argsort(probs)[::-1][: self.top_k]
-        listed = ", ".join(f"{self.labels[i]} ({probs[i]:.0%})" for i in top)
+        listed = self._labels(np.mean(features, axis=0), self.top_k)
         text = f"[An image is attached. An image classifier (MobileNetV2, ImageNet classes) labels it: {listed}.]"
+        return EncoderOutput(text=text, tiles=len(features))
+
+    frames_per_tile = 1
+
+    def video_tile(self, frames: np.ndarray) -> np.ndarray:
+        return preprocess(frame_image(frames))
+
+    def assemble_video(self, features: list[np.ndarray], timestamps: list[float]) -> EncoderOutput:
+        """Each key frame labelled like an image, with its time: a timed caption list (the cascade
+        has no video model; it tells the thinker what was seen when)."""
+        timed = "; ".join(
+            f"at {t:.1f} s: {self._labels(probs, VIDEO_LABELS)}"
+            for t, probs in zip(timestamps, features, strict=True)
+        )
+        text = (
+            f"[A video is attached. An image classifier (MobileNetV2, ImageNet classes) labels its "
+            f"{len(features)} key frames: {timed}.]"
+        )
         return EncoderOutput(text=text, tiles=len(features))
 
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from services.models import options as o
-from services.models.base import EncoderOutput
+from services.models.base import EncoderOutput, frame_image
 from services.models.tiny import _weights
 
 TILE = 128
@@ -57,6 +57,15 @@ class TinyVisionEncoder:
 
     def assemble(self, features: list[np.ndarray], cols: int, rows: int) -> EncoderOutput:
         """64 embeddings per tile, tiles in grid order."""
+        return EncoderOutput(embeddings=np.concatenate(features), tiles=len(features))
+
+    frames_per_tile = 1
+
+    def video_tile(self, frames: np.ndarray) -> np.ndarray:
+        return tile_image(frame_image(frames))
+
+    def assemble_video(self, features: list[np.ndarray], timestamps: list[float]) -> EncoderOutput:
+        """64 embeddings per key frame, in time order."""
         return EncoderOutput(embeddings=np.concatenate(features), tiles=len(features))
 
 

@@ -1,0 +1,107 @@
+"""Video clips and PDFs for tests and benchmarks, made here (PyAV's encoders, Pillow's PDF writer):
+nothing is downloaded, and each is the same bytes for the same arguments."""
+
+from __future__ import annotations
+
+import io
+from fractions import Fraction
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CONTAINERS = {
+    "mp4": ("mp4", "libx264", "aac"),
+    "webm": ("webm", "libvpx", "libopus"),
+    "mov": ("mov", "mpeg4", "aac"),
+}
+
+
+def frame_at(i: int, width: int, height: int, motion: str) -> np.ndarray:
+    """A frame of a test scene: `moving` (a bright square crossing a gradient), `static` (the
+    gradient alone: a camera on a still scene) or `cuts` (a new colour every 10 frames)."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 96)], -1)
+    frame = base.astype(np.uint8)
+    if motion == "moving":
+        side = max(4, min(width, height) // 4)
+        left = (i * 7) % max(1, width - side)
+        frame[height // 3 : height // 3 + side, left : left + side] = 255
+    elif motion == "cuts":
+        frame[:] = np.array([(i // 10) * 67 % 256, (i // 10) * 151 % 256, (i // 10) * 29 % 256], np.uint8)
+    return frame
+
+
+def video_clip(
+    seconds: float = 2.0,
+    fps: int = 10,
+    size: tuple[int, int] = (96, 64),
+    container: str = "mp4",
+    motion: str = "moving",
+    audio_hz: float = 0.0,
+) -> bytes:
+    """An encoded clip; with `audio_hz`, an audio track with a tone of that pitch."""
+    fmt, vcodec, acodec = CONTAINERS[container]
+    width, height = size
+    buf = io.BytesIO()
+    with _open(buf, fmt) as out:
+        video = out.add_stream(vcodec, rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        if vcodec == "libx264":
+            video.options = {"preset": "ultrafast"}
+        audio = None
+        if audio_hz:
+            audio = out.add_stream(acodec, rate=48000)
+            audio.layout = "mono"
+        for i in range(round(seconds * fps)):
+            frame = _video_frame(frame_at(i, width, height, motion), i, fps)
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        if audio is not None:
+            _write_tone(out, audio, seconds, audio_hz)
+    return buf.getvalue()
+
+
+def _open(buf, fmt):
+    import av
+
+    return av.open(buf, "w", format=fmt)
+
+
+def _video_frame(pixels: np.ndarray, i: int, fps: int):
+    import av
+
+    frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+    frame.pts, frame.time_base = i, Fraction(1, fps)
+    return frame
+
+
+def _write_tone(out, stream, seconds: float, hz: float) -> None:
+    import av
+
+    rate, size = 48000, stream.codec_context.frame_size or 960
+    t = np.arange(int(seconds * rate)) / rate
+    wave = (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+    for at in range(0, len(wave) - size + 1, size):
+        frame = av.AudioFrame.from_ndarray(wave[None, at : at + size], format="flt", layout="mono")
+        frame.sample_rate, frame.pts = rate, at
+        for packet in stream.encode(frame):
+            out.mux(packet)
+    for packet in stream.encode():
+        out.mux(packet)
+
+
+def pdf_document(pages: int = 3, size: tuple[int, int] = (612, 792)) -> bytes:
+    """A PDF of `pages` pages, each with its number written large (Pillow writes one image per page)."""
+    images = []
+    for n in range(1, pages + 1):
+        page = Image.new("RGB", size, "white")
+        draw = ImageDraw.Draw(page)
+        draw.rectangle((40, 40, size[0] - 40, 120), outline="black", width=3)
+        draw.text((60, 70), f"Page {n} of {pages}", fill="black")
+        draw.ellipse((100 + n * 7 % 200, 300, 300 + n * 7 % 200, 500), fill=(n * 40 % 256, 80, 160))
+        images.append(page)
+    buf = io.BytesIO()
+    images[0].save(buf, "PDF", save_all=True, append_images=images[1:], resolution=72.0)
+    return buf.getvalue()
