@@ -96,11 +96,13 @@ def pdf_document(pages: int = 3, size: tuple[int, int] = (612, 792)) -> bytes:
     """A PDF of `pages` pages, each with its number written large (Pillow writes one image per page)."""
     images = []
     for n in range(1, pages + 1):
+        w, h = size
         page = Image.new("RGB", size, "white")
         draw = ImageDraw.Draw(page)
-        draw.rectangle((40, 40, size[0] - 40, 120), outline="black", width=3)
-        draw.text((60, 70), f"Page {n} of {pages}", fill="black")
-        draw.ellipse((100 + n * 7 % 200, 300, 300 + n * 7 % 200, 500), fill=(n * 40 % 256, 80, 160))
+        draw.rectangle((w // 15, h // 20, w - w // 15, h // 6), outline="black", width=max(1, w // 200))
+        draw.text((w // 10, h // 12), f"Page {n} of {pages}", fill="black")
+        left = w // 6 + (n * 7) % (w // 3)
+        draw.ellipse((left, h * 2 // 5, left + w // 3, h * 3 // 5), fill=(n * 40 % 256, 80, 160))
         images.append(page)
     buf = io.BytesIO()
     images[0].save(buf, "PDF", save_all=True, append_images=images[1:], resolution=72.0)

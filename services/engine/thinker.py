@@ -85,14 +85,23 @@ def _media_inputs(placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]]) ->
     """vLLM's `multi_modal_data` for encoder outputs the model places itself, per modality in prompt
     order (the keys services/extensions/vllm/qwen3_omni_thinker.py accepts)."""
     images = [(pl, x) for pl, x in placed if pl.modality == "image"]
+    videos = [(pl, x) for pl, x in placed if pl.modality == "video"]
     audio = [(pl, x) for pl, x in placed if pl.modality == "audio"]
-    if len(images) + len(audio) != len(placed):
+    if len(images) + len(videos) + len(audio) != len(placed):
         raise ValueError(f"unknown media modality in {sorted({pl.modality for pl, _ in placed})}")
     data: dict = {}
     if images:
         data["image"] = {
             "image_embeds": torch.from_numpy(np.concatenate([x for _, x in images]).astype(np.float32)),
             "image_grid_thw": torch.tensor([list(pl.grid_thw) for pl, _ in images], dtype=torch.long),
+        }
+    if videos:
+        data["video"] = {
+            "video_embeds": torch.from_numpy(np.concatenate([x for _, x in videos]).astype(np.float32)),
+            "video_grid_thw": torch.tensor([list(pl.grid_thw) for pl, _ in videos], dtype=torch.long),
+            "second_per_grid_ts": torch.tensor(
+                [pl.seconds_per_grid for pl, _ in videos], dtype=torch.float32
+            ),
         }
     if audio:
         data["audio"] = {

@@ -23,12 +23,13 @@ class Placement:
     `prefix`, one `placeholder` token per row and `suffix` in the prompt, and its model lays out the
     rows' positions from the image's patch grid or the audio's mel frames (M-RoPE)."""
 
-    modality: str  # "image" | "audio"
+    modality: str  # "image" | "audio" | "video"
     placeholder: int
     prefix: list[int]
     suffix: list[int]
-    grid_thw: tuple[int, int, int] | None = None  # image: temporal, height, width in patches
+    grid_thw: tuple[int, int, int] | None = None  # image, video: temporal, height, width in patches
     feature_frames: int = 0  # audio: mel frames
+    seconds_per_grid: float = 0.0  # video: seconds one temporal patch spans
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,8 @@ class ThinkerPrompt:
     # placeholders, in order (None for a prompt without media)
     media_hidden: np.ndarray | None = None
     image_grid_thw: list[tuple[int, int, int]] = field(default_factory=list)
+    video_grid_thw: list[tuple[int, int, int]] = field(default_factory=list)
+    video_seconds_per_grid: list[float] = field(default_factory=list)
     audio_feature_lengths: list[int] = field(default_factory=list)
 
 

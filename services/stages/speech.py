@@ -191,6 +191,8 @@ def _thinker_prompt(thinker: stages_pb2.ThinkerOutput) -> ThinkerPrompt:
         token_ids=list(thinker.prompt_ids),
         media_hidden=tensors.materialize(thinker.media_hidden) if thinker.HasField("media_hidden") else None,
         image_grid_thw=[tuple(m.grid_thw) for m in thinker.media if m.modality == "image"],
+        video_grid_thw=[tuple(m.grid_thw) for m in thinker.media if m.modality == "video"],
+        video_seconds_per_grid=[m.seconds_per_grid for m in thinker.media if m.modality == "video"],
         audio_feature_lengths=[m.feature_frames for m in thinker.media if m.modality == "audio"],
     )
 

@@ -48,9 +48,9 @@ class Video(Stage):
                 frames, times, sampled, track = await asyncio.to_thread(sample_clip, clip, request)
             except Refused as e:
                 return stages_pb2.VideoFrames(refusal_code=e.code, refusal=e.message)
-            self.frames_total.inc(sampled, tags={"kind": "sampled"})
-            self.frames_total.inc(len(frames), tags={"kind": "kept"})
-            self.frames_total.inc(sampled - len(frames), tags={"kind": "dropped"})
+            for kind, n in (("sampled", sampled), ("kept", len(frames)), ("dropped", sampled - len(frames))):
+                if n:  # Ray's counters take positive increments only
+                    self.frames_total.inc(n, tags={"kind": kind})
             out = stages_pb2.VideoFrames(frames=tensors.describe(frames), timestamps=times, sampled=sampled)
             if track is not None:
                 out.audio.CopyFrom(tensors.describe(track))

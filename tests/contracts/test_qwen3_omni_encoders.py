@@ -57,6 +57,31 @@ def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(prof
     assert rows["max_abs"] <= 1e-3 * max(1.0, rows["scale"]), rows
 
 
+def test_greedy_tokens_of_a_clip_are_the_thinker_reading_its_frames(profile):
+    """A clip's key frames through the encoder pool (temporal patches of 2 frames, placed as the
+    model's video input with its seconds per patch) give vLLM's thinker the greedy tokens
+    transformers' thinker writes reading the frames itself; and those depend on the time axis."""
+    run = subprocess.run([sys.executable, "-m", "tests.contracts.qwen3_omni_video"], capture_output=True, text=True,
+                         cwd=REPO_ROOT, timeout=900)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    runs = {
+        r["name"]: r for r in (json.loads(x[4:]) for x in run.stdout.splitlines() if x.startswith("RUN "))
+    }
+    raw, pool, slower = runs["transformers"], runs["encoder_pool"], runs["transformers_slower"]
+    assert len(raw["tokens"]) == 16 and pool["tokens"] == raw["tokens"]
+    assert pool["prompt_tokens"] == raw["prompt_tokens"] == pool["counted"]
+    assert pool["seconds_per_grid"] == 1.0  # key frames 0.5 s apart, 2 a temporal patch
+    assert slower["tokens"] != raw["tokens"]
+
+
+def test_video_tiles_are_temporal_patches_on_the_patch_grid(vision):
+    frames = np.zeros((2, 64, 96, 3), np.uint8)
+    tile = vision.video_tile(frames)
+    assert tile.grid_thw == (1, 4, 6) and tile.pixel_values.shape == (24, 3 * 2 * 16 * 16)
+    with pytest.raises(ValueError, match="patch grid"):
+        vision.video_tile(np.zeros((2, 50, 96, 3), np.uint8))
+
+
 def test_a_whole_image_gets_at_most_a_tiles_pixels_and_keeps_its_aspect(vision):
     big = vision.preprocess(Image.new("RGB", (1600, 900)))
     t, h, w = big.grid_thw

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 from PIL import Image
 
+from loadtest.clients.clips import pdf_document, video_clip
 from loadtest.clients.realtime_client import RealtimeClient
 from services.quota import LOCAL_API_KEY
 from tests.conftest import AUTH, data_url, grpc_channel, png_bytes, wav_bytes
@@ -754,6 +755,159 @@ def test_rest_generated_call_form_bytes(http, body):
     _assert_client_error(r)
 
 
+# ---- video clips and PDFs (video_url and file parts; Responses' input_video / input_file) -----------
+
+
+def _clip(**kw) -> bytes:
+    return video_clip(**{"seconds": 1.0, "fps": 10, "size": (64, 48), **kw})
+
+
+def _zeroed_after(data: bytes, keep: int) -> bytes:
+    return data[:keep] + bytes(len(data) - keep)
+
+
+def _container(fmt: str, codec: str) -> bytes:
+    """One frame in a container omniray does not take (avi) or a track it needs missing (audio only)."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as out:
+        if codec == "aac":
+            stream = out.add_stream("aac", rate=16000)
+            stream.layout = "mono"
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, 0
+        else:
+            stream = out.add_stream(codec, rate=10)
+            stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+            frame = av.VideoFrame.from_ndarray(np.zeros((48, 64, 3), np.uint8), format="rgb24")
+        for packet in [*stream.encode(frame), *stream.encode()]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def _base64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _video_part(url) -> dict:
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def _video(data: bytes, mime: str = "video/mp4") -> dict:
+    return _video_part(f"data:{mime};base64,{_base64(data)}")
+
+
+def _file(**file) -> dict:
+    return {"type": "file", "file": file}
+
+
+def _pdf(data: bytes) -> dict:
+    return _file(filename="doc.pdf", file_data=f"data:application/pdf;base64,{_base64(data)}")
+
+
+def _with(part: dict) -> list:
+    return [{"type": "text", "text": "what is this?"}, part]
+
+
+ENCRYPTED_PDF = (
+    b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\n"
+    b"3 0 obj<</Filter/Standard/V 1/R 2/O(" + bytes(32) + b")/U(" + bytes(32) + b")/P -4>>endobj\n"
+    b"trailer<</Root 1 0 R/Encrypt 3 0 R/ID[<00112233445566778899aabbccddeeff><00112233445566778899aabbccddeeff>]>>\n%%EOF"
+)
+EMPTY_PDF = b"%PDF-1.4\n1 0 obj<</Type/Catalog/Pages 2 0 R>>endobj\n2 0 obj<</Type/Pages/Kids[]/Count 0>>endobj\ntrailer<</Root 1 0 R>>\n%%EOF"
+
+# What each bad clip or document is, as bytes (built when its case runs).
+BAD_CLIPS = {
+    "png": (png_bytes, 400),
+    "empty": (lambda: b"", 400),
+    "mp4_truncated": (lambda: _clip()[:300], 400),
+    "mp4_moov_zeroed": (lambda: _zeroed_after(_clip(), 48), 400),
+    "ftyp_then_zeros": (lambda: b"\x00\x00\x00\x18ftypmp42" + bytes(256), 400),
+    "webm_clusters_zeroed": (lambda: _zeroed_after(_clip(container="webm"), 200), 400),
+    "random_bytes": (lambda: np.random.default_rng(7).integers(0, 256, 4096, dtype=np.uint8).tobytes(), 400),
+    "pdf": (lambda: pdf_document(1), 400),
+    "gif": (_gif, 400),
+    "avi": (lambda: _container("avi", "mpeg4"), 400),
+    "audio_only_m4a": (lambda: _container("mp4", "aac"), 400),
+    "too_wide": (lambda: _clip(seconds=0.2, fps=5, size=(1936, 16)), 413),
+    "too_many_frames": (lambda: _clip(seconds=12.1, fps=100, size=(16, 16), motion="static"), 413),
+    "too_long": (lambda: _clip(seconds=61, fps=1, size=(16, 16), motion="static"), 413),
+    "decode_bomb": (lambda: _clip(seconds=7, fps=100, size=(640, 480), motion="static"), 413),
+}
+BAD_DOCUMENTS = {
+    "png": (png_bytes, 400),
+    "header_then_garbage": (lambda: b"%PDF-1.7\n" + bytes(200), 400),
+    "truncated": (lambda: pdf_document(2)[:400], 400),
+    "encrypted": (lambda: ENCRYPTED_PDF, 400),
+    "no_pages": (lambda: EMPTY_PDF, 400),
+    "too_many_pages": (lambda: pdf_document(31, size=(72, 72)), 413),
+    "mp4": (lambda: _clip(), 400),
+}
+MEDIA_PART_CASES = {
+    "video_http_url": (lambda: _video_part("https://example.com/a.mp4"), 400),
+    "video_url_not_base64": (lambda: _video_part("data:video/mp4,AAAA"), 400),
+    "video_bad_base64": (lambda: _video_part("data:video/mp4;base64,!!!"), 400),
+    "video_url_missing": (lambda: {"type": "video_url", "video_url": {}}, 400),
+    "video_url_not_string": (lambda: {"type": "video_url", "video_url": {"url": 5}}, 400),
+    "video_mp4_as_image": (
+        lambda: {"type": "image_url", "image_url": {"url": data_url(_clip(), "image/png")}},
+        400,
+    ),
+    "file_id": (lambda: _file(file_id="file-abc"), 400),
+    "file_data_missing": (lambda: _file(filename="a.pdf"), 400),
+    "file_data_not_string": (lambda: _file(file_data=["x"]), 400),
+    "file_bad_base64": (lambda: _file(file_data="%%%not base64%%%"), 400),
+    "file_url_not_base64": (lambda: _file(file_data="data:application/pdf,JVBERi0="), 400),
+    "file_http_url": (lambda: _file(file_data="https://example.com/a.pdf"), 400),
+    "file_not_object": (lambda: {"type": "file", "file": "doc.pdf"}, 400),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLIPS))
+def test_rest_bad_clip(http, model_name, case):
+    make, status = BAD_CLIPS[case]
+    _assert_client_error(_post(http, _chat(model_name, _with(_video(make())))), status)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DOCUMENTS))
+def test_rest_bad_document(http, model_name, case):
+    make, status = BAD_DOCUMENTS[case]
+    _assert_client_error(_post(http, _chat(model_name, _with(_pdf(make())))), status)
+
+
+@pytest.mark.parametrize("case", sorted(MEDIA_PART_CASES))
+def test_rest_bad_media_part(http, model_name, case):
+    make, status = MEDIA_PART_CASES[case]
+    _assert_client_error(_post(http, _chat(model_name, _with(make()))), status)
+
+
+@pytest.mark.parametrize("kwargs", [{"use_audio_in_video": [1]}, "yes", {"use_audio_in_video": {"a": 1}}])
+def test_rest_bad_mm_processor_kwargs(http, model_name, kwargs):
+    body = _chat(model_name, _with(_video(_clip())), mm_processor_kwargs=kwargs)
+    _assert_client_error(_post(http, body), 422)
+
+
+@pytest.mark.parametrize("case", ["decode_bomb", "mp4_truncated", "pdf", "too_long"])
+def test_rest_responses_bad_clip(http, model_name, case):
+    make, status = BAD_CLIPS[case]
+    part = {"type": "input_video", "video_url": f"data:video/mp4;base64,{_base64(make())}"}
+    body = {"model": model_name, "max_output_tokens": 2, "input": [{"role": "user", "content": [part]}]}
+    _assert_client_error(_post(http, body, path="/v1/responses"), status)
+
+
+@pytest.mark.parametrize("case", ["encrypted", "too_many_pages", "truncated"])
+def test_rest_responses_bad_document(http, model_name, case):
+    make, status = BAD_DOCUMENTS[case]
+    part = {
+        "type": "input_file",
+        "filename": "a.pdf",
+        "file_data": f"data:application/pdf;base64,{_base64(make())}",
+    }
+    body = {"model": model_name, "max_output_tokens": 2, "input": [{"role": "user", "content": [part]}]}
+    _assert_client_error(_post(http, body, path="/v1/responses"), status)
+
+
 def test_rest_still_healthy(http, model_name):
     _assert_healthy(http, model_name)
 
@@ -1270,6 +1424,37 @@ GRPC_AUDIO_CASES = {
 @pytest.mark.parametrize("case", sorted(GRPC_AUDIO_CASES))
 def test_grpc_audio_catalog(grpc_stub, model_name, case):
     _expect_status(lambda: GRPC_AUDIO_CASES[case](grpc_stub, model_name))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["decode_bomb", "empty", "gif", "mp4_moov_zeroed", "random_bytes", "too_wide", "webm_clusters_zeroed"],
+)
+def test_grpc_bad_clip(grpc_stub, model_name, case):
+    make, _ = BAD_CLIPS[case]
+    part = omni_pb2.ContentPart(video=omni_pb2.VideoPart(data=make(), use_audio_in_video=True))
+    _expect_status(lambda: grpc_stub.Chat(_grpc_request(model_name, part), timeout=60))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DOCUMENTS))
+def test_grpc_bad_document(grpc_stub, model_name, case):
+    make, _ = BAD_DOCUMENTS[case]
+    part = omni_pb2.ContentPart(file=omni_pb2.FilePart(data=make(), filename="a.pdf"))
+    _expect_status(lambda: grpc_stub.Chat(_grpc_request(model_name, part), timeout=60))
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        omni_pb2.VideoPart(url="https://example.com/a.mp4"),
+        omni_pb2.VideoPart(url="data:video/mp4;base64,!!!"),
+        omni_pb2.VideoPart(),
+    ],
+    ids=["http_url", "bad_base64", "empty"],
+)
+def test_grpc_bad_video_part(grpc_stub, model_name, part):
+    request = _grpc_request(model_name, omni_pb2.ContentPart(video=part))
+    _expect_status(lambda: grpc_stub.Chat(request, timeout=60))
 
 
 def test_grpc_unauthenticated(omniray, model_name):

@@ -9,7 +9,10 @@ qwen3_omni/encoders.py), so this subclass accepts what they produce, and nothing
   the merger's output with the deepstack mergers' outputs beside it, as vLLM's own vision path
   produces them (its embed_input_ids splits them off for the deepstack layers);
 - audio: `{"audio_embeds": [tokens, hidden], "audio_feature_lengths": [mel frames]}` — the mel frame
-  count sizes the placeholder span and the M-RoPE positions exactly as for raw audio.
+  count sizes the placeholder span and the M-RoPE positions exactly as for raw audio;
+- video: `{"video_embeds": [tokens, hidden * (1 + levels)], "video_grid_thw": [1, 3],
+  "second_per_grid_ts": [1]}` — a clip's key frames through the same vision encoder, in temporal
+  patches; seconds per patch set the M-RoPE time axis as for a raw clip.
 
 Placeholders, M-RoPE positions, deepstack injection and the prefix cache's media hashes are vLLM's
 own code. Registered as `OmnirayQwen3OmniThinker` (plugin.QWEN3_OMNI_THINKER) by the `vllm.general_plugins` entry point
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+from vllm.model_executor.models.qwen2_5_omni_thinker import create_qwen2_5_omni_thinker_field_factory
 from vllm.model_executor.models.qwen2_vl import Qwen2VLMultiModalDataParser, _create_qwen2vl_field_factory
 from vllm.model_executor.models.qwen3_omni_moe_thinker import (
     Qwen3OmniMoeThinkerDummyInputsBuilder,
@@ -54,8 +58,21 @@ def _audio_embed_fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiM
 class EncoderOutputParser(Qwen3OmniMoeThinkerMultiModalDataParser):
     embedding_fields = {
         "image": Qwen2VLMultiModalDataParser.embedding_fields["image"],
+        "video": {**Qwen2VLMultiModalDataParser.embedding_fields["video"], "second_per_grid_ts": "metadata"},
         "audio": {"audio_embeds": "values", "audio_feature_lengths": "metadata"},
     }
+
+    def _parse_video_data(self, data):
+        if isinstance(data, dict):
+            required, optional = self.embedding_field_sets("video")
+            return DictEmbeddingItems(
+                data,
+                modality="video",
+                required_fields=required,
+                optional_fields=optional,
+                fields_factory=create_qwen2_5_omni_thinker_field_factory(self._spatial_merge_size),
+            )
+        return super()._parse_video_data(data)
 
     def _parse_image_data(self, data):
         if isinstance(data, dict):
@@ -179,6 +196,14 @@ class OmnirayQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
         sizes = _get_feat_extract_output_lengths(lengths).tolist()
         dtype = self.language_model.model.embed_tokens.weight.dtype
         return tuple(e.to(dtype) for e in _per_item(audio_input["audio_embeds"], sizes))
+
+    def _process_video_input(self, video_input) -> tuple[torch.Tensor, ...]:
+        if video_input["type"] != "video_embeds":
+            return super()._process_video_input(video_input)
+        grid = video_input["video_grid_thw"]
+        merge = self.visual.spatial_merge_size
+        sizes = (torch.as_tensor(grid).reshape(-1, 3).prod(-1) // merge // merge).tolist()
+        return tuple(e.to(self.visual.dtype) for e in _per_item(video_input["video_embeds"], sizes))
 
     def _process_image_input(self, image_input) -> tuple[torch.Tensor, ...]:
         if image_input["type"] != "image_embeds":

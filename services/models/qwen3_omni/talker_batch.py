@@ -119,17 +119,19 @@ class TalkerBatch:
         device = self.t.embed.device
         embeds, talker_ids = self.t.prefill_embeds(prompt, s.speaker_id, s.first())
         mask = torch.ones(talker_ids.shape, dtype=torch.long, device=device)
-        if prompt.image_grid_thw or prompt.audio_feature_lengths:
+        if prompt.image_grid_thw or prompt.video_grid_thw or prompt.audio_feature_lengths:
+
+            def given(values, dtype=None):
+                return torch.tensor(values, device=device, dtype=dtype) if values else None
+
             positions, deltas = model.get_rope_index(
                 talker_ids,
-                torch.tensor(prompt.image_grid_thw, device=device) if prompt.image_grid_thw else None,
-                None,
+                given(prompt.image_grid_thw),
+                given(prompt.video_grid_thw),
                 mask,
                 False,
-                torch.tensor(prompt.audio_feature_lengths, device=device)
-                if prompt.audio_feature_lengths
-                else None,
-                None,
+                given(prompt.audio_feature_lengths),
+                given(prompt.video_seconds_per_grid, torch.float32),
             )
             delta = int(deltas[0, 0])
         else:

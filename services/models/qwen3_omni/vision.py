@@ -53,6 +53,11 @@ class VisionEncoder:
         self.prefix, self.placeholder, self.suffix = checkpoint.token_ids(
             path, "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"
         )
+        (self.video_placeholder,) = checkpoint.token_ids(path, "<|video_pad|>")
+        self.patch, self.frames_per_tile = config.patch_size, config.temporal_patch_size
+        self.mean = np.asarray(self.processor.image_mean, np.float32)[:, None, None]
+        self.std = np.asarray(self.processor.image_std, np.float32)[:, None, None]
+        self.rescale = float(self.processor.rescale_factor)
         self.version = f"qwen3-omni-vision:{path.name}"
 
     def preprocess(self, tile) -> VisionTile:
@@ -88,6 +93,39 @@ class VisionEncoder:
             embeddings=np.ascontiguousarray(tokens, dtype=np.float32),
             tiles=len(features),
             placement=Placement("image", self.placeholder, [self.prefix], [self.suffix], grid_thw=(t, h, w)),
+        )
+
+    def video_tile(self, frames: np.ndarray) -> VisionTile:
+        """One temporal patch of key frames (uint8 [temporal_patch_size, h, w, 3], sides multiples
+        of patch x merge: the video pre-stage sized them) -> its patches, laid out as Qwen2-VL's
+        video processor lays out a clip: per merged 2x2 cell, channel x time x patch x patch."""
+        t, height, width, _ = frames.shape
+        p, m = self.patch, self.merge
+        if height % (p * m) or width % (p * m):
+            raise ValueError(f"key frames of {width}x{height} px are not on the {p * m} px patch grid")
+        x = (frames.astype(np.float32).transpose(0, 3, 1, 2) * self.rescale - self.mean) / self.std
+        gh, gw = height // p, width // p
+        x = x.reshape(t, 3, gh // m, m, p, gw // m, m, p).transpose(2, 5, 3, 6, 1, 0, 4, 7)
+        return VisionTile(np.ascontiguousarray(x.reshape(gh * gw, 3 * t * p * p)), (1, gh, gw))
+
+    def assemble_video(self, features: list[TileFeatures], timestamps: list[float]) -> EncoderOutput:
+        """The temporal patches' rows in time order: one video of grid (patches in time, h, w).
+        Its M-RoPE time axis takes the key frames' mean spacing (a clip thinned to key frames is
+        positioned as if evenly sampled: the model has one seconds-per-patch per video)."""
+        (_, h, w) = features[0].grid_thw
+        rows = np.concatenate([f.rows for f in features])
+        span = (timestamps[-1] - timestamps[0]) / (len(timestamps) - 1) if len(timestamps) > 1 else 0.5
+        return EncoderOutput(
+            embeddings=np.ascontiguousarray(rows, dtype=np.float32),
+            tiles=len(features),
+            placement=Placement(
+                "video",
+                self.video_placeholder,
+                [self.prefix],
+                [self.suffix],
+                grid_thw=(len(features), h, w),
+                seconds_per_grid=span * self.frames_per_tile,
+            ),
         )
 
 
