@@ -16,12 +16,19 @@ CONTAINERS = {
 }
 
 
-def frame_at(i: int, width: int, height: int, motion: str) -> np.ndarray:
-    """A frame of a test scene: `moving` (a bright square crossing a gradient), `static` (the
-    gradient alone: a camera on a still scene) or `cuts` (a new colour every 10 frames)."""
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 96)], -1)
-    frame = base.astype(np.uint8)
+def frame_at(i: int, width: int, height: int, motion: str, picture: np.ndarray | None = None) -> np.ndarray:
+    """A frame of a test scene: `moving` (a bright square crossing the background), `static` (the
+    background alone: a camera on a still scene) or `cuts` (a new colour every 10 frames). The
+    background is `picture` (resized) or a gradient."""
+    if picture is not None:
+        frame = np.asarray(Image.fromarray(picture).convert("RGB").resize((width, height)))
+        frame = frame.copy()
+    else:
+        y, x = np.mgrid[0:height, 0:width]
+        base = np.stack(
+            [x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), np.full_like(x, 96)], -1
+        )
+        frame = base.astype(np.uint8)
     if motion == "moving":
         side = max(4, min(width, height) // 4)
         left = (i * 7) % max(1, width - side)
@@ -38,8 +45,10 @@ def video_clip(
     container: str = "mp4",
     motion: str = "moving",
     audio_hz: float = 0.0,
+    picture: np.ndarray | None = None,
 ) -> bytes:
-    """An encoded clip; with `audio_hz`, an audio track with a tone of that pitch."""
+    """An encoded clip; with `audio_hz`, an audio track with a tone of that pitch; `picture`: the
+    scene's background (else a gradient)."""
     fmt, vcodec, acodec = CONTAINERS[container]
     width, height = size
     buf = io.BytesIO()
@@ -53,7 +62,7 @@ def video_clip(
             audio = out.add_stream(acodec, rate=48000)
             audio.layout = "mono"
         for i in range(round(seconds * fps)):
-            frame = _video_frame(frame_at(i, width, height, motion), i, fps)
+            frame = _video_frame(frame_at(i, width, height, motion, picture), i, fps)
             for packet in video.encode(frame):
                 out.mux(packet)
         for packet in video.encode():
@@ -92,10 +101,16 @@ def _write_tone(out, stream, seconds: float, hz: float) -> None:
         out.mux(packet)
 
 
-def pdf_document(pages: int = 3, size: tuple[int, int] = (612, 792)) -> bytes:
-    """A PDF of `pages` pages, each with its number written large (Pillow writes one image per page)."""
+def pdf_document(
+    pages: int = 3, size: tuple[int, int] = (612, 792), pictures: dict[int, np.ndarray] | None = None
+) -> bytes:
+    """A PDF of `pages` pages, each with its number written large (Pillow writes one image per page);
+    `pictures`: page number -> a picture that fills that page instead."""
     images = []
     for n in range(1, pages + 1):
+        if pictures and n in pictures:
+            images.append(Image.fromarray(pictures[n]).convert("RGB").resize(size))
+            continue
         w, h = size
         page = Image.new("RGB", size, "white")
         draw = ImageDraw.Draw(page)

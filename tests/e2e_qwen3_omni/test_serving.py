@@ -152,6 +152,28 @@ def test_speech_answers_an_image_and_speech(client):
         assert audio.rates == {24_000} and len(audio.pcm) >= 2 * 1920 * 4 and audio.transcript, detail
 
 
+def test_speech_answers_a_clip_and_its_audio_track_is_heard(client):
+    """A clip through the video pre-stage and the model's own vision tower (temporal patches,
+    placed as vLLM's video input), answered in speech; with use_audio_in_video its audio track goes
+    through the model's audio encoder too (more prompt tokens: the track's)."""
+    from loadtest.clients.clips import video_clip
+
+    clip = video_clip(seconds=2, fps=10, size=(128, 96), motion="moving", audio_hz=330)
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "What happens in the video?"},
+        {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{base64.b64encode(clip).decode()}"}},
+    ]}]  # fmt: skip
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=24, temperature=0, seed=SPEECH_SEED, stream=True,
+        modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
+    )  # fmt: skip
+    audio = collect_audio(stream)
+    assert audio.rates == {24_000} and len(audio.pcm) >= 2 * 1920 * 4 and audio.transcript
+    _, seen = _answer(client, messages)
+    _, heard = _answer(client, messages, extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}})
+    assert heard.prompt_tokens > seen.prompt_tokens + 10
+
+
 def test_the_models_voices_are_the_talkers_speakers(client):
     profile = load_profile(MODEL)
     config = json.loads((profile.model_path(profile.models.talker) / "config.json").read_text())

@@ -175,3 +175,55 @@ def test_openai_agents_sdk_voice_agent_talks_with_its_defaults(small):
     answer = [c.transcript for item in history if item.role == "assistant" for c in item.content]
     assert said and "capital of france" in (said[0] or "").lower(), history  # input transcription
     assert answer and answer[0], history
+
+
+def _photo() -> np.ndarray:
+    import matplotlib
+    from PIL import Image
+
+    return np.asarray(Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"))
+
+
+def test_a_clip_is_answered_from_its_key_frames_labels(small):
+    """A camera on the photo (a square moving across it): MobileNetV2 labels each key frame, the
+    thinker reads the timed captions."""
+    from loadtest.clients.clips import video_clip
+
+    clip = video_clip(seconds=3, fps=10, size=(320, 384), motion="static", picture=_photo())
+    answer = _ask(
+        small,
+        [
+            {"type": "text", "text": "What is in this video?"},
+            {
+                "type": "video_url",
+                "video_url": {"url": f"data:video/mp4;base64,{base64.b64encode(clip).decode()}"},
+            },
+        ],
+    )
+    assert any(label in answer.lower() for label in ("uniform", "bow tie", "graduation")), answer
+
+
+def test_a_twenty_page_pdf_is_answered(small):
+    """Each page through the tile scheduler and MobileNetV2; the photo is page 7."""
+    from loadtest.clients.clips import pdf_document
+
+    pdf = base64.b64encode(pdf_document(20, pictures={7: _photo()})).decode()
+    r = small.chat.completions.create(
+        model="omniray-small",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "What is on page 7 of this document?"},
+                    {
+                        "type": "file",
+                        "file": {"filename": "doc.pdf", "file_data": f"data:application/pdf;base64,{pdf}"},
+                    },
+                ],
+            }
+        ],
+        temperature=0,
+        max_tokens=40,
+    )
+    assert r.choices[0].message.content
+    assert r.usage.prompt_tokens > 20 * 25  # every page's labels are in the prompt
