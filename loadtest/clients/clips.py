@@ -13,6 +13,8 @@ CONTAINERS = {
     "mp4": ("mp4", "libx264", "aac"),
     "webm": ("webm", "libvpx", "libopus"),
     "mov": ("mov", "mpeg4", "aac"),
+    # raw frames: what Chromium's fake camera plays (--use-file-for-fake-video-capture)
+    "y4m": ("yuv4mpegpipe", "rawvideo", ""),
 }
 
 

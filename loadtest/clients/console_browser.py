@@ -42,15 +42,22 @@ def question_wav(path: Path, text: str, silence_s: float, lead_s: float = 0.0) -
 
 @contextlib.contextmanager
 def console(
-    url: str, wav: Path, key: str = LOCAL_API_KEY, max_tokens: int = 200, instructions: str = ""
+    url: str,
+    wav: Path,
+    key: str = LOCAL_API_KEY,
+    max_tokens: int = 200,
+    instructions: str = "",
+    camera: Path | None = None,
 ) -> Iterator:
-    """The console page, connected (a call up and its session created), talking from `wav`."""
+    """The console page, connected (a call up and its session created), talking from `wav`; with
+    `camera` (a .y4m file, looped by Chromium's fake camera), showing it too."""
     from playwright.sync_api import sync_playwright
 
+    args = [*FLAGS, f"--use-file-for-fake-audio-capture={wav}"]
+    if camera is not None:
+        args.append(f"--use-file-for-fake-video-capture={camera}")
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=[*FLAGS, f"--use-file-for-fake-audio-capture={wav}"]
-        )
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 900})
             page.goto(f"{url}/console")
@@ -59,6 +66,8 @@ def console(
             page.fill("#max-tokens", str(max_tokens))
             if instructions:
                 page.fill("#instructions", instructions)
+            if camera is not None:
+                page.check("#camera")
             page.click("#connect")
             page.wait_for_selector('#status[data-state="connected"]', timeout=60_000)
             yield page

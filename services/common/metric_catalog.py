@@ -331,6 +331,14 @@ def _declared() -> list[Metric]:
             at_zero=True,
         ),
         Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
+        Metric(
+            "omniray_realtime_camera_frames_total",
+            c,
+            "Camera frames of realtime sessions: held for the next turn, dropped over the frame rate or"
+            " as near-duplicates, evicted from the window, joined to a committed turn.",
+            ("outcome",),
+            at_zero=True,
+        ),
         # the video pre-stage (services/stages/video.py)
         Metric(
             "omniray_video_frames_total",

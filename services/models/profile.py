@@ -184,6 +184,15 @@ class ContinuitySpec(_Strict):
     drain_check_s: float = Field(default=0.5, gt=0, le=60)
 
 
+class CameraSpec(_Strict):
+    """A realtime session's camera (services/realtime/camera.py): frames shown while the user speaks
+    join the next turn."""
+
+    max_fps: float = Field(default=2.0, gt=0, le=30)  # frames faster than this are dropped
+    window_frames: int = Field(default=4, ge=1, le=64)  # recent key frames held for the next turn
+    keyframe_threshold: float = Field(default=0.02, ge=0, le=1)  # as video.keyframe_threshold
+
+
 class RealtimeSpec(_Strict):
     """Realtime voice sessions (docs/realtime.md)."""
 
@@ -198,6 +207,7 @@ class RealtimeSpec(_Strict):
     admission: AdmissionParams = Field(default_factory=AdmissionParams)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     speculative_prefill: SpeculativePrefillSpec = Field(default_factory=SpeculativePrefillSpec)
+    camera: CameraSpec = Field(default_factory=CameraSpec)
     continuity: ContinuitySpec = Field(default_factory=ContinuitySpec)
     # The conversation a response sends (services/realtime/history.py): at most this many turns,
     # and within `limits.max_media_items`, `limits.max_messages` and the context length; once over

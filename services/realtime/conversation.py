@@ -177,7 +177,7 @@ class Conversation:
         if audio is None:
             audio = math.ceil(user.seconds * self.audio_rate)
         return TurnCost(
-            clips=len(user.clips) + len(user.images),  # media items of the request
+            clips=len(user.clips) + len(user.images) + len(user.frames),  # media items of the request
             messages=1 + len(replies),
             tokens=audio + sum(item.text_tokens for item in [user, *replies]) + self.turn_overhead,
         )

@@ -193,6 +193,14 @@ class InputAudioBufferAppend(_Event):
         return _b64(self.audio, self.event_id)
 
 
+class InputImageBufferAppend(_Event):
+    """omniray's extension: a camera frame (a data: URL, PNG or JPEG) shown now; the session holds
+    recent key frames for the next committed turn (services/realtime/camera.py)."""
+
+    type: Literal["input_image_buffer.append"]
+    image_url: str = Field(max_length=MAX_APPEND_BASE64)
+
+
 def _b64(audio: str, event_id: str | None) -> bytes:
     try:
         return base64.b64decode(audio, validate=True)
@@ -310,6 +318,7 @@ class PlaybackProgress(_Event):
 ClientEvent = Annotated[
     SessionUpdate
     | InputAudioBufferAppend
+    | InputImageBufferAppend
     | InputAudioBufferCommit
     | InputAudioBufferClear
     | ResponseCreate
@@ -328,6 +337,7 @@ CLIENT_TYPES = {
     for m in (
         SessionUpdate,
         InputAudioBufferAppend,
+        InputImageBufferAppend,
         InputAudioBufferCommit,
         InputAudioBufferClear,
         ResponseCreate,

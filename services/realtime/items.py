@@ -22,6 +22,9 @@ class Item:
     # again), freed with the item when it leaves.
     clips: list[AudioClip] = field(default_factory=list)
     images: list[ImageInput] = field(default_factory=list)  # user: images sent with the message
+    # user: camera frames shown while the turn was spoken (services/realtime/camera.py); after its
+    # audio in the prompt, so that the turn's speculative prefill stays a prefix of it
+    frames: list[ImageInput] = field(default_factory=list)
     audio_tokens: int | None = None  # user: prompt tokens of its audio, once measured in a prompt
     # user: the text the client typed; assistant: what the conversation keeps (all of it, or what
     # was played)
@@ -85,6 +88,7 @@ class Item:
             content = [se.Content(type="input_text", text=self.text)] if self.text else []
             content += [se.Content(type="input_image") for _ in self.images]
             content += [se.Content(type="input_audio", transcript=self.transcript)] if self.clips else []
+            content += [se.Content(type="input_image") for _ in self.frames]
         elif status == "in_progress":
             content = []  # as OpenAI's: the content comes as its parts are added
         elif self.audio_out:
@@ -107,7 +111,9 @@ class Item:
         if self.kind == "function_call_output":
             return Message("tool", (self.text,), tool_call_id=self.call_id)
         if self.role == "user":
-            return Message("user", (*([self.text] if self.text else []), *self.images, *self.clips))
+            return Message(
+                "user", (*([self.text] if self.text else []), *self.images, *self.clips, *self.frames)
+            )
         return Message("assistant", (self.text,))
 
 

@@ -30,6 +30,7 @@ from services.playback.monitor import PlaybackMonitor
 from services.policies.admission import AimdAdmission
 from services.realtime import events as ev
 from services.realtime import server_events as se
+from services.realtime.camera import Camera
 from services.realtime.codecs import PCM_RATE, InputAudio
 from services.realtime.continuity import SavedState, SessionSaver, SessionStore
 from services.realtime.conversation import Conversation, max_output_of
@@ -75,6 +76,7 @@ class RealtimeSession:
         self.config = ev.SessionConfig()
         self.life = Lifecycle()
         self.input = InputBuffer(profile, self.config.audio.input.format.type)
+        self.camera = Camera(profile)
         self.conversation = Conversation(profile, stats)
         # A transport with its own audio track (WebRTC) takes the responses' audio as pcm16.
         self.audio_track = audio_track
@@ -262,7 +264,7 @@ class RealtimeSession:
                 e.message, code=e.code or "rate_limit_exceeded", event_id=event_id
             ) from None
         previous = self.conversation.last_id
-        item = Item(self.next_item_id, "user", clips=self.input.take_turn(upto))
+        item = Item(self.next_item_id, "user", clips=self.input.take_turn(upto), frames=self.camera.take())
         self.next_item_id = se.new_id("item")
         self.conversation.items.append(item)
         self._save_soon()
@@ -353,6 +355,8 @@ class RealtimeSession:
             await self._update_session(event)
         elif isinstance(event, ev.InputAudioBufferAppend):
             await self.append_audio(self.input.audio.decode(event.data(), event.event_id), event.event_id)
+        elif isinstance(event, ev.InputImageBufferAppend):
+            await self.camera.show(event.image_url, event.event_id)
         elif isinstance(event, ev.InputAudioBufferCommit):
             await self._commit(event)
         elif isinstance(event, ev.InputAudioBufferClear):

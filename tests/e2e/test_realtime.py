@@ -356,3 +356,50 @@ def test_an_image_joins_the_conversation(omniray, model_name):
         at = r.mark()
         r.send({"type": "session.update", "session": {"type": "realtime"}})
         r.wait("session.updated", at)  # still answering
+
+
+def _frame_url(value: int) -> str:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (96, 64), (value, 255 - value, 128)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_camera_frames_shown_while_speaking_join_the_turn(omniray, model_name):
+    """`input_image_buffer.append` frames (omniray's camera extension) sent during a turn: within the
+    frame rate and unlike the last kept one, they are held and join the committed turn after its
+    audio (its prompt grows by their tokens); a repeated frame, a frame over the rate and a bad one
+    are not, the last with an `error` event."""
+    with realtime(omniray, model_name) as r:
+        r.wait("session.created")
+        r.send({"type": "session.update", "session": {**MANUAL_TURNS, "output_modalities": ["text"],
+                                                      "max_output_tokens": 4}})  # fmt: skip
+        r.wait("session.updated")
+        usage, frames = [], []
+        for shown in ([], [0, 0, 200]):
+            at = r.mark()
+            for value in shown:
+                r.send({"type": "input_image_buffer.append", "image_url": _frame_url(value)})
+                time.sleep(0.6)  # tiny's camera takes 2 frames a second
+            r.send({"type": "input_audio_buffer.append", "audio": _speech(0.5)})
+            r.send({"type": "input_audio_buffer.commit"})
+            item = r.event(r.wait("conversation.item.done", at))["item"]
+            frames.append(sum(c["type"] == "input_image" for c in item["content"]))
+            r.send({"type": "response.create"})
+            done = r.event(r.wait("response.done", at))
+            assert done["response"]["status"] in WHOLE, done
+            usage.append(done["response"]["usage"]["input_tokens"])
+        assert frames == [0, 2]  # the repeated frame is a near-duplicate
+        assert usage[1] - usage[0] > 2 * 64  # tiny's ViT: 64 rows a frame
+        at = r.mark()
+        r.send({"type": "input_image_buffer.append", "image_url": "data:image/png;base64,AAAA"})
+        assert r.event(r.wait("error", at))["error"]["code"] == "invalid_image"
+        r.send({"type": "input_image_buffer.append", "image_url": _frame_url(50)})
+        r.send({"type": "input_image_buffer.append", "image_url": _frame_url(90)})  # over the rate
+        r.send({"type": "input_audio_buffer.append", "audio": _speech(0.5)})
+        r.send({"type": "input_audio_buffer.commit"})
+        item = r.event(r.wait("conversation.item.done", at))["item"]
+        assert sum(c["type"] == "input_image" for c in item["content"]) == 1

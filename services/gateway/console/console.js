@@ -79,13 +79,15 @@ async function connect() {
     const secret = await clientSecret();
     call.mic = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+      // optional: the session keeps recent key frames for the next turn (docs/video.md)
+      video: $("camera").checked ? { width: { ideal: 640 }, frameRate: { ideal: 5 } } : false,
     });
     const pc = (call.pc = new RTCPeerConnection({ iceServers: [] }));
     pc.ontrack = (e) => { $("speaker").srcObject = e.streams[0] ?? new MediaStream([e.track]); };
     pc.onconnectionstatechange = () => {
       if (["failed", "closed"].includes(pc.connectionState)) hangUp(`call ${pc.connectionState}`);
     };
-    for (const track of call.mic.getAudioTracks()) pc.addTrack(track, call.mic);
+    for (const track of call.mic.getTracks()) pc.addTrack(track, call.mic);
     call.dc = pc.createDataChannel("oai-events");
     call.dc.onmessage = (e) => onEvent(JSON.parse(e.data));
     call.dc.onclose = () => hangUp("events channel closed");
@@ -169,6 +171,13 @@ function onEvent(ev) {
       turnRow(turns.at(-1));
       line("user", "(speech)").dataset.item = ev.item_id;
       break;
+    case "conversation.item.done": {
+      // a spoken turn's camera frames: how many joined it
+      const frames = (ev.item.content ?? []).filter((c) => c.type === "input_image").length;
+      const li = document.querySelector(`li[data-item="${CSS.escape(ev.item.id)}"]`);
+      if (li && ev.item.role === "user" && frames) li.dataset.frames = String(frames);
+      break;
+    }
     case "conversation.item.input_audio_transcription.completed": {
       const li = document.querySelector(`li[data-item="${CSS.escape(ev.item_id)}"]`);
       if (li) li.textContent = ev.transcript;

@@ -3,6 +3,8 @@
 in as Opus over RTP, the responses' audio goes out the same way, and the realtime events travel as
 JSON on the data channel the client opens (`oai-events`). The session is the WebSocket path's
 `RealtimeSession`, so every policy behind it applies unchanged; only the audio takes the RTP track.
+A camera track, when the offer has one (optional), is the session's camera (its frames join the
+next turn: services/realtime/camera.py).
 
 The playback position the scheduler and barge-in go by is the transport's own playout: audio is
 paced onto the track at real time, and what has gone out has been played (less the browser's jitter
@@ -233,6 +235,19 @@ class Call:
     def on_track(self, track) -> None:
         if track.kind == "audio":
             self._spawn(self._microphone(track))
+        elif track.kind == "video":
+            self._spawn(self._camera(track))
+
+    async def _camera(self, track) -> None:
+        """The client's camera: every frame is received (the track's queue stays short), and those
+        within the session's camera frame rate are converted and shown to it
+        (services/realtime/camera.py: recent key frames join the next turn)."""
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await track.recv()
+                camera = self.session.camera if self.session is not None else None
+                if camera is not None and camera.takes_images and camera.due():
+                    camera.offer(await asyncio.to_thread(frame.to_ndarray, format="rgb24"))
 
     async def _microphone(self, track) -> None:
         """The client's audio, resampled to the session's pcm16 at 24 kHz, in INPUT_CHUNK_MS chunks."""

@@ -28,7 +28,6 @@ SETTINGS = [
     (6, 160, 3, 2),
     (6, 320, 1, 1),
 ]
-VIDEO_LABELS = 2  # labels per key frame: a clip's captions stay short beside the question
 MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 STD = np.array([0.229, 0.224, 0.225], np.float32)
 
@@ -123,15 +122,13 @@ class MobileNetLabeler:
 
     def assemble_video(self, features: list[np.ndarray], timestamps: list[float]) -> EncoderOutput:
         """Each key frame labelled like an image, with its time: a timed caption list (the cascade
-        has no video model; it tells the thinker what was seen when)."""
+        has no video model; it tells the thinker what was seen when). Labels first: SmolLM2 talks
+        about the classifier instead when the text leads with it (tried)."""
         timed = "; ".join(
-            f"at {t:.1f} s: {self._labels(probs, VIDEO_LABELS)}"
+            f"at {t:.1f} s, {self._labels(probs, self.top_k)}"
             for t, probs in zip(timestamps, features, strict=True)
         )
-        text = (
-            f"[A video is attached. An image classifier (MobileNetV2, ImageNet classes) labels its "
-            f"{len(features)} key frames: {timed}.]"
-        )
+        text = f"[A video is attached. Its key frames show (labels by an image classifier): {timed}.]"
         return EncoderOutput(text=text, tiles=len(features))
 
 

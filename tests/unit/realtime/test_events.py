@@ -19,6 +19,7 @@ def test_known_events_parse_into_their_classes():
     cases = {
         "session.update": ({"session": {"type": "realtime", "instructions": "be brief"}}, ev.SessionUpdate),
         "input_audio_buffer.append": ({"audio": audio}, ev.InputAudioBufferAppend),
+        "input_image_buffer.append": ({"image_url": "data:image/png;base64,AAAA"}, ev.InputImageBufferAppend),
         "input_audio_buffer.commit": ({}, ev.InputAudioBufferCommit),
         "input_audio_buffer.clear": ({}, ev.InputAudioBufferClear),
         "response.create": ({"response": {"output_modalities": ["text"]}}, ev.ResponseCreate),
