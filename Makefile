@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps bench bench-omni bench-encoder bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -113,6 +113,11 @@ bench-omni: models
 # Encoder pool head-of-line blocking: FIFO vs the tile scheduler, and the feature cache.
 bench-encoder: models
 	$(PY) -m loadtest.benchmarks.encoder_hol --profile $(PROFILE)
+
+# Video in the encoder pool: key-frame savings (static / moving / cutting clips), and chat and voice
+# latency beside a video question with its frames as tiles vs the clip whole (docs/video.md).
+bench-video: models
+	$(PY) -m loadtest.benchmarks.video_bench --profile $(PROFILE)
 
 # Tenant isolation: tenant B's latency alone vs while tenant A bursts at 10x its quota (tiny profile).
 bench-fairness: setup

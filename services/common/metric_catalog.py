@@ -339,6 +339,20 @@ def _declared() -> list[Metric]:
             ("outcome",),
             at_zero=True,
         ),
+        Metric(
+            "omniray_router_tile_policy_reduced_total",
+            c,
+            "Requests whose images got the overload tile policy (the encoder pool overloaded; below the"
+            " realtime SLO class).",
+            ("slo_class",),
+            at_zero=True,
+        ),
+        Metric(
+            "omniray_router_encoder_queue_wait_seconds",
+            g,
+            "The encoder queue wait this gateway sees (smoothed, decaying): what the overload tile"
+            " policy goes by.",
+        ),
         # the video pre-stage (services/stages/video.py)
         Metric(
             "omniray_video_frames_total",

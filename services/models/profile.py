@@ -321,6 +321,11 @@ class TilingSpec(_Strict):
     max_tiles: int = Field(default=40, ge=1, le=40)
     # Encoder compute per tile, for the encoder_gflops quota.
     gflops_per_tile: float = Field(default=1.0, ge=0)
+    # Under overload — the encoder queue wait the gateway sees past this (services/router/
+    # encoder_load.py) — requests below the realtime SLO class get at most `overload_max_tiles`
+    # per image until it drains (response header x-omniray-tile-policy: reduced). None: never.
+    overload_wait_s: float | None = Field(default=None, gt=0)
+    overload_max_tiles: int = Field(default=4, ge=1, le=40)
 
 
 class EncoderPoolSpec(_Strict):

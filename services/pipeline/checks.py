@@ -143,10 +143,10 @@ class TurnChecks:
             where = {"param": "tools", "what": "tools"} if forced else {}
             await checked_json_schema(sampling.json_schema, **where)
 
-    def media(self, turn: Turn) -> list[TileGrid | None]:
+    def media(self, turn: Turn, max_tiles: int | None = None) -> list[TileGrid | None]:
         """What the media cost and whether this deployment takes them, from their headers alone:
         what the plan and the quota need, before anything is decoded. Returns each image's tile
-        grid (None for audio and video)."""
+        grid (None for audio and video), with at most `max_tiles` (default: the profile's)."""
         limits = self.profile.limits
         if len(turn.media) > limits.max_media_items:
             raise bad_request(
@@ -171,7 +171,7 @@ class TurnChecks:
             grid = None
             if isinstance(item, ImageInput):
                 t = self.profile.tiling
-                grid = tile_grid(item.width, item.height, item.detail, t.tile_px, t.max_tiles)
+                grid = tile_grid(item.width, item.height, item.detail, t.tile_px, max_tiles or t.max_tiles)
             decoded += self.video_decoded_bytes(item) if isinstance(item, VideoInput) else item.decoded_bytes
             if decoded > limits.max_media_decoded_bytes:
                 raise too_large(

@@ -18,6 +18,7 @@ from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.pipeline.stage_calls import StageHandles, stage_calls
 from services.pipeline.stage_deadlines import StageDeadlines
 from services.pipeline.turn import AudioClip, Media, VideoInput
+from services.router.encoder_load import EncoderLoad
 from services.router.tiles import TILE_POLICY_VERSION, TileGrid
 
 
@@ -25,6 +26,8 @@ class MediaEncoding:
     def __init__(self, profile: Profile, handles: StageHandles, deadlines: StageDeadlines):
         self.h, self.deadlines = handles, deadlines
         self.video, self.limits = profile.video, profile.limits
+        self.load = EncoderLoad(profile.tiling.overload_wait_s, profile.tiling.overload_max_tiles)
+        self.queue_wait = metric("omniray_router_encoder_queue_wait_seconds")
         self.feature_versions = {
             m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
         }
@@ -133,15 +136,16 @@ class MediaEncoding:
         with stage_calls():
             if progress is None:
                 reply = await self.deadlines.reply("encoder", self.h.encoder.Encode.remote(request))
-                return list(reply.items)
-            encoded: list = []
-            events = self.h.encoder.options(stream=True).EncodeStream.remote(request)
-            async for event in self.deadlines.stream("encoder", events):
-                if event.HasField("progress"):
-                    await progress(event.progress)
-                else:
-                    encoded = list(event.result.items)
-            return encoded
+            else:
+                events = self.h.encoder.options(stream=True).EncodeStream.remote(request)
+                async for event in self.deadlines.stream("encoder", events):
+                    if event.HasField("progress"):
+                        await progress(event.progress)
+                    else:
+                        reply = event.result
+        self.load.observe(reply.queue_wait_s)
+        self.queue_wait.set(self.load.wait_s)
+        return list(reply.items)
 
     def _stale(self, items, encoded: list[stages_pb2.EncodedItem]) -> list[str]:
         """The modalities (of the feature versions: a clip's frames are images) answered stale."""

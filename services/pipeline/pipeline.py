@@ -37,9 +37,9 @@ from services.pipeline.thinking import Thinking
 from services.pipeline.tool_parser import ToolCallParser
 from services.pipeline.tools import CallStream, ContentOrCalls, NamedCall, RequiredCalls, Tools
 from services.pipeline.transcription import Transcribing
-from services.pipeline.turn import AudioClip, Turn, VideoInput
+from services.pipeline.turn import AudioClip, ImageInput, Turn, VideoInput
 from services.quota.service import Cost, QuotaService
-from services.quota.tenants import TenantSpec
+from services.quota.tenants import SLO_CLASSES, TenantSpec
 from services.router.plan import plan, slo_class
 from services.router.tiles import TileGrid
 
@@ -65,6 +65,7 @@ class Pipeline:
             ToolCallParser(parser, prompts.tokenizer, profile.served_model_name) if parser else None
         )
         self.tool_calls = metric("omniray_gateway_tool_calls_total", choice=("auto", "required", "function"))
+        self.tiles_reduced = metric("omniray_router_tile_policy_reduced_total", slo_class=SLO_CLASSES)
         deadlines = StageDeadlines(profile.pipeline.stage_deadlines)
         self.checks = TurnChecks(profile, prompts, self.tool_parser)
         self.settlement = Settlement(quota)
@@ -103,7 +104,9 @@ class Pipeline:
         )
         with telemetry.tracer("gateway").start_as_current_span("gateway.prepare") as span:
             telemetry.inject(ctx)
-            grids = self.checks.media(turn)
+            max_tiles = self._max_tiles(turn, slo)
+            reduced = max_tiles is not None
+            grids = self.checks.media(turn, max_tiles)
             with telemetry.tracer("router").start_as_current_span("router.plan"):
                 stage_plan = plan(
                     # a required tool call is the whole answer: JSON, never spoken
@@ -118,6 +121,7 @@ class Pipeline:
                     turn.document_pages,
                 )
             span.set_attribute("omniray.request_class", stage_plan.request_class)
+            span.set_attribute("omniray.tile_policy", "reduced" if reduced else "full")
             span.set_attribute("omniray.slo_class", slo)
             layout = await self._laid_out(turn)
             with telemetry.tracer("quota").start_as_current_span("quota.admit") as qspan:
@@ -131,7 +135,7 @@ class Pipeline:
                 )
                 lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
                 qspan.set_attribute("omniray.queued_s", lease.queued_s)
-            p = Prepared(turn, ctx, stage_plan, grids, sampling, voice, audio_format, lease, layout)
+            p = Prepared(turn, ctx, stage_plan, grids, sampling, voice, audio_format, lease, layout, reduced)
             try:
                 # Decoding and encoding come after admission: a request over its quota costs the
                 # gateway only header reads.
@@ -141,6 +145,16 @@ class Pipeline:
                 await self.quota.release(lease)
                 raise
         return p
+
+    def _max_tiles(self, turn: Turn, slo: str) -> int | None:
+        """The overload tile policy's bound for this request's images, while the encoder pool is
+        overloaded (services/router/encoder_load.py; counted), else None."""
+        if not any(isinstance(m, ImageInput) for m in turn.media):
+            return None
+        max_tiles = self.encoding.load.max_tiles(slo)
+        if max_tiles is not None:
+            self.tiles_reduced.inc(tags={"slo_class": slo})
+        return max_tiles
 
     async def _laid_out(self, turn: Turn) -> Layout:
         if turn.text_chars <= INLINE_LAYOUT_CHARS:

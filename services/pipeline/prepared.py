@@ -26,6 +26,9 @@ class Prepared:
     audio_format: str
     lease: Lease
     layout: Layout
+    # The encoder pool was overloaded: the images were cut by the overload tile policy
+    # (profile tiling.overload_max_tiles), said in a response header.
+    tiles_reduced: bool = False
     # Built in prepare(), except for documents: their encoding runs inside generate() so that
     # progress events stream to the client while the tiles are encoded.
     prompt: stages_pb2.Prompt | None = None
@@ -33,6 +36,16 @@ class Prepared:
     # The response's speech to OUTPUT_RATE (made at its first audio: the vocoder says its rate).
     resampler: StreamResampler | None = None
     audio_prompt_tokens: int = 0  # of prompt_tokens: the request's audio (usage details)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response's headers: the quota's (x-ratelimit-*), and the tile policy when reduced."""
+        if not self.tiles_reduced:
+            return self.lease.headers
+        return {**self.lease.headers, TILE_POLICY_HEADER: "reduced"}
+
+
+TILE_POLICY_HEADER = "x-omniray-tile-policy"
 
 
 class Settlement:

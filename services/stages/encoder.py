@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -57,6 +58,8 @@ class _Pending:
         self.cached = n_images - len(tiles_per_image)  # images the cache answered
         self.n_images = n_images
         self.progress = progress
+        self.submitted = time.monotonic()
+        self.waited: float | None = None  # until its first batch
 
     def add(self, image: int, feature) -> None:
         self.features[image].append(feature)
@@ -98,6 +101,7 @@ class Encoder(Stage):
         self._work = asyncio.Event()
         self._worker: asyncio.Task | None = None
         self._reload_lock = asyncio.Lock()
+        self._waits: dict[str, list[float]] = {}  # request id -> its tiles' longest queue wait
         self.pool_metrics = _PoolMetrics()
 
     # ---- tile batching --------------------------------------------------------------------
@@ -124,6 +128,8 @@ class Encoder(Stage):
                     p.add(image, feat)
                     touched[key] = p
             for p in touched.values():
+                if p.waited is None:
+                    p.waited = time.monotonic() - p.submitted
                 p.report()
 
     def _cache_key(self, item: stages_pb2.MediaItem, tenant: str) -> str:
@@ -158,6 +164,8 @@ class Encoder(Stage):
         finally:
             self.scheduler.cancel(key)
             self._pending.pop(key, None)
+        waits = self._waits.setdefault(request.ctx.request_id, [0.0])
+        waits[0] = max(waits[0], pending.waited or 0.0)
         for t in tiles.values():
             self.pool_metrics.tiles(len(t))
         return features
@@ -356,13 +364,16 @@ class Encoder(Stage):
                 audio.append(i)
             else:
                 raise ValueError(f"this profile has no encoder for {item.modality!r}")
-        image_out, video_out, *audio_out = await asyncio.gather(
-            self._encode_images(request, images, progress),
-            self._encode_videos(request, videos, progress),
-            *(self._encode_audio(request, request.items[i]) for i in audio),
-        )
+        try:
+            image_out, video_out, *audio_out = await asyncio.gather(
+                self._encode_images(request, images, progress),
+                self._encode_videos(request, videos, progress),
+                *(self._encode_audio(request, request.items[i]) for i in audio),
+            )
+        finally:
+            (waited,) = self._waits.pop(request.ctx.request_id, [0.0])
         outputs = {**image_out, **video_out, **dict(zip(audio, audio_out, strict=True))}
-        response = stages_pb2.EncodeResponse()
+        response = stages_pb2.EncodeResponse(queue_wait_s=waited)
         for i, item in enumerate(request.items):
             out = outputs[i]
             version = self.versions["image" if item.modality == "video" else item.modality]

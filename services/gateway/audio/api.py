@@ -38,7 +38,7 @@ class AudioAPI:
             telemetry.inject(prepared.ctx)
         file = SpeechFile(req.response_format, req.speed)
         chunks = self._file_chunks("speech", prepared, file, arrival, span)
-        headers = prepared.lease.headers
+        headers = prepared.headers
         if req.stream_format == "sse":
             return StreamingResponse(_speech_sse(chunks), media_type="text/event-stream", headers=headers)
         # The status goes out with the first bytes: a failure before them is its own error (a 503

@@ -30,7 +30,7 @@ class ChatAPI:
             request, "rest", "gateway.chat", parse_request, limits, self.pipeline, self.observer
         )
         rid, model, created = prepared.ctx.request_id, self.profile.served_model_name, int(time.time())
-        speak, headers = prepared.plan.speak, prepared.lease.headers
+        speak, headers = prepared.plan.speak, prepared.headers
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             lines = render.stream(events, rid, model, created, speak, include_usage)

@@ -27,5 +27,5 @@ class ResponsesAPI:
         if req.stream:
             # headers are gone once it streams: a failure ends it with response.failed
             lines = reported(out.stream(events), "response failed", lambda body: out.failed(body["error"]))
-            return StreamingResponse(lines, media_type="text/event-stream", headers=prepared.lease.headers)
-        return JSONResponse(await out.whole(events), headers=prepared.lease.headers)
+            return StreamingResponse(lines, media_type="text/event-stream", headers=prepared.headers)
+        return JSONResponse(await out.whole(events), headers=prepared.headers)
