@@ -164,7 +164,7 @@ def test_speech_answers_a_clip_and_its_audio_track_is_heard(client):
         {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{base64.b64encode(clip).decode()}"}},
     ]}]  # fmt: skip
     stream = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=24, temperature=0, seed=SPEECH_SEED, stream=True,
+        model=MODEL, messages=messages, max_tokens=12, temperature=0, seed=SPEECH_SEED, stream=True,
         modalities=["text", "audio"], audio={"voice": "ethan", "format": "pcm16"},
     )  # fmt: skip
     audio = collect_audio(stream)
