@@ -40,7 +40,7 @@ SCENES = ("static", "moving", "cuts")
 def _request(args) -> stages_pb2.VideoRequest:
     return stages_pb2.VideoRequest(
         fps=args.fps, max_frames=args.max_frames, keyframe_threshold=args.threshold,
-        frame_px=args.frame_px, frame_multiple=32, max_seconds=args.seconds,
+        frame_px=args.frame_px, frame_multiple=32, seconds=args.seconds,
     )  # fmt: skip
 
 

@@ -121,7 +121,7 @@ class MediaEncoding:
             frame_px=v.frame_px,
             frame_multiple=v.frame_multiple,
             with_audio=clip.track is not None,
-            max_seconds=clip.seconds,
+            seconds=clip.seconds,
             max_frame_pixels=clip.width * clip.height,
         )
         with stage_calls():

@@ -68,14 +68,14 @@ def sample_clip(
             stream = container.streams.video[0]
             stream.thread_type = "AUTO"
             header = (stream.codec_context.width, stream.codec_context.height)
-            duration = _duration(container, stream, request.max_seconds)
-            times = sample_times(duration, request.fps, request.max_frames)
+            # the length the gateway counted from the packets (containers state theirs differently)
+            times = sample_times(request.seconds, request.fps, request.max_frames)
             audio = container.streams.audio[0] if request.with_audio and container.streams.audio else None
             picker = _Picker(times, header, request)
             track = _Track() if audio is not None else None
             streams = (stream, audio) if audio is not None else (stream,)
             for frame in container.decode(*streams):
-                if frame.time is not None and frame.time > request.max_seconds + 1.0:
+                if frame.time is not None and frame.time > request.seconds + 1.0:
                     break
                 if isinstance(frame, av.AudioFrame):
                     track.add(frame)
@@ -90,14 +90,6 @@ def sample_clip(
     if samples is not None and len(samples) == 0:
         raise Refused("invalid_video", "the clip's audio track could not be decoded")
     return np.stack(picker.kept), picker.kept_times, picker.keys.offered, samples
-
-
-def _duration(container, stream, bound: float) -> float:
-    if stream.duration is not None and stream.time_base is not None:
-        return min(float(stream.duration * stream.time_base), bound)
-    if container.duration is not None:
-        return min(container.duration / 1_000_000, bound)
-    return bound  # streamed webm: the gateway counted its packets; sampling spans the bound
 
 
 class _Picker:

@@ -95,7 +95,7 @@ CASES = {
         "invalid_audio_format",
     ),
     "unsupported_part": (
-        lambda m: _chat(m, [{"type": "video_url", "video_url": {"url": "x"}}]),
+        lambda m: _chat(m, [{"type": "input_video", "input_video": {"url": "x"}}]),
         400,
         "unsupported_content_type",
     ),

@@ -5,14 +5,22 @@ microphone playing a WAV) is answered with audio, and the question coming again 
 
 from __future__ import annotations
 
-import re
 import shutil
-import urllib.request
+import time
 
 import pytest
 
 from loadtest.clients.clips import video_clip
 from loadtest.clients.console_browser import CHROMIUM, console, question_wav
+from tests.faults import counter
+
+
+def _eventually(check, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(1)
+
 
 pytestmark = [
     pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="needs chromium (make system-deps)"),
@@ -37,23 +45,21 @@ def test_the_console_answers_a_spoken_question_and_a_barge_in_cuts_the_reply(omn
         page.screenshot(path=str(tmp_path / "console.png"))
 
 
-def _counter(metrics_url: str, name: str, labels: str = "") -> float:
-    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
-        scrape = resp.read().decode()
-    return sum(float(v) for v in re.findall(rf"^ray_{name}{{[^}}]*{labels}[^}}]*}} (\S+)$", scrape, re.M))
-
-
 def test_the_console_shows_the_camera_while_the_question_is_spoken(omniray, tmp_path):
     """Chromium's fake camera (a scene cut every 2 s) streams video during a spoken question: the
     turn that follows carries the key frames the session held, and they reach the encoder."""
     wav = question_wav(tmp_path / "question.wav", "What am I showing you?", silence_s=20.0, lead_s=1.0)
     y4m = tmp_path / "camera.y4m"
     y4m.write_bytes(video_clip(seconds=6, fps=5, size=(320, 240), container="y4m", motion="cuts"))
-    tiles = _counter(omniray.metrics_url, "omniray_encoder_tiles_total")
+    tiles = counter(omniray.metrics_url, "omniray_encoder_tiles_total")
     with console(omniray.http_url, wav, max_tokens=20, camera=y4m) as page:
         turn = page.wait_for_selector("#transcript li.user[data-frames]", timeout=90_000)
         assert 1 <= int(turn.get_attribute("data-frames")) <= 4  # tiny's camera window
         page.wait_for_selector("tr[data-ttfp]", timeout=90_000)  # answered
         assert page.locator("#log li.error").count() == 0, page.locator("#log").inner_text()
-    assert _counter(omniray.metrics_url, "omniray_realtime_camera_frames_total", 'outcome="joined"') >= 1
-    assert _counter(omniray.metrics_url, "omniray_encoder_tiles_total") > tiles
+    # Ray exports metrics every few seconds
+    _eventually(
+        lambda: counter(omniray.metrics_url, "omniray_realtime_camera_frames_total", outcome="joined") >= 1,
+        30,
+    )
+    _eventually(lambda: counter(omniray.metrics_url, "omniray_encoder_tiles_total") > tiles, 30)

@@ -1032,6 +1032,24 @@ REALTIME_CASES = {
     "instructions_too_long": json.dumps(
         {"type": "session.update", "session": {"instructions": "i" * 70_000}}
     ),
+    "frame_no_image_url": json.dumps({"type": "input_image_buffer.append"}),
+    "frame_image_url_number": json.dumps({"type": "input_image_buffer.append", "image_url": 7}),
+    "frame_http_url": json.dumps(
+        {"type": "input_image_buffer.append", "image_url": "https://example.com/a.png"}
+    ),
+    "frame_not_base64": json.dumps(
+        {"type": "input_image_buffer.append", "image_url": "data:image/png;base64,@@@"}
+    ),
+    "frame_not_an_image": json.dumps(
+        {"type": "input_image_buffer.append", "image_url": "data:image/png;base64," + _b64(64)}
+    ),
+    "frame_gif": json.dumps(
+        {"type": "input_image_buffer.append", "image_url": data_url(_gif(), "image/gif")}
+    ),
+    "frame_too_long": json.dumps(
+        {"type": "input_image_buffer.append", "image_url": "data:," + "A" * 1_000_000}
+    ),
+    "frame_png_bomb": json.dumps({"type": "input_image_buffer.append", "image_url": _png_bomb()}),
     "append_no_audio": json.dumps({"type": "input_audio_buffer.append"}),
     "append_audio_number": json.dumps({"type": "input_audio_buffer.append", "audio": 1}),
     "append_bad_base64": json.dumps({"type": "input_audio_buffer.append", "audio": "@@@@"}),

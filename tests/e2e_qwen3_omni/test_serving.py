@@ -172,6 +172,12 @@ def test_speech_answers_a_clip_and_its_audio_track_is_heard(client):
     _, seen = _answer(client, messages)
     _, heard = _answer(client, messages, extra_body={"mm_processor_kwargs": {"use_audio_in_video": True}})
     assert heard.prompt_tokens > seen.prompt_tokens + 10
+    webm = video_clip(seconds=2, fps=10, size=(128, 96), motion="moving", container="webm")
+    messages[0]["content"][1]["video_url"]["url"] = (
+        f"data:video/webm;base64,{base64.b64encode(webm).decode()}"
+    )
+    text, in_webm = _answer(client, messages)
+    assert text and in_webm.prompt_tokens == seen.prompt_tokens  # the same frames' patches, another container
 
 
 def test_the_models_voices_are_the_talkers_speakers(client):

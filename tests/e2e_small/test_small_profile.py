@@ -184,19 +184,22 @@ def _photo() -> np.ndarray:
     return np.asarray(Image.open(Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"))
 
 
-def test_a_clip_is_answered_from_its_key_frames_labels(small):
-    """A camera on the photo (a square moving across it): MobileNetV2 labels each key frame, the
-    thinker reads the timed captions."""
+@pytest.mark.parametrize(("container", "mime"), [("mp4", "video/mp4"), ("webm", "video/webm")])
+def test_a_clip_is_answered_from_its_key_frames_labels(small, container, mime):
+    """A camera on the photo: MobileNetV2 labels each key frame, the thinker reads the timed
+    captions."""
     from loadtest.clients.clips import video_clip
 
-    clip = video_clip(seconds=3, fps=10, size=(320, 384), motion="static", picture=_photo())
+    clip = video_clip(
+        seconds=3, fps=10, size=(320, 384), motion="static", picture=_photo(), container=container
+    )
     answer = _ask(
         small,
         [
             {"type": "text", "text": "What is in this video?"},
             {
                 "type": "video_url",
-                "video_url": {"url": f"data:video/mp4;base64,{base64.b64encode(clip).decode()}"},
+                "video_url": {"url": f"data:{mime};base64,{base64.b64encode(clip).decode()}"},
             },
         ],
     )

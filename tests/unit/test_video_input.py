@@ -70,7 +70,7 @@ def test_bounds_are_checked_before_decoding():
 
 def _request(**kw) -> stages_pb2.VideoRequest:
     args = dict(
-        fps=2, max_frames=16, keyframe_threshold=0.02, frame_px=128, frame_multiple=32, max_seconds=60
+        fps=2, max_frames=16, keyframe_threshold=0.02, frame_px=128, frame_multiple=32, seconds=2
     )
     return stages_pb2.VideoRequest(**{**args, **kw})
 
@@ -79,9 +79,9 @@ def _request(**kw) -> stages_pb2.VideoRequest:
 def test_key_frames_drop_a_static_scene_and_keep_motion(container):
     static = video_clip(seconds=4, fps=10, size=(160, 120), container=container, motion="static")
     moving = video_clip(seconds=4, fps=10, size=(160, 120), container=container, motion="moving")
-    frames, times, sampled, track = sample_clip(static, _request())
+    frames, times, sampled, track = sample_clip(static, _request(seconds=4))
     assert len(frames) == 1 and sampled >= 7 and track is None
-    frames, times, sampled, _ = sample_clip(moving, _request())
+    frames, times, sampled, _ = sample_clip(moving, _request(seconds=4))
     assert len(frames) == sampled >= 7
     assert times == sorted(times) and frames.shape[1:] == (96, 128, 3) and frames.dtype == np.uint8
 

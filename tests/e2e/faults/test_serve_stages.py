@@ -15,13 +15,14 @@ import uuid
 import httpx
 
 from services import runtime
+from services.app import DEPLOYMENT_NAMES
 from services.models.build import MANIFEST, prepare
 from services.models.profile import load_profile
 from tests.conftest import AUTH, data_url, png_bytes
 from tests.faults import counter, rolled
 
 CLIENTS = 8  # concurrent clients, each request 8 fresh images (the encoder's target is 1 ongoing)
-STAGES = {"Gateway", "Encoder", "Prefill", "Decode", "Talker", "Vocoder"}
+STAGES = set(DEPLOYMENT_NAMES.values())
 
 
 def _app_status(omniray) -> dict:
@@ -34,7 +35,7 @@ def _running_replicas(omniray, deployment: str) -> int:
     return sum(r["state"] == "RUNNING" for r in replicas)
 
 
-def test_gateway_and_five_stage_deployments(omniray):
+def test_gateway_and_stage_deployments(omniray):
     app = _app_status(omniray)
     assert app["status"] == "RUNNING"
     assert set(app["deployments"]) == STAGES
