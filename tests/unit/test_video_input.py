@@ -69,9 +69,7 @@ def test_bounds_are_checked_before_decoding():
 
 
 def _request(**kw) -> stages_pb2.VideoRequest:
-    args = dict(
-        fps=2, max_frames=16, keyframe_threshold=0.02, frame_px=128, frame_multiple=32, seconds=2
-    )
+    args = dict(fps=2, max_frames=16, keyframe_threshold=0.02, frame_px=128, frame_multiple=32, seconds=2)
     return stages_pb2.VideoRequest(**{**args, **kw})
 
 
