@@ -44,24 +44,24 @@ def _item(pixels: np.ndarray, size: tuple[int, int], profile) -> stages_pb2.Medi
     )
 
 
+async def timed_encode(encoder, rid: str, items: list) -> float:
+    """Seconds one Encode call on an in-process encoder replica takes."""
+    t0 = time.perf_counter()
+    req = stages_pb2.EncodeRequest(ctx=common_pb2.RequestContext(request_id=rid, tenant="bench"), items=items)
+    await encoder.Encode(req)
+    return time.perf_counter() - t0
+
+
 async def _run_policy(encoder, policy: str, doc: list, chats: list, interval_s: float) -> dict:
     pool = encoder.profile.encoder_pool
     encoder.scheduler = TileScheduler(pool.batch_size, policy, pool.aging_tiles_per_s)
     encoder.cache.clear()  # every request does encoder work
 
-    async def call(rid: str, items: list) -> float:
-        t0 = time.perf_counter()
-        req = stages_pb2.EncodeRequest(
-            ctx=common_pb2.RequestContext(request_id=rid, tenant="bench"), items=items
-        )
-        await encoder.Encode(req)
-        return time.perf_counter() - t0
-
-    doc_task = asyncio.create_task(call(f"{policy}-doc", doc))
+    doc_task = asyncio.create_task(timed_encode(encoder, f"{policy}-doc", doc))
     chat_tasks = []
     for i, item in enumerate(chats):
         await asyncio.sleep(interval_s)
-        chat_tasks.append(asyncio.create_task(call(f"{policy}-chat{i}", [item])))
+        chat_tasks.append(asyncio.create_task(timed_encode(encoder, f"{policy}-chat{i}", [item])))
     doc_s = await doc_task
     chat_s = sorted(await asyncio.gather(*chat_tasks))
     p99 = chat_s[min(len(chat_s) - 1, math.ceil(0.99 * len(chat_s)) - 1)]

@@ -24,10 +24,10 @@ import statistics
 import time
 
 import numpy as np
-from omni.v1 import common_pb2, stages_pb2
+from omni.v1 import stages_pb2
 
 from loadtest import results
-from loadtest.benchmarks.encoder_hol import _image, _item
+from loadtest.benchmarks.encoder_hol import _image, _item, timed_encode
 from loadtest.clients.clips import video_clip
 from services.dataplane import tensors
 from services.models.profile import load_profile
@@ -77,20 +77,12 @@ async def _mixed(encoder, clip_item, chats, voices, interval_s: float, whole: bo
     )
     encoder.cache.clear()
 
-    async def call(rid: str, items: list) -> float:
-        t0 = time.perf_counter()
-        req = stages_pb2.EncodeRequest(
-            ctx=common_pb2.RequestContext(request_id=rid, tenant="bench"), items=items
-        )
-        await encoder.Encode(req)
-        return time.perf_counter() - t0
-
-    video = asyncio.create_task(call("video", [clip_item]))
+    video = asyncio.create_task(timed_encode(encoder, "video", [clip_item]))
     chat_tasks, voice_tasks = [], []
     for i, (chat, voice) in enumerate(zip(chats, voices, strict=True)):
         await asyncio.sleep(interval_s)
-        chat_tasks.append(asyncio.create_task(call(f"chat{i}", [chat])))
-        voice_tasks.append(asyncio.create_task(call(f"voice{i}", [voice])))
+        chat_tasks.append(asyncio.create_task(timed_encode(encoder, f"chat{i}", [chat])))
+        voice_tasks.append(asyncio.create_task(timed_encode(encoder, f"voice{i}", [voice])))
     video_s = await video
     chat_s, voice_s = await asyncio.gather(*chat_tasks), await asyncio.gather(*voice_tasks)
     return {

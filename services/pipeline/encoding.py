@@ -137,6 +137,7 @@ class MediaEncoding:
             if progress is None:
                 reply = await self.deadlines.reply("encoder", self.h.encoder.Encode.remote(request))
             else:
+                reply = stages_pb2.EncodeResponse()  # a stream that ends without its result: no items
                 events = self.h.encoder.options(stream=True).EncodeStream.remote(request)
                 async for event in self.deadlines.stream("encoder", events):
                     if event.HasField("progress"):

@@ -118,19 +118,25 @@ def inspect_image(data: bytes, limits: LimitsSpec, *, param: str) -> ImageHeader
         )
     if frames != 1:
         raise bad_request("animated images are not accepted", code="invalid_image", param=param)
-    if max(width, height) > limits.max_image_side_px:
-        raise too_large(
-            f"image is {width}x{height} px; the limit is {limits.max_image_side_px} px per side",
-            code="image_too_large",
-            param=param,
-        )
-    if width * height > limits.max_image_pixels:
-        raise too_large(
-            f"image is {width}x{height} px; the limit is {limits.max_image_pixels} pixels",
-            code="image_too_large",
-            param=param,
-        )
+    check_size(width, height, limits.max_image_side_px, limits.max_image_pixels, "image", param=param)
     return ImageHeader(width, height)
+
+
+def check_size(width: int, height: int, max_side: int, max_pixels: int, what: str, *, param: str) -> None:
+    """An image's or a video frame's size (from a header) within a side and a pixel limit: a 413
+    `<what>_too_large` otherwise."""
+    if max(width, height) > max_side:
+        raise too_large(
+            f"{what} is {width}x{height} px; the limit is {max_side} px per side",
+            code=f"{what}_too_large",
+            param=param,
+        )
+    if width * height > max_pixels:
+        raise too_large(
+            f"{what} is {width}x{height} px; the limit is {max_pixels} pixels",
+            code=f"{what}_too_large",
+            param=param,
+        )
 
 
 def decode_image(data: bytes, *, param: str) -> np.ndarray:

@@ -15,6 +15,7 @@ import io
 
 from services.common.errors import bad_request, too_large
 from services.models.profile import LimitsSpec
+from services.pipeline.media import check_size
 from services.pipeline.turn import VideoInput
 
 # FFmpeg demuxers (PyAV's names) a clip may use
@@ -42,7 +43,7 @@ def video_input(data: bytes, limits: LimitsSpec, *, with_audio: bool, param: str
             width, height = stream.codec_context.width, stream.codec_context.height
             if width < 1 or height < 1:
                 raise invalid("the video track states no frame size")
-            _check_size(width, height, limits, param)
+            check_size(width, height, limits.max_video_side_px, limits.max_image_pixels, "video", param=param)
             try:
                 av.Codec(stream.codec_context.name, "r")
             except (av.FFmpegError, ValueError):
@@ -70,21 +71,6 @@ def video_input(data: bytes, limits: LimitsSpec, *, with_audio: bool, param: str
     return VideoInput(
         data=data, width=width, height=height, seconds=seconds, frames=frames, track_seconds=track_seconds
     )
-
-
-def _check_size(width: int, height: int, limits: LimitsSpec, param: str) -> None:
-    if max(width, height) > limits.max_video_side_px:
-        raise too_large(
-            f"video frames are {width}x{height} px; the limit is {limits.max_video_side_px} px per side",
-            code="video_too_large",
-            param=param,
-        )
-    if width * height > limits.max_image_pixels:
-        raise too_large(
-            f"video frames are {width}x{height} px; the limit is {limits.max_image_pixels} pixels",
-            code="video_too_large",
-            param=param,
-        )
 
 
 def _count(container, stream, limits: LimitsSpec, param: str) -> tuple[int, float]:

@@ -62,42 +62,35 @@ class EncoderOutputParser(Qwen3OmniMoeThinkerMultiModalDataParser):
         "audio": {"audio_embeds": "values", "audio_feature_lengths": "metadata"},
     }
 
+    def _embedding_items(self, data: dict, modality: str, fields_factory) -> DictEmbeddingItems:
+        """A request's encoder outputs for `modality` (a dict of tensors) as vLLM's items."""
+        required, optional = self.embedding_field_sets(modality)
+        return DictEmbeddingItems(
+            data,
+            modality=modality,
+            required_fields=required,
+            optional_fields=optional,
+            fields_factory=fields_factory,
+        )
+
     def _parse_video_data(self, data):
         if isinstance(data, dict):
-            required, optional = self.embedding_field_sets("video")
-            return DictEmbeddingItems(
-                data,
-                modality="video",
-                required_fields=required,
-                optional_fields=optional,
-                fields_factory=create_qwen2_5_omni_thinker_field_factory(self._spatial_merge_size),
-            )
+            factory = create_qwen2_5_omni_thinker_field_factory(self._spatial_merge_size)
+            return self._embedding_items(data, "video", factory)
         return super()._parse_video_data(data)
 
     def _parse_image_data(self, data):
         if isinstance(data, dict):
-            required, optional = self.embedding_field_sets("image")
-            return DictEmbeddingItems(
-                data,
-                modality="image",
-                required_fields=required,
-                optional_fields=optional,
-                fields_factory=_create_qwen2vl_field_factory(self._spatial_merge_size),
+            return self._embedding_items(
+                data, "image", _create_qwen2vl_field_factory(self._spatial_merge_size)
             )
         return super()._parse_image_data(data)
 
     def _parse_audio_data(self, data):
         if isinstance(data, dict):
-            required, optional = self.embedding_field_sets("audio")
             data = dict(data)
             data["audio_feature_lengths"] = torch.as_tensor(data["audio_feature_lengths"]).flatten()
-            return DictEmbeddingItems(
-                data,
-                modality="audio",
-                required_fields=required,
-                optional_fields=optional,
-                fields_factory=_audio_embed_fields,
-            )
+            return self._embedding_items(data, "audio", _audio_embed_fields)
         return super()._parse_audio_data(data)
 
 
@@ -200,15 +193,15 @@ class OmnirayQwen3OmniThinker(Qwen3OmniMoeThinkerForConditionalGeneration):
     def _process_video_input(self, video_input) -> tuple[torch.Tensor, ...]:
         if video_input["type"] != "video_embeds":
             return super()._process_video_input(video_input)
-        grid = video_input["video_grid_thw"]
-        merge = self.visual.spatial_merge_size
-        sizes = (torch.as_tensor(grid).reshape(-1, 3).prod(-1) // merge // merge).tolist()
-        return tuple(e.to(self.visual.dtype) for e in _per_item(video_input["video_embeds"], sizes))
+        return self._vision_items(video_input["video_embeds"], video_input["video_grid_thw"])
 
     def _process_image_input(self, image_input) -> tuple[torch.Tensor, ...]:
         if image_input["type"] != "image_embeds":
             return super()._process_image_input(image_input)
-        grid = image_input["image_grid_thw"]
+        return self._vision_items(image_input["image_embeds"], image_input["image_grid_thw"])
+
+    def _vision_items(self, embeds, grid) -> tuple[torch.Tensor, ...]:
+        """Images' or clips' encoder rows, one tensor per item (its grid's merged patches)."""
         merge = self.visual.spatial_merge_size
         sizes = (torch.as_tensor(grid).reshape(-1, 3).prod(-1) // merge // merge).tolist()
-        return tuple(e.to(self.visual.dtype) for e in _per_item(image_input["image_embeds"], sizes))
+        return tuple(e.to(self.visual.dtype) for e in _per_item(embeds, sizes))
