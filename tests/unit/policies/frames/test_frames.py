@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.policies.frames.keyframes import KeyFrames, thumbnail
-from services.policies.frames.sampling import nearest, sample_times
+from services.policies.frames.sampling import sample_times
 from services.policies.frames.sizing import frame_size
 
 
@@ -23,21 +23,6 @@ def test_sampled_instants_are_bounded_ordered_and_inside_the_clip(duration, fps,
 def test_a_long_clip_is_spread_over_not_cut_off():
     times = sample_times(600.0, 2.0, 8)
     assert len(times) == 8 and times[0] < 60 and times[-1] > 540
-
-
-@given(
-    st.lists(st.floats(0, 100), min_size=1, max_size=50).map(sorted),
-    st.lists(st.floats(0, 100), min_size=1, max_size=300).map(sorted),
-)
-def test_each_instant_gets_at_most_one_frame_in_order(times, frame_times):
-    chosen = nearest(times, frame_times)
-    assert chosen == sorted(set(chosen))
-    assert len(chosen) <= len(times)
-    assert all(0 <= i < len(frame_times) for i in chosen)
-
-
-def test_nearest_picks_the_closest_frame():
-    assert nearest([0.25, 0.75], [0.0, 0.2, 0.4, 0.6, 0.8]) == [1, 4]
 
 
 frames = st.integers(0, 2**31).map(
