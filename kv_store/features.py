@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -75,6 +76,7 @@ class FeaturePool:
         self.pool = PagePool(name, LAYOUT, max(1, capacity_bytes // PAGE_BYTES))
         self._items: collections.OrderedDict[str, tuple[float, FeatureEntry]] = collections.OrderedDict()
         self._advertised = 0.0
+        self._lock = threading.Lock()  # writers on worker threads (asyncio.to_thread)
         self.stats = {"written_items": 0, "written_bytes": 0, "evicted_items": 0, "refused_items": 0}
 
     @property
@@ -96,6 +98,10 @@ class FeaturePool:
     def put(self, key: str, features: np.ndarray) -> bool:
         """Write `features` under `key` and index them (a key already here is only refreshed).
         False when there is no room even after evicting every item past its hold (not written)."""
+        with self._lock:
+            return self._put(key, features)
+
+    def _put(self, key: str, features: np.ndarray) -> bool:
         if key in self._items:
             self._items.move_to_end(key)
             self.redis.set(INDEX + key, self._items[key][1].dumps(), ex=int(self.ttl_s))

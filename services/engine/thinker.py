@@ -33,7 +33,7 @@ from services.engine.session_kv import export_metrics as export_session_kv_metri
 from services.extensions.ray.metrics import metric
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
-from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
+from services.extensions.vllm.specs import EC_ITEM_PREFIX, EnginePayload, UrgencyPayload
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
@@ -81,20 +81,27 @@ class DecodeDelta:
         )
 
 
-def _media_inputs(placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]]) -> dict:
+def _media_inputs(placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray | str]]) -> tuple[dict, dict]:
     """vLLM's `multi_modal_data` for encoder outputs the model places itself, per modality in prompt
-    order (the keys services/extensions/vllm/qwen3_omni_thinker.py accepts)."""
+    order (the keys services/extensions/vllm/qwen3_omni_thinker.py accepts), and its
+    `multi_modal_uuids`: images streamed over NIXL (a feature key instead of an array) carry only
+    their grid and are named for the EC connector (services/extensions/vllm/ec_connector.py)."""
     images = [(pl, x) for pl, x in placed if pl.modality == "image"]
     videos = [(pl, x) for pl, x in placed if pl.modality == "video"]
     audio = [(pl, x) for pl, x in placed if pl.modality == "audio"]
     if len(images) + len(videos) + len(audio) != len(placed):
         raise ValueError(f"unknown media modality in {sorted({pl.modality for pl, _ in placed})}")
+    streamed = [x for _, x in placed if isinstance(x, str)]
+    if streamed and (len(streamed) != len(images) or any(isinstance(x, str) for _, x in videos + audio)):
+        raise ValueError("streamed encoder features must be every image of a prompt, and only images")
     data: dict = {}
+    uuids: dict = {}
     if images:
-        data["image"] = {
-            "image_embeds": torch.from_numpy(np.concatenate([x for _, x in images]).astype(np.float32)),
-            "image_grid_thw": torch.tensor([list(pl.grid_thw) for pl, _ in images], dtype=torch.long),
-        }
+        data["image"] = {"image_grid_thw": torch.tensor([list(pl.grid_thw) for pl, _ in images], dtype=torch.long)}
+        if streamed:
+            uuids["image"] = [EC_ITEM_PREFIX + key for key in streamed]
+        else:
+            data["image"]["image_embeds"] = torch.from_numpy(np.concatenate([x for _, x in images]).astype(np.float32))
     if videos:
         data["video"] = {
             "video_embeds": torch.from_numpy(np.concatenate([x for _, x in videos]).astype(np.float32)),
@@ -108,7 +115,7 @@ def _media_inputs(placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]]) ->
             "audio_embeds": torch.from_numpy(np.concatenate([x for _, x in audio]).astype(np.float32)),
             "audio_feature_lengths": torch.tensor([pl.feature_frames for pl, _ in audio], dtype=torch.long),
         }
-    return data
+    return data, uuids
 
 
 def vllm_prompt(
@@ -121,7 +128,7 @@ def vllm_prompt(
     prompts with plain prompt embeddings)."""
     spans: list[tuple[str, np.ndarray]] = []
     segments: list = []
-    placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray]] = []
+    placed: list[tuple[stages_pb2.MediaPlacement, np.ndarray | str]] = []
     expanded = 0  # placeholder tokens vLLM adds
     for seg in prompt.segments:
         if seg.WhichOneof("segment") == "tokens":
@@ -133,11 +140,21 @@ def vllm_prompt(
         found = seg.embeddings.producer_version
         if FeatureVersions.parse(found).llm != llm_version:
             raise FeatureVersionMismatch(found, f"llm={llm_version}")
-        features = tensors.materialize(seg.embeddings)
-        # KV depends on the feature values alone: name the span by them (the media's own
-        # hash would not tell two tile grids of one image apart).
-        digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
-        media = {"media": digest, "encoder": found, "tokens": len(features)}
+        if seg.embeddings.WhichOneof("location") == "feature_key":
+            # Streamed: still being encoded, read by the EC connector. Its key names the encoder
+            # input, tenant, version and grid — what the features are a function of.
+            if not seg.HasField("placement"):
+                raise ValueError("streamed encoder features need a placement")
+            features = key = seg.embeddings.feature_key
+            rows = int(seg.embeddings.shape[0])
+            digest = hashlib.sha256(key.encode()).hexdigest()
+        else:
+            features = tensors.materialize(seg.embeddings)
+            rows = len(features)
+            # KV depends on the feature values alone: name the span by them (the media's own
+            # hash would not tell two tile grids of one image apart).
+            digest = hashlib.sha256(np.ascontiguousarray(features).tobytes()).hexdigest()
+        media = {"media": digest, "encoder": found, "tokens": rows}
         if not seg.HasField("placement"):
             spans.append(("emb", features))
             segments.append(media)
@@ -149,14 +166,16 @@ def vllm_prompt(
         ids = [*pl.prefix_ids, pl.placeholder_id, *pl.suffix_ids]
         spans.append(("ids", np.asarray(ids, dtype=np.int64)))
         segments.extend(s for s in (list(pl.prefix_ids), media, list(pl.suffix_ids)) if s)
-        expanded += len(features) - 1
+        expanded += rows - 1
     n_tokens = sum(len(x) for _, x in spans) + expanded
     salted = {"cache_salt": salt} if salt else {}
     if all(kind == "ids" for kind, _ in spans):
         ids = [int(t) for _, ids in spans for t in ids]
         if placed:
+            data, uuids = _media_inputs(placed)
+            named = {"multi_modal_uuids": uuids} if uuids else {}
             return (
-                {"prompt_token_ids": ids, "multi_modal_data": _media_inputs(placed), **salted},
+                {"prompt_token_ids": ids, "multi_modal_data": data, **named, **salted},
                 n_tokens,
                 segments,
             )
@@ -193,7 +212,17 @@ def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
         layers = json.loads((model_path / "config.json").read_text())["num_hidden_layers"]
         args.update(sink_window.engine_args(sink_window_params, layers))
     payload = EnginePayload(urgency=urgency_payload, sink_window=sink_window_params)
-    if payload.urgency or payload.sink_window:  # else vLLM's own scheduler
+    if profile.encoder_pool.stream_mib:  # encoder features streamed to the thinker over NIXL
+        from vllm.config import ECTransferConfig
+
+        from services.extensions.vllm.plugin import EC_CONNECTOR
+
+        args["ec_transfer_config"] = ECTransferConfig(
+            ec_connector=EC_CONNECTOR,
+            ec_role="ec_consumer",
+            ec_connector_extra_config={"redis_url": redis_url(), "wait_s": profile.encoder_pool.stream_wait_s},
+        )
+    if payload.urgency or payload.sink_window or profile.encoder_pool.stream_mib:  # else vLLM's own
         args["scheduler_cls"] = "services.extensions.vllm.scheduler.OmnirayScheduler"
         args["additional_config"] = payload.additional_config()
     return args

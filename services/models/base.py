@@ -60,6 +60,11 @@ class VisionEncoder(Protocol):
         """One image's tile features, in row-major order of its cols x rows grid -> what the
         thinker sees."""
 
+    # A thinker that places media itself (Qwen3-Omni) may take an image's features streamed, its
+    # prompt sent before they are encoded: such an encoder also has
+    #   placement(tiles, cols, rows) -> (Placement, (tokens, dim))
+    # from the image's preprocessed tiles (services/extensions/vllm/ec_connector.py).
+
     # Video: a clip's key frames are tiles too, `frames_per_tile` consecutive frames each (1: a
     # frame is an image; Qwen3-Omni: its temporal patch).
     frames_per_tile: int

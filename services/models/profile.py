@@ -337,6 +337,22 @@ class EncoderPoolSpec(_Strict):
     # How fast a waiting request's priority grows, in tiles per second of waiting.
     aging_tiles_per_s: float = Field(default=50.0, ge=0)
     cache_mib: int = Field(default=256, ge=0)
+    # Images' features go to the thinker over NIXL as each is encoded, the prompt sent as soon as
+    # they are placed (docs/video.md): each encoder replica writes them into a feature pool of this
+    # size, the thinker's EC connector reads them. For a thinker that places media itself
+    # (Qwen3-Omni). 0: off — features go whole, through Ray's object store, once all are encoded.
+    stream_mib: int = Field(default=0, ge=0)
+    # A prompt waits at most this long for a streamed image's features (then fails: 503).
+    stream_wait_s: float = Field(default=60.0, gt=0)
+    # A written item is kept at least this long (longer than stream_wait_s: never evicted while a
+    # thinker may still wait for it), and indexed this long.
+    stream_hold_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _hold_outlasts_wait(self) -> EncoderPoolSpec:
+        if self.stream_hold_s <= self.stream_wait_s:
+            raise ValueError("encoder_pool.stream_hold_s must exceed stream_wait_s")
+        return self
 
 
 class VideoSpec(_Strict):

@@ -27,6 +27,7 @@ class MediaEncoding:
         self.h, self.deadlines = handles, deadlines
         self.video, self.limits = profile.video, profile.limits
         self.load = EncoderLoad(profile.tiling.overload_wait_s, profile.tiling.overload_max_tiles)
+        self.stream = profile.encoder_pool.stream_mib > 0
         self.queue_wait = metric("omniray_router_encoder_queue_wait_seconds")
         self.feature_versions = {
             m: FeatureVersions.for_profile(profile, m).encode() for m in ("image", "audio")
@@ -69,11 +70,17 @@ class MediaEncoding:
         items: list[Media],
         grids: list[TileGrid | None],
         progress=None,
+        stream_to=None,
     ) -> list[stages_pb2.EncodedItem]:
         """Each item's encoder output at this deployment's versions: kept on the item from an earlier
         request, or encoded now (new items only; their outputs are then kept on them). A mismatch (an
         encoder replica still on the previous version during a rollout) is counted and re-encoded
-        once. With `progress`, the encoder streams progress events to it while it works."""
+        once. With `progress`, the encoder streams progress events to it while it works.
+
+        With `stream_to`, on a profile that streams features (encoder_pool.stream_mib), images are
+        returned as soon as the encoder has placed them — their features go to the thinker over
+        NIXL as each is encoded — and the rest of the encoding is handed to `stream_to` as a task
+        (never for items kept on a realtime session: their features must outlive the pool's)."""
         new = [i for i, item in enumerate(items) if self._version(item) not in item.encoded]
         clips = [items[i] for i in new if isinstance(items[i], VideoInput) and not items[i].sampled_yet]
         if clips:
@@ -84,12 +91,22 @@ class MediaEncoding:
                     ctx=ctx, items=[self._media_item(items[i], grids[i]) for i in new]
                 )
             )
-            encoded = await self._encode_items(request, progress)
+            request.stream = (
+                stream_to is not None
+                and self.stream
+                and any(item.modality == "image" for item in request.items)
+                and not any(items[i].keep for i in new)
+            )
+            rest: list[asyncio.Task] = []
+            encoded = await self._encode_items(request, progress, rest.append)
             stale = self._stale(request.items, encoded)
             if stale:
+                for task in rest:
+                    task.cancel()
+                rest.clear()
                 for modality in stale:
                     self.version_mismatches.inc(tags={"modality": modality})
-                request.bypass_cache = True
+                request.bypass_cache, request.stream = True, False
                 request.require_versions.update({m: self.feature_versions[m] for m in stale})
                 try:
                     encoded = await self._encode_items(request)
@@ -103,6 +120,8 @@ class MediaEncoding:
                         "encoder replicas serve other model versions than this gateway; retry shortly",
                         code=FeatureVersionMismatch.CODE,
                     )
+            if rest:
+                stream_to(rest[0])
             for i, out in zip(new, encoded, strict=True):
                 if items[i].keep:
                     out = await _owned(out, items[i])
@@ -132,21 +151,41 @@ class MediaEncoding:
         track = await tensors.materialized(reply.audio) if reply.HasField("audio") else None
         clip.sampled_by(frames, list(reply.timestamps), reply.sampled, track)
 
-    async def _encode_items(self, request: stages_pb2.EncodeRequest, progress=None) -> list:
+    async def _encode_items(self, request: stages_pb2.EncodeRequest, progress=None, rest=None) -> list:
+        """The encoder's outputs; for a stream request, its placed items, the rest of the stream
+        handed to `rest` as a task."""
         with stage_calls():
-            if progress is None:
+            if progress is None and not request.stream:
                 reply = await self.deadlines.reply("encoder", self.h.encoder.Encode.remote(request))
             else:
                 reply = stages_pb2.EncodeResponse()  # a stream that ends without its result: no items
                 events = self.h.encoder.options(stream=True).EncodeStream.remote(request)
-                async for event in self.deadlines.stream("encoder", events):
+                stream = self.deadlines.stream("encoder", events)
+                async for event in stream:
                     if event.HasField("progress"):
-                        await progress(event.progress)
+                        if progress is not None:
+                            await progress(event.progress)
+                    elif event.HasField("placed"):
+                        rest(asyncio.create_task(self._rest(stream, progress)))
+                        return list(event.placed.items)
                     else:
                         reply = event.result
+        self._observe(reply)
+        return list(reply.items)
+
+    async def _rest(self, stream, progress) -> None:
+        """A stream request's events after its items were placed: progress, then the result (every
+        image written to the feature pool). Fails when the encoding does."""
+        with stage_calls():
+            async for event in stream:
+                if event.HasField("progress") and progress is not None:
+                    await progress(event.progress)
+                elif event.HasField("result"):
+                    self._observe(event.result)
+
+    def _observe(self, reply: stages_pb2.EncodeResponse) -> None:
         self.load.observe(reply.queue_wait_s)
         self.queue_wait.set(self.load.wait_s)
-        return list(reply.items)
 
     def _stale(self, items, encoded: list[stages_pb2.EncodedItem]) -> list[str]:
         """The modalities (of the feature versions: a clip's frames are images) answered stale."""

@@ -146,10 +146,27 @@ class Generation:
         try:
             if p.prompt is None:  # a document: encode now, streaming progress
                 await self.pipe.build_prompt(p, progress=lambda pr: self.out.put(Event(progress=pr)))
-            await self._write_answer()
+            if p.encoding is None:
+                await self._write_answer()
+            else:
+                await self._write_answer_streamed(p.encoding)
         finally:
             self.thought.set()
             await self.pieces.put(None)  # speaking ends even when thinking failed
+
+    async def _write_answer_streamed(self, encoding: asyncio.Task) -> None:
+        """The answer to a prompt whose images are still being encoded (streamed to the thinker):
+        an encoding that fails fails the response now, not at the thinker's wait bound."""
+        answer = asyncio.ensure_future(self._write_answer())
+        try:
+            await asyncio.wait({answer, encoding}, return_when=asyncio.FIRST_EXCEPTION)
+            if encoding.done() and not encoding.cancelled() and encoding.exception() is not None:
+                answer.cancel()
+                encoding.result()
+            await answer
+        finally:
+            answer.cancel()
+            encoding.cancel()
 
     async def _write_answer(self) -> None:
         p, outcome, calls_in = self.p, self.outcome, self.calls_in

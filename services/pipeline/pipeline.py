@@ -168,14 +168,19 @@ class Pipeline:
         layout: Layout,
         grids: list[TileGrid | None],
         progress=None,
+        stream_to=None,
     ) -> tuple[stages_pb2.Prompt, list[stages_pb2.EncodedItem]]:
         """The thinker's prompt: the laid-out text with each media item's encoder output in its place
-        (a response's, and a turn's speculative prefill)."""
-        encoded = await self.encoding.encode(ctx, turn.media, grids, progress) if turn.media else []
+        (a response's, and a turn's speculative prefill). With `stream_to`, images may be in it by
+        their placements while they are still encoded (MediaEncoding.encode)."""
+        encoded = await self.encoding.encode(ctx, turn.media, grids, progress, stream_to) if turn.media else []
         return self.prompts.fill(layout, encoded), encoded
 
     async def build_prompt(self, p: Prepared, progress=None) -> None:
-        p.prompt, encoded = await self._prompt(p.ctx, p.turn, p.layout, p.grids, progress)
+        def streaming(task: asyncio.Task) -> None:
+            p.encoding = task
+
+        p.prompt, encoded = await self._prompt(p.ctx, p.turn, p.layout, p.grids, progress, streaming)
         p.prompt_tokens = prompt_tokens(p.prompt)
         p.audio_prompt_tokens = sum(
             self.prompts.item_tokens(out)

@@ -36,6 +36,9 @@ class Prepared:
     # The response's speech to OUTPUT_RATE (made at its first audio: the vocoder says its rate).
     resampler: StreamResampler | None = None
     audio_prompt_tokens: int = 0  # of prompt_tokens: the request's audio (usage details)
+    # Images streamed to the thinker (profile encoder_pool.stream_mib): the prompt was built from
+    # their placements; this is the rest of their encoding, which fails the response if it fails.
+    encoding: asyncio.Task | None = None
 
     @property
     def headers(self) -> dict[str, str]:

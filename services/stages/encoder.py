@@ -7,6 +7,12 @@ feature cache skips the encoder for an image it has already encoded for the same
 version and tile grid. A clip's key frames (from the video pre-stage) are tiles too, grouped as the
 model reads frames (services/models/base.py VisionEncoder.frames_per_tile), cached tile by tile.
 Every feature tensor carries the encoder/projector/LLM versions.
+
+Streamed features (profile `encoder_pool.stream_mib`, a thinker that places media itself): a stream
+request's images are placed (token counts, grids) before they are encoded, the caller sends its
+prompt at once, and each image's features go into this replica's NIXL feature pool
+(kv_store/features.py) as soon as it is encoded, where the thinker's EC connector reads them
+(services/extensions/vllm/ec_connector.py).
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from ray import serve
 
 from services.dataplane import tensors
 from services.extensions.ray.metrics import metric
-from services.models.base import EncoderOutput
+from kv_store.features import PAGE_BYTES, FeaturePool, pages_for
+from services.common.redis_config import sync_client
+from services.models.base import EncoderOutput, Placement
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
 from services.stages.feature_cache import FRAME, FeatureCache, cache_key
@@ -49,8 +57,9 @@ class _Pending:
     """One request's images waiting for their tile features (a request is one scheduler job, so
     its priority is its total pending tiles)."""
 
-    def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None):
+    def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None, on_image=None):
         self.remaining = dict(tiles_per_image)
+        self.on_image = on_image  # called with (image, its tile features) as each image completes
         self.features: dict[int, list] = {i: [] for i in tiles_per_image}
         self.done = asyncio.get_running_loop().create_future()
         self.tiles_total = sum(tiles_per_image.values())
@@ -65,6 +74,8 @@ class _Pending:
         self.features[image].append(feature)
         self.remaining[image] -= 1
         self.tiles_done += 1
+        if self.remaining[image] == 0 and self.on_image is not None:
+            self.on_image(image, self.features[image])
         if not any(self.remaining.values()) and not self.done.done():
             self.done.set_result(self.features)
 
@@ -103,6 +114,14 @@ class Encoder(Stage):
         self._reload_lock = asyncio.Lock()
         self._waits: dict[str, list[float]] = {}  # request id -> its tiles' longest queue wait
         self.pool_metrics = _PoolMetrics()
+        # Images' features streamed to the thinker over NIXL (services/extensions/vllm/ec_connector.py).
+        self.features: FeaturePool | None = None
+        if pool.stream_mib and hasattr(self.vision, "placement"):
+            self.features = FeaturePool(
+                f"ec-encoder-{uuid.uuid4().hex[:12]}", pool.stream_mib << 20, sync_client(),
+                hold_s=pool.stream_hold_s, ttl_s=2 * pool.stream_hold_s,
+            )  # fmt: skip
+        self._feature_server: asyncio.Task | None = None
 
     # ---- tile batching --------------------------------------------------------------------
 
@@ -145,7 +164,7 @@ class Encoder(Stage):
         return [self.vision.preprocess(t) for t in cut_tiles(image, item.tiles)]
 
     async def _tiled(
-        self, request: stages_pb2.EncodeRequest, tiles: dict[int, list], items: int, progress=None
+        self, request: stages_pb2.EncodeRequest, tiles: dict[int, list], items: int, progress=None, on_image=None
     ) -> dict[int, list]:
         """Each item's tiles -> their features, as one scheduler job (its priority: its pending
         tiles, so a long clip or a document does not hold a chat image back). `items`: the
@@ -154,7 +173,7 @@ class Encoder(Stage):
         if not tiles:
             return {}
         key = (request.ctx.request_id, uuid.uuid4().hex)
-        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, items, progress)
+        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, items, progress, on_image)
         self.scheduler.submit(key, [(i, t) for i, ts in tiles.items() for t in ts])
         self._work.set()
         if self._worker is None or self._worker.done():
@@ -171,9 +190,11 @@ class Encoder(Stage):
         return features
 
     async def _encode_images(
-        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None
+        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None, stream: _Stream | None = None
     ) -> dict[int, EncoderOutput]:
-        """Images of one request -> outputs: cache hits directly, the rest as one scheduler job."""
+        """Images of one request -> outputs: cache hits directly, the rest as one scheduler job.
+        With `stream`, each image is placed before it is encoded and written to the feature pool as
+        soon as it is (a hit at once)."""
         out: dict[int, EncoderOutput] = {}
         misses = []
         for i in indices:
@@ -184,14 +205,35 @@ class Encoder(Stage):
                 misses.append(i)
             else:
                 out[i] = hit
+        tiles = await asyncio.to_thread(lambda: {i: self._tiles(request.items[i]) for i in misses})
+        if stream is not None:
+            placed = {i: (out[i].placement, out[i].embeddings.shape) for i in out}
+            for i in misses:
+                grid = request.items[i].tiles
+                placed[i] = self.vision.placement(tiles[i], grid.cols, grid.rows)
+            stream.place(placed, {i: self._cache_key(request.items[i], request.ctx.tenant) for i in indices})
+            for i in out:
+                await stream.write(i, out[i].embeddings)
         if not misses:
             return out
-        tiles = await asyncio.to_thread(lambda: {i: self._tiles(request.items[i]) for i in misses})
-        features = await self._tiled(request, tiles, len(indices), progress)
-        for i in misses:
+        written: list[asyncio.Task] = []
+
+        async def finished(i: int, features: list) -> None:
             grid = request.items[i].tiles
-            out[i] = await asyncio.to_thread(self.vision.assemble, features[i], grid.cols, grid.rows)
+            out[i] = await asyncio.to_thread(self.vision.assemble, features, grid.cols, grid.rows)
             self.cache.put(self._cache_key(request.items[i], request.ctx.tenant), out[i])
+            if stream is not None:
+                await stream.write(i, out[i].embeddings)
+
+        def on_image(i: int, features: list) -> None:
+            written.append(asyncio.create_task(finished(i, features)))
+
+        try:
+            await self._tiled(request, tiles, len(indices), progress, on_image)
+            await asyncio.gather(*written)
+        finally:
+            for task in written:
+                task.cancel()
         return out
 
     async def _encode_videos(
@@ -270,10 +312,11 @@ class Encoder(Stage):
             return await self._encode(request, None)
 
     async def EncodeStream(self, request: stages_pb2.EncodeRequest) -> AsyncIterator[stages_pb2.EncodeEvent]:
-        """Progress (at most one event per encoder batch) while the request's tiles are encoded."""
+        """Progress (at most one event per encoder batch) while the request's tiles are encoded;
+        for a stream request, its items placed first (EncodeEvent.placed)."""
         with self.operation("encode_stream", request.ctx, items=len(request.items)):
             updates: asyncio.Queue = asyncio.Queue()
-            task = asyncio.create_task(self._encode(request, updates.put_nowait))
+            task = asyncio.create_task(self._encode(request, updates.put_nowait, updates.put_nowait))
             try:
                 while not task.done():
                     getter = asyncio.create_task(updates.get())
@@ -281,10 +324,15 @@ class Encoder(Stage):
                     if not getter.done():
                         getter.cancel()
                         continue
-                    latest = getter.result()
-                    while not updates.empty():  # only the newest of what piled up
-                        latest = updates.get_nowait()
-                    yield stages_pb2.EncodeEvent(progress=latest)
+                    pending = [getter.result()]
+                    while not updates.empty():
+                        pending.append(updates.get_nowait())
+                    for update in pending:
+                        if isinstance(update, stages_pb2.EncodeResponse):
+                            yield stages_pb2.EncodeEvent(placed=update)
+                    progress = [u for u in pending if isinstance(u, common_pb2.Progress)]
+                    if progress:  # only the newest of what piled up
+                        yield stages_pb2.EncodeEvent(progress=progress[-1])
                 yield stages_pb2.EncodeEvent(result=task.result())
             finally:
                 task.cancel()
@@ -351,7 +399,12 @@ class Encoder(Stage):
                     self.audio = model
                 self.versions[modality] = on_disk
 
-    async def _encode(self, request: stages_pb2.EncodeRequest, progress) -> stages_pb2.EncodeResponse:
+    async def _encode(
+        self, request: stages_pb2.EncodeRequest, progress, placed=None
+    ) -> stages_pb2.EncodeResponse:
+        """The request's outputs. With `placed` (a stream request, on a replica with a feature
+        pool), its items go to `placed` as soon as its images are placed — before they are encoded
+        — and each image's features to the feature pool as soon as it is encoded."""
         if request.require_versions:
             await self._follow_versions(dict(request.require_versions))
         images, videos, audio = [], [], []
@@ -364,43 +417,113 @@ class Encoder(Stage):
                 audio.append(i)
             else:
                 raise ValueError(f"this profile has no encoder for {item.modality!r}")
-        try:
-            image_out, video_out, *audio_out = await asyncio.gather(
-                self._encode_images(request, images, progress),
+        stream = None
+        if placed is not None and request.stream and images and self.features is not None:
+            stream = _Stream(self.features)
+            self._serve_features()
+        image_task = asyncio.ensure_future(self._encode_images(request, images, progress, stream))
+        others = asyncio.ensure_future(
+            asyncio.gather(
                 self._encode_videos(request, videos, progress),
                 *(self._encode_audio(request, request.items[i]) for i in audio),
             )
+        )
+        try:
+            if stream is not None:
+                ready = asyncio.ensure_future(stream.ready.wait())
+                try:
+                    await asyncio.wait({image_task, ready}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    ready.cancel()
+                video_out, *audio_out = await others
+                if stream.on:
+                    rest = {**video_out, **dict(zip(audio, audio_out, strict=True))}
+                    placed(self._response(request, rest, 0.0, stream))
+            image_out = await image_task
+            video_out, *audio_out = await others
         finally:
+            image_task.cancel()
+            others.cancel()
             (waited,) = self._waits.pop(request.ctx.request_id, [0.0])
         outputs = {**image_out, **video_out, **dict(zip(audio, audio_out, strict=True))}
+        return self._response(request, outputs, waited, stream)
+
+    def _response(
+        self, request: stages_pb2.EncodeRequest, outputs: dict[int, EncoderOutput], waited: float, stream: _Stream | None
+    ) -> stages_pb2.EncodeResponse:
+        """The items' outputs; streamed images as their feature pool keys."""
         response = stages_pb2.EncodeResponse(queue_wait_s=waited)
         for i, item in enumerate(request.items):
-            out = outputs[i]
             version = self.versions["image" if item.modality == "video" else item.modality]
-            encoded = response.items.add(
-                encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds
-            )
+            if stream is not None and stream.on and i in stream.keys:
+                placement, shape = stream.placed[i]
+                encoded = response.items.add(encoder_version=version, tiles=max(1, item.tiles.cols * item.tiles.rows))
+                encoded.embeddings.CopyFrom(
+                    common_pb2.TensorDescriptor(
+                        shape=list(shape),
+                        dtype=common_pb2.DTYPE_FLOAT32,
+                        content_hash=item.data.content_hash,
+                        producer_version=version,
+                        feature_key=stream.keys[i],
+                    )
+                )
+                encoded.placement.CopyFrom(_placement(placement))
+                continue
+            out = outputs[i]
+            encoded = response.items.add(encoder_version=version, tiles=out.tiles, audio_seconds=out.audio_seconds)
             if out.embeddings is not None:
                 encoded.embeddings.CopyFrom(
                     tensors.describe(
                         out.embeddings, content_hash=item.data.content_hash, producer_version=version
                     )
                 )
-                if (pl := out.placement) is not None:
-                    encoded.placement.CopyFrom(
-                        stages_pb2.MediaPlacement(
-                            modality=pl.modality,
-                            placeholder_id=pl.placeholder,
-                            prefix_ids=pl.prefix,
-                            suffix_ids=pl.suffix,
-                            grid_thw=pl.grid_thw or (),
-                            feature_frames=pl.feature_frames,
-                            seconds_per_grid=pl.seconds_per_grid,
-                        )
-                    )
+                if out.placement is not None:
+                    encoded.placement.CopyFrom(_placement(out.placement))
             else:
                 encoded.text = out.text or ""
         return response
+
+    def _serve_features(self) -> None:
+        """Progress the feature pool for the thinkers reading it (from the first stream request)."""
+        if self._feature_server is None or self._feature_server.done():
+            self._feature_server = asyncio.create_task(self.features.serve())
+
+
+class _Stream:
+    """A stream request's images: placed before they are encoded, each written to the replica's
+    feature pool as soon as it is (the thinker's EC connector reads them over NIXL). Off when the
+    pool has no room for them all: they then go whole, in the result."""
+
+    def __init__(self, pool: FeaturePool):
+        self.pool = pool
+        self.placed: dict[int, tuple[Placement, tuple[int, ...]]] = {}
+        self.keys: dict[int, str] = {}
+        self.ready = asyncio.Event()
+        self.on = False
+
+    def place(self, placed: dict[int, tuple[Placement, tuple[int, ...]]], keys: dict[int, str]) -> None:
+        need = sum(pages_for(int(np.prod(shape)) * 4) * PAGE_BYTES for _, shape in placed.values())
+        self.on = self.pool.fits(need)
+        self.placed, self.keys = placed, keys
+        self.ready.set()
+
+    async def write(self, i: int, features: np.ndarray) -> None:
+        if self.on and not await asyncio.to_thread(self.pool.put, self.keys[i], features):
+            # Others filled the pool since this request was placed: its prompt waits for an image
+            # that will not come — fail it now rather than at the thinker's wait bound.
+            raise RuntimeError("the encoder's feature pool has no room for a placed image")
+
+
+def _placement(pl: Placement) -> stages_pb2.MediaPlacement:
+    return stages_pb2.MediaPlacement(
+        modality=pl.modality,
+        placeholder_id=pl.placeholder,
+        prefix_ids=pl.prefix,
+        suffix_ids=pl.suffix,
+        grid_thw=pl.grid_thw or (),
+        feature_frames=pl.feature_frames,
+        seconds_per_grid=pl.seconds_per_grid,
+    )
 
 
 def _nbytes(feature) -> int:

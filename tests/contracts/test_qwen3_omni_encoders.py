@@ -57,6 +57,26 @@ def test_greedy_tokens_are_the_same_from_the_encoder_pool_as_from_raw_media(prof
     assert rows["max_abs"] <= 1e-3 * max(1.0, rows["scale"]), rows
 
 
+def test_streamed_features_give_the_same_greedy_tokens_and_a_missing_one_fails_alone(profile, redis_url):
+    """Images' features streamed over NIXL to vLLM's EC connector (services/extensions/vllm/
+    ec_connector.py) while the request waits: the tokens of the features inline; an image never
+    written fails its request at the wait bound, and the engine serves the next one."""
+    env = {**os.environ, "OMNIRAY_REDIS_URL": redis_url}
+    run = subprocess.run([sys.executable, "-m", "tests.contracts.qwen3_omni_streamed"], capture_output=True,
+                         text=True, cwd=REPO_ROOT, timeout=900, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-4000:]
+    runs = {
+        r["name"]: r for r in (json.loads(x[4:]) for x in run.stdout.splitlines() if x.startswith("RUN "))
+    }
+    whole, streamed = runs["whole"], runs["streamed"]
+    assert len(whole["tokens"]) == 12 and streamed["tokens"] == whole["tokens"]
+    # It waited for its last image (written 3 x 0.6 s after the request), not failed nor ran without it.
+    assert streamed["written_before_done"] == 3 and streamed["seconds"] >= 1.8
+    assert runs["streamed_again"]["tokens"] == whole["tokens"]
+    assert runs["never_written"]["finish"] not in ("stop", "length") and runs["never_written"]["seconds"] >= 3
+    assert runs["after_failure"]["tokens"] == whole["tokens"]
+
+
 def test_greedy_tokens_of_a_clip_are_the_thinker_reading_its_frames(profile):
     """A clip's key frames through the encoder pool (temporal patches of 2 frames, placed as the
     model's video input with its seconds per patch) give vLLM's thinker the greedy tokens

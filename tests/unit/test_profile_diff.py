@@ -20,6 +20,7 @@ ALLOWED = [
     "stages.*.ray_actor_options", "stages.*.autoscaling_config.min_replicas",  # resources
     "stages.*.autoscaling_config.max_replicas",
     "video.frame_px", "video.max_frames",  # sizes: a clip's frames, as max_model_len its tokens
+    "encoder_pool.stream_mib",  # host memory, as kv_cache_space_gib
 ]  # fmt: skip
 
 

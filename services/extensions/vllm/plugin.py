@@ -6,6 +6,9 @@ from __future__ import annotations
 
 # Qwen3-Omni's thinker taking encoder outputs (services/extensions/vllm/qwen3_omni_thinker.py).
 QWEN3_OMNI_THINKER = "OmnirayQwen3OmniThinker"
+# The thinker's encoder-cache connector: features streamed by the encoder pool over NIXL
+# (services/extensions/vllm/ec_connector.py).
+EC_CONNECTOR = "OmniEcConnector"
 
 
 def register() -> None:
@@ -15,3 +18,7 @@ def register() -> None:
         ModelRegistry.register_model(
             QWEN3_OMNI_THINKER, "services.extensions.vllm.qwen3_omni_thinker:OmnirayQwen3OmniThinker"
         )
+    from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
+
+    if EC_CONNECTOR not in ECConnectorFactory._registry:  # no public lookup; register_connector raises twice
+        ECConnectorFactory.register_connector(EC_CONNECTOR, "services.extensions.vllm.ec_connector", EC_CONNECTOR)

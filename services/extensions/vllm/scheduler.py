@@ -17,6 +17,8 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   engine core: the plans start over.
 - `SinkWindowKv` (services/extensions/vllm/sink_window.py) bounds each request's resident KV to
   sinks + window.
+- With omniray's EC connector (services/extensions/vllm/ec_connector.py), a prefill chunk stops
+  before the first streamed encoder output that has not arrived yet.
 
 Every engine step's period while the engine is busy is recorded as its frame time (what one more
 token of every running request costs in wall time): the decode stage hands it to the gateway with
@@ -45,6 +47,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from kv_store.metrics import Recorder
 from services.extensions.vllm import engine_metrics, pins
+from services.extensions.vllm.ec_connector import OmniEcConnector
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
 from services.playback.board import BoardReader
 from services.policies import urgency
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 
 SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the request's playback session
 HELD_IDLE_S = 0.005
+EC_IDLE_S = 0.002  # a step with nothing to run while requests wait for streamed encoder features
 FAULT_LOG_S = 60.0  # a failing urgency order logs at most this often
 
 
@@ -240,8 +244,19 @@ class OmnirayScheduler(AsyncScheduler):
             self.running.extend(held)
         for hook in self.hooks:
             hook.after(self, output, held)
+        if not output.total_num_scheduled_tokens and isinstance(self.ec_connector, OmniEcConnector):
+            if self.ec_connector.waiting:  # else the engine loop would spin on this core until they come
+                time.sleep(EC_IDLE_S)
         self._count_prompt_tokens(output)
         return output
+
+    def _try_schedule_encoder_inputs(self, request, num_computed_tokens: int, num_new_tokens: int, *args, **kwargs):
+        # Encoder outputs streamed over NIXL (ec_connector.py): compute up to the first not arrived.
+        if isinstance(self.ec_connector, OmniEcConnector):
+            bound = self.ec_connector.computable_tokens(request, num_computed_tokens)
+            if bound is not None:
+                num_new_tokens = min(num_new_tokens, bound)
+        return super()._try_schedule_encoder_inputs(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)

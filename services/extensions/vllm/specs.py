@@ -11,6 +11,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 CONFIG_KEY = "omniray"
+# A streamed image's multimodal uuid: this + its feature key (services/extensions/vllm/ec_connector.py
+# reads the items so named; the thinker engine names them).
+EC_ITEM_PREFIX = "omniray-ec:"
 
 
 class _Strict(BaseModel):

@@ -55,6 +55,8 @@ class VisionEncoder:
         )
         (self.video_placeholder,) = checkpoint.token_ids(path, "<|video_pad|>")
         self.patch, self.frames_per_tile = config.patch_size, config.temporal_patch_size
+        # A feature row: the merger's output and each deepstack merger's beside it.
+        self.feature_dim = config.out_hidden_size * (1 + len(config.deepstack_visual_indexes))
         self.mean = np.asarray(self.processor.image_mean, np.float32)[:, None, None]
         self.std = np.asarray(self.processor.image_std, np.float32)[:, None, None]
         self.rescale = float(self.processor.rescale_factor)
@@ -81,18 +83,29 @@ class VisionEncoder:
         split = np.split(rows, np.cumsum(sizes)[:-1])
         return [TileFeatures(r, tile.grid_thw) for tile, r in zip(tiles, split, strict=True)]
 
+    def placement(self, tiles: list, cols: int, rows: int) -> tuple[Placement, tuple[int, int]]:
+        """An image's placement and its features' shape [tokens, dim], from its tiles' grids (its
+        preprocessed tiles, or their features) — known before it is encoded, so a prompt can be
+        sent while it is (services/extensions/vllm/ec_connector.py)."""
+        (t, th, tw) = tiles[0].grid_thw
+        h, w = (th, tw) if len(tiles) == 1 else (rows * th, cols * tw)
+        grid = (t, h, w)
+        return Placement("image", self.placeholder, [self.prefix], [self.suffix], grid_thw=grid), (
+            t * h * w // self.merge**2,
+            self.feature_dim,
+        )
+
     def assemble(self, features: list[TileFeatures], cols: int, rows: int) -> EncoderOutput:
         if len(features) == 1:
-            tokens, (t, h, w) = features[0].rows, features[0].grid_thw
+            tokens = features[0].rows
         else:  # the tiles' tokens in the whole image's raster order (tokens are 2x2-merged patches)
-            (t, th, tw), m = features[0].grid_thw, self.merge
+            (_, th, tw), m = features[0].grid_thw, self.merge
             stacked = np.stack([f.rows for f in features])  # [tiles, th/m * tw/m, dim], row-major tiles
             tokens = stacked.reshape(rows, cols, th // m, tw // m, -1).transpose(0, 2, 1, 3, 4)
-            tokens, h, w = tokens.reshape(-1, stacked.shape[-1]), rows * th, cols * tw
+            tokens = tokens.reshape(-1, stacked.shape[-1])
+        placement, _ = self.placement(features, cols, rows)
         return EncoderOutput(
-            embeddings=np.ascontiguousarray(tokens, dtype=np.float32),
-            tiles=len(features),
-            placement=Placement("image", self.placeholder, [self.prefix], [self.suffix], grid_thw=(t, h, w)),
+            embeddings=np.ascontiguousarray(tokens, dtype=np.float32), tiles=len(features), placement=placement
         )
 
     def video_tile(self, frames: np.ndarray) -> VisionTile:
