@@ -69,10 +69,13 @@ class FeaturePool:
     """The producer's side (an encoder replica): items written as they are encoded, kept at least
     `hold_s`, indexed for `ttl_s`, the oldest evicted first when room is needed."""
 
-    def __init__(self, name: str, capacity_bytes: int, redis, hold_s: float = 120.0, ttl_s: float = 600.0):
+    def __init__(
+        self, name: str, capacity_bytes: int, redis, hold_s: float = 120.0, ttl_s: float = 600.0, read_s: float = 2.0
+    ):
         if hold_s > ttl_s:
             raise ValueError("hold_s must not exceed ttl_s")
         self.name, self.redis, self.hold_s, self.ttl_s = name, redis, hold_s, ttl_s
+        self.read_s = read_s  # how long after a write its reader is expected (the fast progress tick)
         self.pool = PagePool(name, LAYOUT, max(1, capacity_bytes // PAGE_BYTES))
         self._items: collections.OrderedDict[str, tuple[float, FeatureEntry]] = collections.OrderedDict()
         self._advertised = 0.0
@@ -125,10 +128,14 @@ class FeaturePool:
         self._items[key] = (time.monotonic(), entry)
         self.advertise()
         self.redis.set(INDEX + key, entry.dumps(), ex=int(self.ttl_s))
-        self.pool.expect_readers(self.hold_s)
         self.stats["written_items"] += 1
         self.stats["written_bytes"] += raw.nbytes
         return True
+
+    def expect_readers(self) -> None:
+        """Items were just written: their readers come now (PagePool.expect_readers). Call on
+        `serve`'s loop."""
+        self.pool.expect_readers(self.read_s)
 
     def _make_room(self, need: int) -> bool:
         if need > self.pool.capacity:
@@ -176,8 +183,10 @@ class FeatureReader:
     """The consumer's side (a thinker engine's worker): items read into its own NIXL pool, then out
     as arrays. Synchronous: it runs inside vLLM's model step."""
 
-    def __init__(self, name: str, redis, landing_bytes: int = 64 << 20, timeout_s: float = 5.0):
-        self.redis = redis
+    def __init__(
+        self, name: str, redis, landing_bytes: int = 64 << 20, timeout_s: float = 5.0, poll_s: float = 0.0002
+    ):
+        self.redis, self.poll_s = redis, poll_s
         self.pool = PagePool(name, LAYOUT, max(1, landing_bytes // PAGE_BYTES), timeout_s=timeout_s)
         self._peers: dict[str, PoolAddress] = {}
         self.stats = {"read_items": 0, "read_bytes": 0}
@@ -205,7 +214,7 @@ class FeatureReader:
             for at in range(0, len(entry.slots), step):
                 part = [((key, at + i), s) for i, s in enumerate(entry.slots[at : at + step])]
                 try:
-                    local = self.pool.read_blocking(peer, part)
+                    local = self.pool.read_blocking(peer, part, self.poll_s)
                     for i, slot in enumerate(local):
                         out[(at + i) * PAGE_BYTES : (at + i + 1) * PAGE_BYTES] = self.pool.page(slot)
                 finally:

@@ -301,9 +301,20 @@ class KvMetadata:
         return await self.drop_provider(provider)
 
     async def providers(self, page: str) -> Providers:
+        (out,) = await self.providers_of([page])
+        return out
+
+    async def providers_of(self, pages: list[str]) -> list[Providers]:
+        """Each page's providers, in one round trip (a long prompt's hundreds of pages on one
+        connection, not one connection each: the client's pool holds 100)."""
+        if not pages:
+            return []
         with self._redis("providers"):
-            raw = await self.redis.hgetall(f"{self.prefix}:prov:{page}")
-        return Providers(page, {k.decode(): v.decode() for k, v in raw.items()})
+            pipe = self.redis.pipeline(transaction=False)
+            for page in pages:
+                pipe.hgetall(f"{self.prefix}:prov:{page}")
+            raws = await pipe.execute()
+        return [Providers(p, {k.decode(): v.decode() for k, v in raw.items()}) for p, raw in zip(pages, raws, strict=True)]
 
     async def pin(
         self, request_id: str, pages: list[str], now_ms: int | None = None, ttl_ms: int = 600_000

@@ -173,9 +173,7 @@ class KvStore:
                 continue
             if hold:
                 self._hold(page)
-        listed = dict(
-            zip(remote, await asyncio.gather(*(self.meta.providers(p) for p in remote)), strict=True)
-        )
+        listed = dict(zip(remote, await self.meta.providers_of(remote), strict=True))
         dead: set[str] = set()
         while remote:
             groups: dict[str, list[tuple[Hashable, int]]] = {}

@@ -293,12 +293,13 @@ class PagePool:
             raise
         self._finish(handle, state, peer, todo)
 
-    def read_blocking(self, peer: PoolAddress, pages: list[tuple[Hashable, int]]) -> list[int]:
-        """The synchronous fallback (no event loop): the same transfer, polled in place."""
+    def read_blocking(self, peer: PoolAddress, pages: list[tuple[Hashable, int]], poll_s: float = 0.0) -> list[int]:
+        """The synchronous fallback (no event loop): the same transfer, polled in place (every
+        `poll_s`: a reader beside a busy thread in its process sleeps between polls)."""
         handle, state = self._start(peer, pages)
         deadline = self._deadline(len(pages))
         while state not in ("DONE", "ERR") and time.monotonic() < deadline:
-            time.sleep(0)
+            time.sleep(poll_s)
             state = self.agent.check_xfer_state(handle)
         self._finish(handle, state, peer, pages)
         return [self._slot[p] for p, _ in pages]

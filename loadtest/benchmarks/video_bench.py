@@ -10,7 +10,13 @@
    all its frames, arrival order: what an encoder that takes a clip as one input does). Reported:
    chat and voice p50/p90, the clip's time; the ratios.
 
-Not measured here (not built yet): first-token time with features streamed to prefill over NIXL.
+3. Features streamed over NIXL (`--stream-profile`, qwen3-omni-tiny: a thinker that places media
+   itself): a real deployment, started twice on the same profile — once with `encoder_pool.
+   stream_mib` (each image's features written to the encoder's NIXL feature pool as it is encoded,
+   the prompt sent at placement, read by the thinker's EC connector) and once without (features
+   whole, once all are encoded). The same `--stream-requests` chat requests of 10 fresh images each
+   (2x1 tiles each: 20 tiles, more than one encoder batch), one at a time, `max_tokens` 1:
+   first-token time p50/p90 each way, and the ratio.
 """
 
 from __future__ import annotations
@@ -132,6 +138,75 @@ async def mixed(args) -> dict:
     return out
 
 
+def _ten_images(seed: int, px: tuple[int, int]) -> list[dict]:
+    import base64
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    parts = []
+    for _ in range(10):
+        buf = io.BytesIO()
+        Image.fromarray((rng.random((px[1], px[0], 3)) * 255).astype(np.uint8)).save(buf, "PNG")
+        url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        parts.append({"type": "image_url", "image_url": {"url": url, "detail": "high"}})
+    return parts
+
+
+def _first_token_s(url: str, model: str, parts: list[dict]) -> float:
+    import httpx
+
+    from loadtest.clients.client import LOCAL_API_KEY
+
+    body = {"model": model, "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Compare them."}, *parts]}]}  # fmt: skip
+    t0 = time.perf_counter()
+    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300,
+                   headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})  # fmt: skip
+    if r.status_code != 200:
+        raise RuntimeError(f"HTTP {r.status_code}: {r.text[:300]}")
+    return time.perf_counter() - t0
+
+
+def streamed(args) -> dict:
+    """Part 3: one deployment each way, the same requests."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from services import runtime
+
+    base = load_profile(args.stream_profile)
+    on_mib = base.encoder_pool.stream_mib or 64
+    size = tuple(int(x) for x in args.stream_size.split("x"))
+    requests = [_ten_images(3000 + i, size) for i in range(args.stream_requests + 2)]
+    out: dict = {"profile": base.name, "images": 10, "size": args.stream_size}
+    with tempfile.TemporaryDirectory(prefix="bench-video-") as tmp:
+        for name, mib in (("whole", 0), ("streamed", on_mib)):
+            data = base.model_dump(mode="json")
+            data["encoder_pool"]["stream_mib"] = mib
+            path = Path(tmp, f"{base.name}-{name}.yaml")
+            path.write_text(yaml.safe_dump(data))
+            run_dir = Path(tmp, f"run-{name}")
+            cluster = runtime.start(str(path), http_port=runtime.free_port(), grpc_port=runtime.free_port(),
+                                    run_dir=run_dir)  # fmt: skip
+            try:
+                for parts in requests[:2]:  # warm-up: first requests pay for lazy setup
+                    _first_token_s(cluster.http_url, base.served_model_name, parts)
+                times = sorted(_first_token_s(cluster.http_url, base.served_model_name, p) for p in requests[2:])
+            finally:
+                runtime.stop(run_dir)
+            out[name] = {"ttft_p50_s": statistics.median(times), "ttft_p90_s": _pct(times, 0.9), "n": len(times)}
+            print(f"  {name:8s} first token p50 {out[name]['ttft_p50_s'] * 1000:7.1f} ms"
+                  f"  p90 {out[name]['ttft_p90_s'] * 1000:7.1f} ms  (n={len(times)})", flush=True)  # fmt: skip
+    out["ttft_p50_whole_over_streamed"] = out["whole"]["ttft_p50_s"] / out["streamed"]["ttft_p50_s"]
+    print(f"[bench-video] first token of a 10-image request, whole / streamed over NIXL = "
+          f"{out['ttft_p50_whole_over_streamed']:.2f}x (p50)")  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="small")
@@ -142,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frame-px", type=int, default=448)
     ap.add_argument("--requests", type=int, default=30, help="chat requests and voice turns each")
     ap.add_argument("--interval-ms", type=float, default=20.0)
+    ap.add_argument("--stream-profile", default="qwen3-omni-tiny", help="part 3's profile ('' to skip)")
+    ap.add_argument("--stream-requests", type=int, default=8)
+    ap.add_argument("--stream-size", default="896x448", help="the images' size (2x1 tiles of 448 px: 20 tiles, "
+                    "more than an encoder batch of 16)")  # fmt: skip
     args = ap.parse_args(argv)
     out = {
         "profile": args.profile, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
@@ -151,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     out["key_frames"] = key_frames(args)
     print(f"[bench-video] encoder pool, {args.profile}: a video question beside chat and voice:", flush=True)
     out["mixed"] = asyncio.run(mixed(args))
+    if args.stream_profile:
+        print(f"[bench-video] a 10-image request on {args.stream_profile}, features streamed vs whole:", flush=True)
+        out["streamed"] = streamed(args)
     print(f"[bench-video] wrote {results.write('bench-video', args.profile, out)}")
     return 0
 

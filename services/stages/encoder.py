@@ -508,10 +508,13 @@ class _Stream:
         self.ready.set()
 
     async def write(self, i: int, features: np.ndarray) -> None:
-        if self.on and not await asyncio.to_thread(self.pool.put, self.keys[i], features):
+        if not self.on:
+            return
+        if not await asyncio.to_thread(self.pool.put, self.keys[i], features):
             # Others filled the pool since this request was placed: its prompt waits for an image
             # that will not come — fail it now rather than at the thinker's wait bound.
             raise RuntimeError("the encoder's feature pool has no room for a placed image")
+        self.pool.expect_readers()
 
 
 def _placement(pl: Placement) -> stages_pb2.MediaPlacement:

@@ -34,6 +34,7 @@ def _owner(redis_url: str, key: str) -> None:
             wanted = int(r.get(f"{key}:write") or 0)
             while written < wanted:
                 pool.put(f"{key}/item{written}", _features(written))
+                pool.expect_readers()
                 written += 1
             await asyncio.sleep(0.01)
         serving.cancel()

@@ -126,3 +126,13 @@ async def test_pinned_pages_always_have_a_copy(redis_url, ops):
             assert await meta.match([page]) == 1
     finally:
         await client.aclose()
+
+
+async def test_a_long_prompts_providers_are_one_round_trip(meta):
+    """A 4K-token prompt's ~130 pages looked up at once: more than the client's pool of 100
+    connections (redis-py's default) once cost a MaxConnectionsError — the breaker opened and the
+    decode engine recomputed the prompt the prefill had just handed it."""
+    pages = [f"long{i}" for i in range(300)]
+    await meta.publish("prefill", "L2", 4096, pages)
+    listed = await meta.providers_of(pages)
+    assert [p.page for p in listed] == pages and all(p.holders == {"prefill": "L2"} for p in listed)

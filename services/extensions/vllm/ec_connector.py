@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # after a failed read, the item is looked for again this much later
+LOOK_S = 0.01  # items not indexed yet are looked for in Redis (one round trip for all) this often
 
 
 @dataclass
@@ -94,6 +95,8 @@ class OmniEcConnector(ECConnectorBase):
         self._arrived = _Arrived(int(extra.get("arrived_bytes", 1 << 30)))
         self._reads: dict[str, concurrent.futures.Future] = {}
         self._failed_at: dict[str, float] = {}
+        self._wanted: set[str] = set()  # items asked for, not indexed at the last look
+        self._looked = -LOOK_S
         self._waiting_since: dict[str, float] = {}
         self._unavailable: set[str] = set()
         self._loads: dict[str, np.ndarray] = {}
@@ -112,11 +115,9 @@ class OmniEcConnector(ECConnectorBase):
             return True
         read = self._reads.get(identifier)
         if read is None:
-            if time.monotonic() - self._failed_at.get(identifier, -RETRY_S) < RETRY_S:
-                return False
-            if not self._indexed(identifier):
-                return False
-            self._reads[identifier] = self._pool().submit(self._read, identifier)
+            if time.monotonic() - self._failed_at.get(identifier, -RETRY_S) >= RETRY_S:
+                self._wanted.add(identifier)
+                self._look()
             return False
         if not read.done():
             return False
@@ -130,22 +131,38 @@ class OmniEcConnector(ECConnectorBase):
         self._failed_at.pop(identifier, None)
         return True
 
-    def _indexed(self, identifier: str) -> bool:
+    def _look(self) -> None:
+        """At most every LOOK_S: which wanted items the encoder pool has indexed (one pipelined
+        round trip), and start reading those."""
+        now = time.monotonic()
+        if now - self._looked < LOOK_S or not self._wanted:
+            return
+        self._looked = now
+        wanted = sorted(self._wanted)
         try:
-            return bool(self._client().exists(INDEX + identifier[len(PREFIX) :]))
+            pipe = self._client().pipeline(transaction=False)
+            for identifier in wanted:
+                pipe.exists(INDEX + identifier[len(PREFIX) :])
+            found = pipe.execute()
         except UNAVAILABLE:
-            return False
+            return
+        for identifier, indexed in zip(wanted, found, strict=True):
+            if indexed:
+                self._wanted.discard(identifier)
+                self._reads[identifier] = self._pool().submit(self._read, identifier)
 
     def computable_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
         """How many tokens from `num_computed_tokens` the request may compute now: up to its first
-        streamed item whose features have not arrived (None: no bound)."""
+        streamed item whose features have not arrived (None: no bound). Every later item already
+        indexed starts its read too, so reads run ahead of the prefill."""
+        bound = None
         for feature in request.mm_features or ():
             pos = feature.mm_position
-            if pos.offset + pos.length <= num_computed_tokens:
+            if pos.offset + pos.length <= num_computed_tokens or not feature.identifier.startswith(PREFIX):
                 continue
-            if feature.identifier.startswith(PREFIX) and not self.has_cache_item(feature.identifier):
-                return max(0, pos.offset - num_computed_tokens)
-        return None
+            if not self.has_cache_item(feature.identifier) and bound is None:
+                bound = max(0, pos.offset - num_computed_tokens)
+        return bound
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
         if self.computable_tokens(request, num_computed_tokens) != 0:
@@ -178,6 +195,9 @@ class OmniEcConnector(ECConnectorBase):
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         self._waiting_since.pop(request.request_id, None)
+        for feature in request.mm_features or ():
+            self._wanted.discard(feature.identifier)
+            self._failed_at.pop(feature.identifier, None)
         return False, None
 
     def _read(self, identifier: str) -> np.ndarray:

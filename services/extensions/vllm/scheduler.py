@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 SESSION_ARG = "omniray_session"  # SamplingParams.extra_args key naming the request's playback session
 HELD_IDLE_S = 0.005
-EC_IDLE_S = 0.002  # a step with nothing to run while requests wait for streamed encoder features
+EC_IDLE_S = 0.005  # a step with nothing to run while requests wait for streamed encoder features
 FAULT_LOG_S = 60.0  # a failing urgency order logs at most this often
 
 
