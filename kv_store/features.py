@@ -30,7 +30,9 @@ from kv_store.layout import PageLayout
 from kv_store.transfer import PagePool, PoolAddress, TransferError
 
 PAGE_BYTES = 64 << 10
-LAYOUT = PageLayout(num_layers=1, num_kv_heads=1, head_dim=PAGE_BYTES, page_tokens=1, dtype="uint8", kv_parts=1)
+LAYOUT = PageLayout(
+    num_layers=1, num_kv_heads=1, head_dim=PAGE_BYTES, page_tokens=1, dtype="uint8", kv_parts=1
+)
 INDEX = "omniray:ec:item:"  # + item key -> FeatureEntry (JSON)
 POOLS = "omniray:ec:pool:"  # + pool name -> its PoolAddress (a hash)
 _DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -70,7 +72,13 @@ class FeaturePool:
     `hold_s`, indexed for `ttl_s`, the oldest evicted first when room is needed."""
 
     def __init__(
-        self, name: str, capacity_bytes: int, redis, hold_s: float = 120.0, ttl_s: float = 600.0, read_s: float = 2.0
+        self,
+        name: str,
+        capacity_bytes: int,
+        redis,
+        hold_s: float = 120.0,
+        ttl_s: float = 600.0,
+        read_s: float = 2.0,
     ):
         if hold_s > ttl_s:
             raise ValueError("hold_s must not exceed ttl_s")
@@ -80,7 +88,13 @@ class FeaturePool:
         self._items: collections.OrderedDict[str, tuple[float, FeatureEntry]] = collections.OrderedDict()
         self._advertised = 0.0
         self._lock = threading.Lock()  # writers on worker threads (asyncio.to_thread)
-        self.stats = {"written_items": 0, "written_bytes": 0, "evicted_items": 0, "refused_items": 0}
+        self.stats = {
+            "written_items": 0,
+            "written_bytes": 0,
+            "evicted_items": 0,
+            "refused_items": 0,
+            "held_bytes": 0,
+        }
 
     @property
     def capacity_bytes(self) -> int:
@@ -90,9 +104,7 @@ class FeaturePool:
         """Whether an item of `nbytes` can be written now (room free or freeable)."""
         need = pages_for(nbytes)
         now = time.monotonic()
-        freeable = sum(
-            len(e.slots) for at, e in self._items.values() if now - at >= self.hold_s
-        )
+        freeable = sum(len(e.slots) for at, e in self._items.values() if now - at >= self.hold_s)
         return need <= self.pool.free_slots + freeable
 
     def has(self, key: str) -> bool:
@@ -130,6 +142,7 @@ class FeaturePool:
         self.redis.set(INDEX + key, entry.dumps(), ex=int(self.ttl_s))
         self.stats["written_items"] += 1
         self.stats["written_bytes"] += raw.nbytes
+        self.stats["held_bytes"] += raw.nbytes
         return True
 
     def expect_readers(self) -> None:
@@ -149,6 +162,7 @@ class FeaturePool:
             with contextlib.suppress(Exception):
                 self.redis.delete(INDEX + key)
             del self._items[key]
+            self.stats["held_bytes"] -= entry.nbytes
             for i in range(len(entry.slots)):
                 self.pool.free((key, i))
             self.stats["evicted_items"] += 1

@@ -314,7 +314,10 @@ class KvMetadata:
             for page in pages:
                 pipe.hgetall(f"{self.prefix}:prov:{page}")
             raws = await pipe.execute()
-        return [Providers(p, {k.decode(): v.decode() for k, v in raw.items()}) for p, raw in zip(pages, raws, strict=True)]
+        return [
+            Providers(p, {k.decode(): v.decode() for k, v in raw.items()})
+            for p, raw in zip(pages, raws, strict=True)
+        ]
 
     async def pin(
         self, request_id: str, pages: list[str], now_ms: int | None = None, ttl_ms: int = 600_000

@@ -332,6 +332,15 @@ def _declared() -> list[Metric]:
         ),
         Metric("omniray_encoder_tiles_total", c, "Image tiles encoded."),
         Metric(
+            "omniray_encoder_streamed_items_total",
+            c,
+            "Images of stream requests by outcome: written to the replica's NIXL feature pool as they were"
+            " encoded (streamed to the thinker), or sent whole because the pool had no room for them.",
+            ("outcome",),
+            at_zero=True,
+        ),
+        Metric("omniray_encoder_feature_pool_bytes", g, "Bytes of features the replica's NIXL feature pool holds."),
+        Metric(
             "omniray_realtime_camera_frames_total",
             c,
             "Camera frames of realtime sessions: held for the next turn, dropped over the frame rate or"
@@ -415,6 +424,15 @@ def _declared() -> list[Metric]:
             "omniray_scheduler_yielded_total",
             c,
             "Running requests that sat a round out for a new realtime turn (LiveServe's yield_to_turns: well-buffered, refill not yet due), summed over rounds.",
+        ),
+        Metric(
+            "omniray_scheduler_streamed_feature_wait_seconds",
+            h,
+            "How long a request's prefill waited for an image streamed by the encoder pool (from the"
+            " first step it could not go on to the step it could), by outcome: arrived, or timed_out"
+            " (the request failed).",
+            ("outcome",),
+            (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         ),
         Metric(
             "omniray_scheduler_prompt_tokens_computed_total",

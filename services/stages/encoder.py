@@ -28,15 +28,16 @@ from omni.v1 import common_pb2, stages_pb2
 from PIL import Image
 from ray import serve
 
+from kv_store.features import FeaturePool
+from services.common.redis_config import sync_client
 from services.dataplane import tensors
 from services.extensions.ray.metrics import metric
-from kv_store.features import PAGE_BYTES, FeaturePool, pages_for
-from services.common.redis_config import sync_client
 from services.models.base import EncoderOutput, Placement
 from services.models.versions import FeatureVersionMismatch, FeatureVersions
 from services.stages._stage import Stage
 from services.stages.feature_cache import FRAME, FeatureCache, cache_key
-from services.stages.tile_scheduler import TileScheduler
+from services.stages.feature_stream import FeatureStream
+from services.stages.tile_scheduler import TileJob, TileScheduler
 
 
 def cut_tiles(image: Image.Image, grid: stages_pb2.TileGrid) -> list[Image.Image]:
@@ -53,47 +54,6 @@ def cut_tiles(image: Image.Image, grid: stages_pb2.TileGrid) -> list[Image.Image
     ]
 
 
-class _Pending:
-    """One request's images waiting for their tile features (a request is one scheduler job, so
-    its priority is its total pending tiles)."""
-
-    def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None, on_image=None):
-        self.remaining = dict(tiles_per_image)
-        self.on_image = on_image  # called with (image, its tile features) as each image completes
-        self.features: dict[int, list] = {i: [] for i in tiles_per_image}
-        self.done = asyncio.get_running_loop().create_future()
-        self.tiles_total = sum(tiles_per_image.values())
-        self.tiles_done = 0
-        self.cached = n_images - len(tiles_per_image)  # images the cache answered
-        self.n_images = n_images
-        self.progress = progress
-        self.submitted = time.monotonic()
-        self.waited: float | None = None  # until its first batch
-
-    def add(self, image: int, feature) -> None:
-        self.features[image].append(feature)
-        self.remaining[image] -= 1
-        self.tiles_done += 1
-        if self.remaining[image] == 0 and self.on_image is not None:
-            self.on_image(image, self.features[image])
-        if not any(self.remaining.values()) and not self.done.done():
-            self.done.set_result(self.features)
-
-    def report(self) -> None:
-        """After each batch that carried this request's tiles."""
-        if self.progress is not None:
-            images_done = self.cached + sum(1 for n in self.remaining.values() if n == 0)
-            self.progress(
-                common_pb2.Progress(
-                    stage="encoder",
-                    tiles_done=self.tiles_done,
-                    tiles_total=self.tiles_total,
-                    images_done=images_done,
-                    images_total=self.n_images,
-                )
-            )
-
-
 @serve.deployment
 class Encoder(Stage):
     name = "encoder"
@@ -108,7 +68,7 @@ class Encoder(Stage):
         self.scheduler = TileScheduler(pool.batch_size, pool.policy, pool.aging_tiles_per_s)
         self.cache = FeatureCache(pool.cache_mib * 1024 * 1024)
         self.versions = {m: FeatureVersions.for_profile(self.profile, m).encode() for m in ("image", "audio")}
-        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._pending: dict[tuple[str, int], TileJob] = {}
         self._work = asyncio.Event()
         self._worker: asyncio.Task | None = None
         self._reload_lock = asyncio.Lock()
@@ -173,7 +133,7 @@ class Encoder(Stage):
         if not tiles:
             return {}
         key = (request.ctx.request_id, uuid.uuid4().hex)
-        pending = self._pending[key] = _Pending({i: len(t) for i, t in tiles.items()}, items, progress, on_image)
+        pending = self._pending[key] = TileJob({i: len(t) for i, t in tiles.items()}, items, progress, on_image)
         self.scheduler.submit(key, [(i, t) for i, ts in tiles.items() for t in ts])
         self._work.set()
         if self._worker is None or self._worker.done():
@@ -190,7 +150,7 @@ class Encoder(Stage):
         return features
 
     async def _encode_images(
-        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None, stream: _Stream | None = None
+        self, request: stages_pb2.EncodeRequest, indices: list[int], progress=None, stream: FeatureStream | None = None
     ) -> dict[int, EncoderOutput]:
         """Images of one request -> outputs: cache hits directly, the rest as one scheduler job.
         With `stream`, each image is placed before it is encoded and written to the feature pool as
@@ -419,7 +379,7 @@ class Encoder(Stage):
                 raise ValueError(f"this profile has no encoder for {item.modality!r}")
         stream = None
         if placed is not None and request.stream and images and self.features is not None:
-            stream = _Stream(self.features)
+            stream = FeatureStream(self.features, self.pool_metrics)
             self._serve_features()
         image_task = asyncio.ensure_future(self._encode_images(request, images, progress, stream))
         others = asyncio.ensure_future(
@@ -449,7 +409,7 @@ class Encoder(Stage):
         return self._response(request, outputs, waited, stream)
 
     def _response(
-        self, request: stages_pb2.EncodeRequest, outputs: dict[int, EncoderOutput], waited: float, stream: _Stream | None
+        self, request: stages_pb2.EncodeRequest, outputs: dict[int, EncoderOutput], waited: float, stream: FeatureStream | None
     ) -> stages_pb2.EncodeResponse:
         """The items' outputs; streamed images as their feature pool keys."""
         response = stages_pb2.EncodeResponse(queue_wait_s=waited)
@@ -489,34 +449,6 @@ class Encoder(Stage):
             self._feature_server = asyncio.create_task(self.features.serve())
 
 
-class _Stream:
-    """A stream request's images: placed before they are encoded, each written to the replica's
-    feature pool as soon as it is (the thinker's EC connector reads them over NIXL). Off when the
-    pool has no room for them all: they then go whole, in the result."""
-
-    def __init__(self, pool: FeaturePool):
-        self.pool = pool
-        self.placed: dict[int, tuple[Placement, tuple[int, ...]]] = {}
-        self.keys: dict[int, str] = {}
-        self.ready = asyncio.Event()
-        self.on = False
-
-    def place(self, placed: dict[int, tuple[Placement, tuple[int, ...]]], keys: dict[int, str]) -> None:
-        need = sum(pages_for(int(np.prod(shape)) * 4) * PAGE_BYTES for _, shape in placed.values())
-        self.on = self.pool.fits(need)
-        self.placed, self.keys = placed, keys
-        self.ready.set()
-
-    async def write(self, i: int, features: np.ndarray) -> None:
-        if not self.on:
-            return
-        if not await asyncio.to_thread(self.pool.put, self.keys[i], features):
-            # Others filled the pool since this request was placed: its prompt waits for an image
-            # that will not come — fail it now rather than at the thinker's wait bound.
-            raise RuntimeError("the encoder's feature pool has no room for a placed image")
-        self.pool.expect_readers()
-
-
 def _placement(pl: Placement) -> stages_pb2.MediaPlacement:
     return stages_pb2.MediaPlacement(
         modality=pl.modality,
@@ -542,6 +474,8 @@ class _PoolMetrics:
         self._batch = metric("omniray_encoder_batch_tiles")
         self._pending = metric("omniray_encoder_pending_tiles")
         self._cache = metric("omniray_encoder_cache_requests_total")
+        self._streamed = metric("omniray_encoder_streamed_items_total", outcome=("written", "refused"))
+        self._pool_bytes = metric("omniray_encoder_feature_pool_bytes")
 
     def batch(self, size: int, pending: int) -> None:
         self._batch.observe(size)
@@ -549,6 +483,11 @@ class _PoolMetrics:
 
     def tiles(self, n: int) -> None:
         self._tiles.inc(n)
+
+    def streamed(self, outcome: str, n: int, pool_bytes: int | None = None) -> None:
+        self._streamed.inc(n, tags={"outcome": outcome})
+        if pool_bytes is not None:
+            self._pool_bytes.set(pool_bytes)
 
     def cache(self, modality: str, result: str, n: int = 1) -> None:
         if n:

@@ -4,14 +4,18 @@ requests share a batch.
 Order: the request with the fewest pending tiles first, so single-image chat is not stuck behind a
 500-tile document; aging lowers a waiting request's score by `aging_tiles_per_s` per second, so a
 large request is never starved. `fifo` (arrival order) is the baseline the benchmark compares with.
+A request's tiles are one `TileJob` (the encoder stage's: its images' features as they complete).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from omni.v1 import common_pb2
 
 Policy = Literal["fewest_pending", "fifo"]
 
@@ -74,3 +78,44 @@ class TileScheduler:
             if len(batch) == self.batch_size:
                 break
         return batch
+
+
+class TileJob:
+    """One request's images waiting for their tile features (a request is one scheduler job, so
+    its priority is its total pending tiles)."""
+
+    def __init__(self, tiles_per_image: dict[int, int], n_images: int, progress=None, on_image=None):
+        self.remaining = dict(tiles_per_image)
+        self.on_image = on_image  # called with (image, its tile features) as each image completes
+        self.features: dict[int, list] = {i: [] for i in tiles_per_image}
+        self.done = asyncio.get_running_loop().create_future()
+        self.tiles_total = sum(tiles_per_image.values())
+        self.tiles_done = 0
+        self.cached = n_images - len(tiles_per_image)  # images the cache answered
+        self.n_images = n_images
+        self.progress = progress
+        self.submitted = time.monotonic()
+        self.waited: float | None = None  # until its first batch
+
+    def add(self, image: int, feature) -> None:
+        self.features[image].append(feature)
+        self.remaining[image] -= 1
+        self.tiles_done += 1
+        if self.remaining[image] == 0 and self.on_image is not None:
+            self.on_image(image, self.features[image])
+        if not any(self.remaining.values()) and not self.done.done():
+            self.done.set_result(self.features)
+
+    def report(self) -> None:
+        """After each batch that carried this request's tiles."""
+        if self.progress is not None:
+            images_done = self.cached + sum(1 for n in self.remaining.values() if n == 0)
+            self.progress(
+                common_pb2.Progress(
+                    stage="encoder",
+                    tiles_done=self.tiles_done,
+                    tiles_total=self.tiles_total,
+                    images_done=images_done,
+                    images_total=self.n_images,
+                )
+            )

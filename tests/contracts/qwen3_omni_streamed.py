@@ -78,7 +78,9 @@ def main() -> None:
 
     run("whole", prompt(None))
 
-    pool = FeaturePool(f"contract-encoder-{time.monotonic_ns()}", 16 << 20, sync_client(), hold_s=60, ttl_s=120)
+    pool = FeaturePool(
+        f"contract-encoder-{time.monotonic_ns()}", 16 << 20, sync_client(), hold_s=60, ttl_s=120
+    )
     stop = threading.Event()
 
     def serve() -> None:  # the encoder replica's progress for readers

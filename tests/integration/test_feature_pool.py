@@ -90,7 +90,9 @@ def test_an_item_evicted_while_read_is_refused(redis_url):
     calls = iter([entry, None])
     reader.entry = lambda key: next(calls)
     stop = threading.Event()
-    progress = threading.Thread(target=lambda: [pool.pool.progress() for _ in iter(lambda: stop.wait(0.001), True)])
+    progress = threading.Thread(
+        target=lambda: [pool.pool.progress() for _ in iter(lambda: stop.wait(0.001), True)]
+    )
     progress.start()  # the owner's progress (an encoder replica's serve loop)
     try:
         with pytest.raises(FeatureUnavailable, match="evicted while being read"):

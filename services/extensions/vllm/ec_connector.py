@@ -99,6 +99,9 @@ class OmniEcConnector(ECConnectorBase):
         self._looked = -LOOK_S
         self._waiting_since: dict[str, float] = {}
         self._unavailable: set[str] = set()
+        self.waits: list[
+            tuple[str, float]
+        ] = []  # (outcome, seconds) of ended waits, for the scheduler's metrics
         self._loads: dict[str, np.ndarray] = {}
         self._redis = None
         self._reader: FeatureReader | None = None
@@ -165,14 +168,19 @@ class OmniEcConnector(ECConnectorBase):
         return bound
 
     def ensure_cache_available(self, request: Request, num_computed_tokens: int) -> bool:
+        now = time.monotonic()
         if self.computable_tokens(request, num_computed_tokens) != 0:
-            self._waiting_since.pop(request.request_id, None)
+            if (since := self._waiting_since.pop(request.request_id, None)) is not None:
+                self.waits.append(("arrived", now - since))
             return True
-        since = self._waiting_since.setdefault(request.request_id, time.monotonic())
-        if time.monotonic() - since > self.wait_s:
-            log.warning("request %s waited %.0f s for streamed features; failed", request.request_id, self.wait_s)
+        since = self._waiting_since.setdefault(request.request_id, now)
+        if now - since > self.wait_s:
+            log.warning(
+                "request %s waited %.0f s for streamed features; failed", request.request_id, self.wait_s
+            )
             self._unavailable.add(request.request_id)
             self._waiting_since.pop(request.request_id, None)
+            self.waits.append(("timed_out", now - since))
         return False
 
     @property

@@ -21,4 +21,6 @@ def register() -> None:
     from vllm.distributed.ec_transfer.ec_connector.factory import ECConnectorFactory
 
     if EC_CONNECTOR not in ECConnectorFactory._registry:  # no public lookup; register_connector raises twice
-        ECConnectorFactory.register_connector(EC_CONNECTOR, "services.extensions.vllm.ec_connector", EC_CONNECTOR)
+        ECConnectorFactory.register_connector(
+            EC_CONNECTOR, "services.extensions.vllm.ec_connector", EC_CONNECTOR
+        )

@@ -244,9 +244,12 @@ class OmnirayScheduler(AsyncScheduler):
             self.running.extend(held)
         for hook in self.hooks:
             hook.after(self, output, held)
-        if not output.total_num_scheduled_tokens and isinstance(self.ec_connector, OmniEcConnector):
-            if self.ec_connector.waiting:  # else the engine loop would spin on this core until they come
-                time.sleep(EC_IDLE_S)
+        if isinstance(self.ec_connector, OmniEcConnector):
+            for outcome, seconds in self.ec_connector.waits:
+                self.recorder.record("feature_wait", (outcome,), seconds)
+            self.ec_connector.waits.clear()
+            if not output.total_num_scheduled_tokens and self.ec_connector.waiting:
+                time.sleep(EC_IDLE_S)  # else the engine loop would spin on this core until they come
         self._count_prompt_tokens(output)
         return output
 
