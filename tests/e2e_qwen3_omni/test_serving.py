@@ -115,6 +115,26 @@ def test_a_long_multimodal_prompt_goes_through_prefill_and_the_kv_store(client):
     assert u2.prompt_tokens_details.cached_tokens >= 4 * 196
 
 
+def test_images_stream_to_the_thinker_over_nixl(cluster, client):
+    """The profile streams features (encoder_pool.stream_mib): the prompt goes to the thinker as soon
+    as the encoder pool has placed the images, each image's features through the encoder's NIXL
+    feature pool (indexed in Redis by its key) to vLLM's EC connector. Same answer asked twice (the
+    second time from vLLM's and the store's caches)."""
+    import redis
+
+    r = redis.Redis.from_url(cluster.redis_url)
+    before = set(r.scan_iter("omniray:ec:item:*"))
+    images = [
+        {"type": "image_url", "image_url": {"url": data_url(png_bytes(width=320, height=224, seed=40 + n))}}
+        for n in range(5)
+    ]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Compare them."}, *images]}]
+    first, usage = _answer(client, messages)
+    again, _ = _answer(client, messages)
+    assert len(set(r.scan_iter("omniray:ec:item:*")) - before) == 5
+    assert first and again == first and usage.prompt_tokens > 5 * 60
+
+
 def test_the_sdk_streams_speech_from_the_talker_and_code2wav(client):
     """Text and 24 kHz audio in one stream: the talker reads the thinker's tokens as decode writes
     them (async chunk)."""
