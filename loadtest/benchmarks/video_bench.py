@@ -217,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frame-px", type=int, default=448)
     ap.add_argument("--requests", type=int, default=30, help="chat requests and voice turns each")
     ap.add_argument("--interval-ms", type=float, default=20.0)
-    ap.add_argument("--stream-profile", default="qwen3-omni-tiny", help="part 3's profile ('' to skip)")
-    ap.add_argument("--stream-requests", type=int, default=8)
+    ap.add_argument("--parts", default="1,2,3", help="which parts to run (comma-separated)")
+    ap.add_argument("--stream-profile", default="qwen3-omni-tiny", help="part 3's profile")
+    ap.add_argument("--stream-requests", type=int, default=10)
     ap.add_argument("--stream-size", default="896x448", help="the images' size (2x1 tiles of 448 px: 20 tiles, "
                     "more than an encoder batch of 16)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -226,11 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         "profile": args.profile, "machine": f"{platform.node()} {platform.processor() or platform.machine()}",
         "args": vars(args),
     }  # fmt: skip
-    print("[bench-video] key frames (the pre-stage's sampler):", flush=True)
-    out["key_frames"] = key_frames(args)
-    print(f"[bench-video] encoder pool, {args.profile}: a video question beside chat and voice:", flush=True)
-    out["mixed"] = asyncio.run(mixed(args))
-    if args.stream_profile:
+    parts = set(args.parts.split(","))
+    if "1" in parts:
+        print("[bench-video] key frames (the pre-stage's sampler):", flush=True)
+        out["key_frames"] = key_frames(args)
+    if "2" in parts:
+        print(f"[bench-video] encoder pool, {args.profile}: a video question beside chat and voice:", flush=True)
+        out["mixed"] = asyncio.run(mixed(args))
+    if "3" in parts:
         print(f"[bench-video] a 10-image request on {args.stream_profile}, features streamed vs whole:", flush=True)
         out["streamed"] = streamed(args)
     print(f"[bench-video] wrote {results.write('bench-video', args.profile, out)}")
