@@ -426,13 +426,18 @@ def _declared() -> list[Metric]:
             "Running requests that sat a round out for a new realtime turn (LiveServe's yield_to_turns: well-buffered, refill not yet due), summed over rounds.",
         ),
         Metric(
-            "omniray_scheduler_streamed_feature_wait_seconds",
-            h,
-            "How long a request's prefill waited for an image streamed by the encoder pool (from the"
-            " first step it could not go on to the step it could), by outcome: arrived, or timed_out"
-            " (the request failed).",
+            "omniray_scheduler_streamed_feature_waits_total",
+            c,
+            "Waits of a request's prefill for an image streamed by the encoder pool, by how they ended:"
+            " arrived, or timed_out (the request failed).",
             ("outcome",),
-            (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        ),
+        Metric(
+            "omniray_scheduler_streamed_feature_wait_seconds_total",
+            c,
+            "Seconds prefills waited for streamed images (from the first step a request could not go on"
+            " to the step it could), by outcome: with the waits, their mean.",
+            ("outcome",),
         ),
         Metric(
             "omniray_scheduler_prompt_tokens_computed_total",

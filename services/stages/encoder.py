@@ -476,6 +476,7 @@ class _PoolMetrics:
         self._cache = metric("omniray_encoder_cache_requests_total")
         self._streamed = metric("omniray_encoder_streamed_items_total", outcome=("written", "refused"))
         self._pool_bytes = metric("omniray_encoder_feature_pool_bytes")
+        self._pool_bytes.set(0)  # the series exists where nothing streams
 
     def batch(self, size: int, pending: int) -> None:
         self._batch.observe(size)

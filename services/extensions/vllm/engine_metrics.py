@@ -21,7 +21,7 @@ from services.extensions.ray.metrics import metric, zero
 # names, labels and buckets are declared in services/common/metric_catalog.py.
 ENGINE_SPEC: store_metrics.Spec = {
     method: (
-        "histogram" if method in ("decision", "frame", "feature_wait") else "counter",
+        "histogram" if method in ("decision", "frame") else "counter",
         name,
         CATALOG[name].help,
         CATALOG[name].labels,
@@ -34,11 +34,18 @@ ENGINE_SPEC: store_metrics.Spec = {
         ("fault", "omniray_scheduler_urgency_faults_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
         ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),
-        ("feature_wait", "omniray_scheduler_streamed_feature_wait_seconds"),
+        ("feature_waits", "omniray_scheduler_streamed_feature_waits_total"),
+        ("feature_wait_s", "omniray_scheduler_streamed_feature_wait_seconds_total"),
     )
 }
 SPEC: store_metrics.Spec = {**store_metrics.SPEC, **ENGINE_SPEC}
-ENGINE_ZERO_AT_START = {"preempted": [("U0",), ("U1",)], "fault": [()], "yielded": [()]}
+ENGINE_ZERO_AT_START = {
+    "preempted": [("U0",), ("U1",)],
+    "fault": [()],
+    "yielded": [()],
+    "feature_waits": [("arrived",), ("timed_out",)],
+    "feature_wait_s": [("arrived",), ("timed_out",)],
+}
 ENGINE_KEY = "omniray_engine"
 
 

@@ -246,7 +246,8 @@ class OmnirayScheduler(AsyncScheduler):
             hook.after(self, output, held)
         if isinstance(self.ec_connector, OmniEcConnector):
             for outcome, seconds in self.ec_connector.waits:
-                self.recorder.record("feature_wait", (outcome,), seconds)
+                self.recorder.record("feature_waits", (outcome,), 1)
+                self.recorder.record("feature_wait_s", (outcome,), seconds)
             self.ec_connector.waits.clear()
             if not output.total_num_scheduled_tokens and self.ec_connector.waiting:
                 time.sleep(EC_IDLE_S)  # else the engine loop would spin on this core until they come
