@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -116,6 +116,10 @@ bench-encoder: models
 
 # Video in the encoder pool: key-frame savings (static / moving / cutting clips), and chat and voice
 # latency beside a video question with its frames as tiles vs the clip whole (docs/video.md).
+# Each stage's step cost on this machine through the profile's real models -> configs/hardware/ (planner/).
+profile-stages: models
+	$(PY) -m planner.profile_stages --profile $(PROFILE)
+
 bench-video: models
 	$(PY) -m loadtest.benchmarks.video_bench --profile $(PROFILE)
 
@@ -202,8 +206,8 @@ chart: setup
 	$(PY) -m services.deploy k8s
 
 lint: setup
-	$(VENV)/bin/ruff check services kv_store kernels loadtest tests compat
-	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests compat
+	$(VENV)/bin/ruff check services kv_store kernels loadtest tests compat planner
+	$(VENV)/bin/ruff format --check services kv_store kernels loadtest tests compat planner
 
 clean: stop
 	rm -rf gen .run

@@ -1,0 +1,101 @@
+"""Stage cost profiles: what one step of each omniray stage costs on one machine, as curves fitted to
+measured points (`make profile-stages`, planner/profile_stages.py) or to published figures. The
+simulator and the capacity planner read them; a GPU node replaces the shipped one with one command.
+
+A curve is `intercept + slope·x + quad·x²` seconds for x units (tokens of a prefill chunk, requests in
+a decode step, tiles in an encoder batch, ...), fitted by least squares over its points with every
+coefficient ≥ 0 (a step never gets cheaper with more work) — and it keeps the points it was fitted
+to, so a reader can see how well it fits (`Curve.worst_error`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+HARDWARE_DIR = Path(__file__).resolve().parents[1] / "configs" / "hardware"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Curve(_Strict):
+    unit: str  # what x counts
+    intercept_s: float = Field(ge=0)
+    slope_s: float = Field(ge=0)
+    quad_s: float = Field(default=0.0, ge=0)
+    points: list[tuple[float, float]] = Field(default_factory=list)  # (x, seconds) it was fitted to
+
+    def at(self, x: float) -> float:
+        """Seconds for `x` units."""
+        return self.intercept_s + self.slope_s * x + self.quad_s * x * x
+
+    @property
+    def worst_error(self) -> float:
+        """The largest relative error of the curve at its own points (0 without points)."""
+        return max((abs(self.at(x) - s) / s for x, s in self.points if s > 0), default=0.0)
+
+    @classmethod
+    def fit(cls, unit: str, points: list[tuple[float, float]], quadratic: bool = False) -> Curve:
+        """Non-negative least squares over {1, x[, x²]}: every subset of the terms is solved and
+        the best fit whose coefficients are all ≥ 0 is kept (three terms: an exact NNLS)."""
+        if not points:
+            raise ValueError(f"no points to fit a {unit} curve to")
+        x = np.array([p[0] for p in points], float)
+        y = np.array([p[1] for p in points], float)
+        terms = [np.ones_like(x), x] + ([x * x] if quadratic else [])
+        best: tuple[float, np.ndarray] | None = None
+        for k in range(1, len(terms) + 1):
+            for chosen in itertools.combinations(range(len(terms)), k):
+                a = np.stack([terms[i] for i in chosen], axis=1)
+                coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+                if (coef < 0).any():
+                    continue
+                full = np.zeros(3)
+                full[list(chosen)] = coef
+                residual = float(np.sum((a @ coef - y) ** 2))
+                if best is None or residual < best[0] - 1e-18:
+                    best = (residual, full)
+        assert best is not None  # the intercept alone is the mean of y >= 0
+        i, s, q = (float(v) for v in best[1])
+        return cls(
+            unit=unit, intercept_s=i, slope_s=s, quad_s=q, points=[(float(a), float(b)) for a, b in points]
+        )
+
+
+class StageCosts(_Strict):
+    """One step of each stage (None: not measured on this machine)."""
+
+    prefill: Curve  # one prefill of x prompt tokens (batch 1)
+    decode_step: Curve  # one decode step of x running requests
+    encoder_batch: Curve | None = None  # one vision-encoder batch of x tiles
+    audio_encode: Curve | None = None  # encoding x seconds of audio
+    vad: Curve | None = None  # x 32 ms windows of one session's speech detection
+    talker_step: Curve | None = None  # one talker step of x streams
+    vocoder_batch: Curve | None = None  # one vocoder batch of x chunks
+
+
+class HardwareProfile(_Strict):
+    name: str
+    device: str  # the machine, in words
+    model_profile: str  # the deployment profile whose models were measured
+    source: str  # "measured: <command>" or "fitted to published figures: <which>"
+    measured_at: str = ""
+    stages: StageCosts
+
+    def dump(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=110))
+
+
+def load(name_or_path: str) -> HardwareProfile:
+    """A hardware profile by name (configs/hardware/<name>.yaml) or path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = HARDWARE_DIR / f"{name_or_path}.yaml"
+    return HardwareProfile.model_validate(yaml.safe_load(path.read_text()))

@@ -1,0 +1,169 @@
+"""`make profile-stages PROFILE=…`: each stage's step cost on this machine, through the profile's real
+models, fitted into a hardware profile (planner/costs.py) written to configs/hardware/.
+
+- thinker (vLLM, the profile's engine arguments, prefix caching off so nothing is reused): a prefill of
+  T prompt tokens (batch 1: the time to a first token), and a decode step of B running requests (B
+  requests generating N tokens, less the same requests generating one, over N - 1 steps);
+- vision encoder: one batch of n tiles (`encode_tiles` on the profile's tile size);
+- audio encoder: s seconds of audio;
+- VAD: Silero over one session's speech, per 32 ms window.
+
+Each point is the median of `--repeats` runs after a warm-up. Not measured yet: the talker's step by
+streams, the vocoder's batch by chunks, the gateway's cost per event.
+
+    python -m planner.profile_stages --profile tiny --name cpu-2core-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import numpy as np
+
+from planner.costs import HARDWARE_DIR, Curve, HardwareProfile, StageCosts
+from services.models.profile import Profile, load_profile
+from services.models.registry import adapter_module
+
+
+def _median_s(run: Callable[[], object], repeats: int, min_s: float = 0.5, max_runs: int = 50) -> float:
+    """The median of at least `repeats` runs, more for a cheap step (until `min_s` is spent): one
+    run that a scheduler hiccup slowed 8x does not move it."""
+    run()  # warm-up: first calls pay for lazy setup
+    times: list[float] = []
+    while len(times) < repeats or (sum(times) < min_s and len(times) < max_runs):
+        t0 = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def thinker(
+    profile: Profile, prompt_tokens: list[int], batches: list[int], repeats: int
+) -> tuple[Curve, Curve]:
+    from vllm import LLM, SamplingParams
+
+    from services.engine.thinker import _engine_env
+
+    os.environ.update(_engine_env(profile, "prefill"))
+    engine = profile.engine
+    llm = LLM(model=str(profile.model_path(profile.models.thinker)), dtype=engine.dtype,
+              max_model_len=engine.max_model_len, enforce_eager=engine.enforce_eager,
+              max_num_seqs=max(batches), block_size=engine.block_size, enable_prefix_caching=False,
+              **{k: v for k, v in engine.extra.items() if k != "worker_extension_cls"})  # fmt: skip
+    vocab = llm.get_tokenizer().vocab_size
+    rng = np.random.default_rng(0)
+
+    def prompts(n: int, tokens: int) -> list[dict]:
+        return [{"prompt_token_ids": rng.integers(10, vocab - 10, tokens).tolist()} for _ in range(n)]
+
+    def generate(n: int, tokens: int, out: int) -> None:
+        llm.generate(prompts(n, tokens), SamplingParams(max_tokens=out, ignore_eos=True), use_tqdm=False)
+
+    fits = [t for t in prompt_tokens if t < engine.max_model_len] or [engine.max_model_len // 2]
+    prefill = [(t, _median_s(lambda t=t: generate(1, t, 1), repeats)) for t in fits]
+    steps, context = 64, 32
+    decode = []
+    for b in batches:
+        first = _median_s(lambda b=b: generate(b, context, 1), repeats)
+        whole = _median_s(lambda b=b: generate(b, context, steps + 1), repeats)
+        decode.append((b, max(0.0, whole - first) / steps))
+    return Curve.fit("prompt tokens", prefill, quadratic=True), Curve.fit("running requests", decode)
+
+
+def vision(profile: Profile, batches: list[int], repeats: int) -> Curve | None:
+    spec = profile.models.vision
+    if spec is None:
+        return None
+    from PIL import Image
+
+    model = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
+    px = profile.tiling.tile_px
+    rng = np.random.default_rng(1)
+    tiles = [
+        model.preprocess(Image.fromarray((rng.random((px, px, 3)) * 255).astype(np.uint8)))
+        for _ in range(max(batches))
+    ]
+    points = [(n, _median_s(lambda n=n: model.encode_tiles(tiles[:n]), repeats)) for n in batches]
+    return Curve.fit("tiles", points, quadratic=True)  # large batches leave the caches: superlinear on a CPU
+
+
+def audio(profile: Profile, seconds: list[float], repeats: int) -> Curve | None:
+    spec = profile.models.audio
+    if spec is None:
+        return None
+    model = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
+    rng = np.random.default_rng(2)
+    points = []
+    for s in seconds:
+        wave = (0.1 * rng.standard_normal(int(16_000 * s))).astype(np.float32)
+        points.append((s, _median_s(lambda w=wave: model.encode([w]), repeats)))
+    return Curve.fit("audio seconds", points)
+
+
+def vad(repeats: int) -> Curve:
+    from services.realtime.vad import SileroStream
+
+    rng = np.random.default_rng(3)
+    points = []
+    for seconds in (1.0, 2.0, 4.0):
+        pcm = (rng.standard_normal(int(24_000 * seconds)) * 3000).astype(np.int16).tobytes()
+        windows = int(seconds * 1000 / 32)
+        points.append((windows, _median_s(lambda p=pcm: SileroStream().feed(p), repeats)))
+    return Curve.fit("32 ms windows", points)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="tiny")
+    ap.add_argument("--name", help="the hardware profile's name (default: <machine>-<profile>)")
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[32, 128, 512, 1024, 2000])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile)
+    device = f"{platform.machine()}, {os.cpu_count()} cores, no GPU" if not _gpu() else _gpu()
+    name = args.name or f"{platform.machine()}-{os.cpu_count()}core-{profile.name}"
+    started = time.perf_counter()
+    encoder_batches = [b for b in args.batches if b <= profile.encoder_pool.batch_size]
+    stages = StageCosts(
+        vad=vad(args.repeats),
+        encoder_batch=vision(profile, encoder_batches, args.repeats),
+        audio_encode=audio(profile, [1.0, 2.0, 4.0, 8.0], args.repeats),
+        **dict(zip(("prefill", "decode_step"), thinker(profile, args.prompt_tokens, args.batches, args.repeats),
+                   strict=True)),
+    )  # fmt: skip
+    out = HardwareProfile(
+        name=name,
+        device=device,
+        model_profile=profile.name,
+        source=f"measured: python -m planner.profile_stages --profile {profile.name} --name {name}",
+        measured_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        stages=stages,
+    )
+    path = HARDWARE_DIR / f"{name}.yaml"
+    out.dump(path)
+    for stage, curve in stages:
+        if curve is not None:
+            print(f"  {stage:14s} {curve.intercept_s * 1e3:8.2f} ms + {curve.slope_s * 1e3:8.4f} ms/{curve.unit}"
+                  f" + {curve.quad_s * 1e3:.2e} ms/{curve.unit}²  (worst fit error {curve.worst_error:.0%})")  # fmt: skip
+    print(f"[profile-stages] wrote {path} in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _gpu() -> str:
+    try:
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    except Exception:  # no torch CUDA: a CPU machine
+        return ""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
