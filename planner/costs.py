@@ -76,7 +76,8 @@ class StageCosts(_Strict):
     encoder_batch: Curve | None = None  # one vision-encoder batch of x tiles
     audio_encode: Curve | None = None  # encoding x seconds of audio
     vad: Curve | None = None  # x 32 ms windows of one session's speech detection
-    talker_step: Curve | None = None  # one talker step of x streams
+    talker_step: Curve | None = None  # one step of a batching talker with x streams
+    talker_units: Curve | None = None  # x speech units of one stream (a talker that does not batch)
     vocoder_batch: Curve | None = None  # one vocoder batch of x chunks
 
 

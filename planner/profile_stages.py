@@ -6,10 +6,11 @@ models, fitted into a hardware profile (planner/costs.py) written to configs/har
   requests generating N tokens, less the same requests generating one, over N - 1 steps);
 - vision encoder: one batch of n tiles (`encode_tiles` on the profile's tile size);
 - audio encoder: s seconds of audio;
-- VAD: Silero over one session's speech, per 32 ms window.
+- VAD: Silero over one session's speech, per 32 ms window;
+- a text talker (tiny, small): one stream's speech units; the vocoder: a batch of alike chunks.
 
-Each point is the median of `--repeats` runs after a warm-up. Not measured yet: the talker's step by
-streams, the vocoder's batch by chunks, the gateway's cost per event.
+Each point is the median of at least `--repeats` runs after a warm-up. Not measured yet: a token
+talker's step by streams (Qwen3-Omni), the gateway's cost per event.
 
     python -m planner.profile_stages --profile tiny --name cpu-2core-tiny
 """
@@ -106,6 +107,36 @@ def audio(profile: Profile, seconds: list[float], repeats: int) -> Curve | None:
     return Curve.fit("audio seconds", points)
 
 
+def speech(profile: Profile, repeats: int) -> tuple[Curve | None, Curve | None]:
+    """A text talker's units for one stream (by units), and the vocoder's batch of alike chunks (by
+    chunks, up to its max_batch). Token talkers (Qwen3-Omni: they read the thinker's tokens) are
+    not measured here."""
+    talker_spec, vocoder_spec = profile.models.talker, profile.models.vocoder
+    if talker_spec is None or vocoder_spec is None or profile.token_talker():
+        return None, None
+    from services.models.base import VocodeInput
+
+    talker = adapter_module(talker_spec.adapter).load(profile.model_path(talker_spec), talker_spec.options)
+    vocoder = adapter_module(vocoder_spec.adapter).load(
+        profile.model_path(vocoder_spec), vocoder_spec.options
+    )
+    voice = profile.pipeline.default_voice
+    texts = {n: " ".join(["The quick brown fox jumps over the lazy dog."] * n) for n in (1, 2, 4)}
+    units_points = []
+    units = None
+    for text in texts.values():
+        made = np.concatenate(list(talker.stream_units(text, voice)))
+        units = made if units is None or len(made) > len(units) else units
+        units_points.append(
+            (len(made), _median_s(lambda t=text: list(talker.stream_units(t, voice)), repeats))
+        )
+    ctx, size = vocoder_spec.context_frames, max(8, len(units) // 8)
+    chunk = VocodeInput(units[ctx : ctx + size], left=units[:ctx] if ctx else None, voice=voice)
+    batches = [b for b in (1, 2, 4, 8, 16) if b <= vocoder_spec.max_batch] or [1]
+    vocode = [(b, _median_s(lambda b=b: vocoder.decode_batch([chunk] * b), repeats)) for b in batches]
+    return Curve.fit("speech units", units_points), Curve.fit(f"chunks of {size} units", vocode)
+
+
 def vad(repeats: int) -> Curve:
     from services.realtime.vad import SileroStream
 
@@ -131,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or f"{platform.machine()}-{os.cpu_count()}core-{profile.name}"
     started = time.perf_counter()
     encoder_batches = [b for b in args.batches if b <= profile.encoder_pool.batch_size]
+    talker_units, vocoder_batch = speech(profile, args.repeats)
     stages = StageCosts(
         vad=vad(args.repeats),
+        talker_units=talker_units,
+        vocoder_batch=vocoder_batch,
         encoder_batch=vision(profile, encoder_batches, args.repeats),
         audio_encode=audio(profile, [1.0, 2.0, 4.0, 8.0], args.repeats),
         **dict(zip(("prefill", "decode_step"), thinker(profile, args.prompt_tokens, args.batches, args.repeats),
