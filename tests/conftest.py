@@ -162,6 +162,23 @@ def new_tenant(omniray, **kw) -> str:
     return key
 
 
+def owner_process(target, args: tuple, redis_url: str, ready_key: str, timeout_s: float = 60):
+    """Start `target(*args)` in a spawned process (a pool owner: an engine's, an encoder replica's)
+    and wait until it sets `ready_key` in Redis; returns (process, client)."""
+    import multiprocessing
+
+    import redis
+
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args, daemon=True)
+    proc.start()
+    r = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout_s
+    while not r.exists(ready_key) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.exists(ready_key), "owner process did not start"
+    return proc, r
+
+
 def until(conn, kind: str, seen: list):
     """The next event of `kind` on a realtime connection (the SDK's, or a gRPC event stream); every
     event read goes into `seen`."""

@@ -109,3 +109,27 @@ def test_an_image_that_never_comes_fails_its_request_alone(pool, redis_url):
     assert ec.take_unavailable_requests() == {"lost"} and ec.take_unavailable_requests() == set()
     assert ec.ensure_cache_available(other, 0)
     assert [outcome for outcome, _ in ec.waits] == ["timed_out"]
+
+
+def test_a_stalled_redis_never_stalls_the_scheduler():
+    """Redis that accepts and never answers (paused): every look waits out its timeout on the reader
+    thread, while the scheduler's calls return at once and the request keeps waiting."""
+    import socket
+
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(16)  # connections complete in the backlog; nothing is ever read or written
+    try:
+        ec = _connector(f"redis://127.0.0.1:{stalled.getsockname()[1]}/0")
+        request = _request([(EC_ITEM_PREFIX + "stalled/0", 10, 10)])
+        slowest = 0.0
+        deadline = time.monotonic() + 1.5  # three of the client's 0.5 s timeouts
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            assert ec.computable_tokens(request, 10) == 0 and not ec.ensure_cache_available(request, 10)
+            slowest = max(slowest, time.perf_counter() - t0)
+            time.sleep(0.005)
+        assert slowest < 0.05, slowest
+        ec.shutdown()
+    finally:
+        stalled.close()

@@ -5,7 +5,6 @@ item evicted while it is read is refused, never handed on; a pool never evicts w
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import threading
 import time
 
@@ -14,6 +13,7 @@ import pytest
 import redis
 
 from kv_store.features import PAGE_BYTES, FeaturePool, FeatureReader, FeatureUnavailable
+from tests.conftest import owner_process
 
 
 def _features(i: int, rows: int = 300) -> np.ndarray:
@@ -45,13 +45,7 @@ def _owner(redis_url: str, key: str) -> None:
 @pytest.fixture
 def owner(redis_url):
     key = f"ecpool{time.monotonic_ns()}"
-    proc = multiprocessing.get_context("spawn").Process(target=_owner, args=(redis_url, key), daemon=True)
-    proc.start()
-    r = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 60
-    while not r.exists(f"{key}:up") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert r.exists(f"{key}:up"), "owner process did not start"
+    proc, r = owner_process(_owner, (redis_url, key), redis_url, f"{key}:up")
     yield key, r
     r.set(f"{key}:stop", 1)
     proc.join(10)

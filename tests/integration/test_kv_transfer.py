@@ -6,7 +6,6 @@ let a reader in."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ import redis
 
 from kv_store.layout import PageLayout
 from kv_store.transfer import PagePool, PoolAddress, TransferError
+from tests.conftest import owner_process
 
 LAYOUT = PageLayout(num_layers=2, num_kv_heads=2, head_dim=64, page_tokens=16, dtype="float16")
 N_PAGES = 24
@@ -50,15 +50,7 @@ def _owner(redis_url: str, key: str, expect_readers: bool) -> None:
 def owner(redis_url, request):
     key = f"kvxfer{time.monotonic_ns()}"
     expect = getattr(request, "param", True)
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_owner, args=(redis_url, key, expect), daemon=True
-    )
-    proc.start()
-    r = redis.Redis.from_url(redis_url)
-    deadline = time.monotonic() + 60
-    while not r.exists(f"{key}:slots") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert r.exists(f"{key}:slots"), "owner process did not start"
+    proc, r = owner_process(_owner, (redis_url, key, expect), redis_url, f"{key}:slots")
     address = PoolAddress.from_redis(r.hgetall(f"{key}:addr"))
     slots = {k.decode(): int(v) for k, v in r.hgetall(f"{key}:slots").items()}
     yield address, slots

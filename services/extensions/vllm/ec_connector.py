@@ -8,8 +8,8 @@ request's `multi_modal_uuids` and carries only its grid (the consumer config set
 `allow_missing_mm_embeddings`). Then, in the engine core:
 
 - scheduler side: an item counts as available once its features have *arrived* in this process — an
-  encoder replica indexed them in Redis, a reader thread READ them over NIXL (never on the
-  scheduler's loop). A request computes up to the first of its streamed items not yet arrived
+  encoder replica indexed them in Redis, a reader thread looked them up and READ them over NIXL
+  (Redis and the network never on the scheduler's loop). A request computes up to the first of its streamed items not yet arrived
   (`computable_tokens`, applied by services/extensions/vllm/scheduler.py: the prompt's text and
   first images are prefilled while later images encode) and waits there, keeping its seat; one that
   waits past `wait_s` fails (`take_unavailable_requests`: vLLM's error, the gateway's 503);
@@ -97,6 +97,7 @@ class OmniEcConnector(ECConnectorBase):
         self._failed_at: dict[str, float] = {}
         self._wanted: set[str] = set()  # items asked for, not indexed at the last look
         self._looked = -LOOK_S
+        self._looking: concurrent.futures.Future | None = None
         self._waiting_since: dict[str, float] = {}
         self._unavailable: set[str] = set()
         self.waits: list[
@@ -135,24 +136,33 @@ class OmniEcConnector(ECConnectorBase):
         return True
 
     def _look(self) -> None:
-        """At most every LOOK_S: which wanted items the encoder pool has indexed (one pipelined
-        round trip), and start reading those."""
+        """At most every LOOK_S, on the reader thread (a stalled Redis never stalls the scheduler's
+        loop): which wanted items the encoder pool has indexed, in one pipelined round trip. The
+        reads of those found by the last look start."""
+        if self._looking is not None:
+            if not self._looking.done():
+                return
+            look, self._looking = self._looking, None
+            try:
+                found = look.result()
+            except UNAVAILABLE:
+                found = []
+            for identifier in found:
+                if identifier in self._wanted:
+                    self._wanted.discard(identifier)
+                    self._reads[identifier] = self._pool().submit(self._read, identifier)
         now = time.monotonic()
         if now - self._looked < LOOK_S or not self._wanted:
             return
         self._looked = now
-        wanted = sorted(self._wanted)
-        try:
-            pipe = self._client().pipeline(transaction=False)
-            for identifier in wanted:
-                pipe.exists(INDEX + identifier[len(PREFIX) :])
-            found = pipe.execute()
-        except UNAVAILABLE:
-            return
-        for identifier, indexed in zip(wanted, found, strict=True):
-            if indexed:
-                self._wanted.discard(identifier)
-                self._reads[identifier] = self._pool().submit(self._read, identifier)
+        self._looking = self._pool().submit(self._indexed, sorted(self._wanted))
+
+    def _indexed(self, wanted: list[str]) -> list[str]:
+        """On the reader thread: those of `wanted` the encoder pool has indexed."""
+        pipe = self._client().pipeline(transaction=False)
+        for identifier in wanted:
+            pipe.exists(INDEX + identifier[len(PREFIX) :])
+        return [i for i, indexed in zip(wanted, pipe.execute(), strict=True) if indexed]
 
     def computable_tokens(self, request: Request, num_computed_tokens: int) -> int | None:
         """How many tokens from `num_computed_tokens` the request may compute now: up to its first
