@@ -81,6 +81,15 @@ class StageCosts(_Strict):
     vocoder_batch: Curve | None = None  # one vocoder batch of x chunks
 
 
+class Memory(_Strict):
+    """What bounds a thinker replica's KV: the device memory left for it and a token's size."""
+
+    kv_cache_bytes: float = Field(gt=0)  # the engine's KV pool
+    kv_bytes_per_token: float = Field(gt=0)  # K and V of every layer
+    host_bandwidth_bps: float = Field(gt=0)  # device <-> host KV copies
+    source: str = ""
+
+
 class HardwareProfile(_Strict):
     name: str
     device: str  # the machine, in words
@@ -88,6 +97,7 @@ class HardwareProfile(_Strict):
     source: str  # "measured: <command>" or "fitted to published figures: <which>"
     measured_at: str = ""
     stages: StageCosts
+    memory: Memory | None = None  # None: the simulator needs it given
 
     def dump(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

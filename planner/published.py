@@ -8,7 +8,7 @@ an H100 the nearest figure is used and said. A GPU node replaces this file with 
 
 from __future__ import annotations
 
-from planner.costs import HARDWARE_DIR, Curve, HardwareProfile, StageCosts
+from planner.costs import HARDWARE_DIR, Curve, HardwareProfile, Memory, StageCosts
 
 MS = 1e-3
 SOURCES = {
@@ -36,6 +36,15 @@ UNITS = {
     "talker_step": "streams",
     "vocoder_batch": "chunks",
 }
+GIB = 1 << 30
+# Qwen3-30B-A3B's config: 48 layers, 4 KV heads of 128 dims, K and V in bf16. The pool: vLLM's 0.9 of
+# 80 GiB less the thinker's ~30.5B bf16 weights (~57 GiB) and ~4 GiB of activations and CUDA graphs.
+MEMORY = Memory(
+    kv_cache_bytes=11 * GIB,
+    kv_bytes_per_token=48 * 4 * 128 * 2 * 2,
+    host_bandwidth_bps=25e9,  # PCIe Gen5 x16, about half its peak as pinned copies reach
+    source="Qwen3-30B-A3B config.json (layers, KV heads, head dim); 0.9 x 80 GiB less bf16 weights",
+)
 NOT_PUBLISHED = "vision encoder per tile (SigLIP2-So400M), VAD, the gateway per event"
 
 
@@ -51,6 +60,7 @@ def profile() -> HardwareProfile:
         model_profile="qwen3-omni",
         source=f"fitted to published figures: {cited}. Not published: {NOT_PUBLISHED}",
         stages=StageCosts(**curves),
+        memory=MEMORY,
     )
 
 

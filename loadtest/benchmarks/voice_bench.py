@@ -53,18 +53,12 @@ from loadtest import results
 from loadtest.benchmarks.profiles import derive, widen_thinker
 from loadtest.clients.realtime_client import RATE, RealtimeClient
 from loadtest.clients.speech import SENTENCES, speech
+from loadtest.clients.workload import REPLY_TOKENS, reply_length
 from services import runtime
 from services.realtime.server_events import TRY_AGAIN_LATER, WHOLE
 
-REPLY_TOKENS = (30, 300)  # replies' lengths are drawn log-uniform in this range (WORKLOADS.md)
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
 POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
-
-
-def reply_length(rng: random.Random, low: int, high: int) -> int:
-    """A reply's length in tokens, log-uniform in [low, high] (short replies as likely per octave
-    as long ones)."""
-    return min(high, max(low, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
 
 
 @dataclass

@@ -6,9 +6,13 @@ fixed vocabulary, so every run and machine sends the same requests.
 
 from __future__ import annotations
 
+import math
+import random
 from dataclasses import dataclass
 
 import numpy as np
+
+REPLY_TOKENS = (30, 300)  # replies' lengths are drawn log-uniform in this range (WORKLOADS.md)
 
 _WORDS = [
     "the",
@@ -82,3 +86,9 @@ def chat_prompts(
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(median_words), 0.6, n), 10, 400).astype(int)
     return [ChatPrompt(" ".join(rng.choice(_WORDS, k)), max_tokens) for k in lengths]
+
+
+def reply_length(rng: random.Random, low: int, high: int) -> int:
+    """A reply's length in tokens, log-uniform in [low, high] (short replies as likely per octave
+    as long ones)."""
+    return min(high, max(low, round(math.exp(rng.uniform(math.log(low), math.log(high))))))

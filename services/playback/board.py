@@ -125,15 +125,27 @@ def decode(raw: dict, previous: dict[str, BoardView] | None = None, now: float |
             continue  # a view from another version: no telemetry for that session
         if now - view.at > stale_s:
             continue  # its gateway stopped publishing
-        kept = previous.get(sid)
-        if kept is not None and kept.same_course(view):
-            view = kept
-            changed.discard(sid)
-        else:
+        view, is_changed, is_refilled = follow(previous.get(sid), view)
+        if is_changed:
             changed.add(sid)
-            if kept is not None and kept.refilled(view):
+            if is_refilled:
                 refilled.add(sid)
+        else:
+            changed.discard(sid)
         views[sid] = view
+    return advance(previous, views, changed, refilled)
+
+
+def follow(kept: BoardView | None, view: BoardView) -> tuple[BoardView, bool, bool]:
+    """What a reader keeps of a session's newer `view`: the `kept` object while the course is the
+    same; else the new one, and whether it only says that more audio reached the client."""
+    if kept is not None and kept.same_course(view):
+        return kept, False, False
+    return view, True, kept is not None and kept.refilled(view)
+
+
+def advance(previous: dict, views: dict[str, BoardView], changed: set[str], refilled: set[str]) -> BoardViews:
+    """The next poll's views after `previous`, with what changed logged."""
     if isinstance(previous, BoardViews):
         out = BoardViews(views, previous.epoch + 1, previous.log)
     else:

@@ -146,20 +146,27 @@ class PlaybackMonitor:
 
     def snapshot(self) -> dict[str, PlaybackView]:
         now = self.clock()
-        return {
-            sid: PlaybackView(
-                session_id=sid,
-                buffered_ms=s.buffered_ms(now),
-                played_ms=s.played_now(now),
-                playing=s.buffered_ms(now) > 0,
-                speaking=s.speaking,
-                responding=s.responding,
-                first_audio=s.first_audio,
-                barge_ins=s.barge_ins,
-                responses=s.responses,
-                reply_gap_ms=s.reply_gap_ms,
-                ms_per_token=s.ms_per_token,
-                age_s=now - s.updated_at,
-            )
-            for sid, s in self._sessions.items()
-        }
+        return {sid: self._view(sid, s, now) for sid, s in self._sessions.items()}
+
+    def view(self, session_id: str) -> PlaybackView | None:
+        """One session's view now (None: not open)."""
+        s = self._sessions.get(session_id)
+        return None if s is None else self._view(session_id, s, self.clock())
+
+    @staticmethod
+    def _view(sid: str, s: PlaybackState, now: float) -> PlaybackView:
+        buffered = s.buffered_ms(now)
+        return PlaybackView(
+            session_id=sid,
+            buffered_ms=buffered,
+            played_ms=s.played_now(now),
+            playing=buffered > 0,
+            speaking=s.speaking,
+            responding=s.responding,
+            first_audio=s.first_audio,
+            barge_ins=s.barge_ins,
+            responses=s.responses,
+            reply_gap_ms=s.reply_gap_ms,
+            ms_per_token=s.ms_per_token,
+            age_s=now - s.updated_at,
+        )

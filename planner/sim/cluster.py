@@ -1,0 +1,286 @@
+"""A deployment on the simulated clock: the gateway (session monitor, board, AIMD admission, the
+routers' scorer pipelines), decode replicas (planner/sim/engine.py) with their KV (planner/sim/kv.py),
+encoder replicas batching tiles with the real `TileScheduler`, and the speech stages as the delay
+their cost curves give at the streams they carry. Every policy is omniray's own module, called
+through its public interface; only the clock and the hardware are simulated.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import Counter
+
+import simpy
+from pydantic import BaseModel, ConfigDict, Field
+
+from kv_store.metrics import Recorder
+from planner import costs
+from planner.sim.engine import EngineReplica, SimRequest
+from planner.sim.kv import KvPool
+from planner.sim.voice import VoiceSession, VoiceStats
+from planner.sim.workload import RequestSpec, Workload
+from services.extensions.vllm import engine_metrics
+from services.extensions.vllm.scheduler import UrgencyOrder
+from services.models.profile import Profile, load_profile
+from services.playback.board import BoardView, BoardViews, advance, follow
+from services.playback.monitor import PlaybackMonitor
+from services.policies import urgency
+from services.policies.admission import AimdAdmission
+from services.policies.scorers import ScorerPipeline
+from services.policies.scorers.base import Candidate, RoutedRequest
+from services.stages.tile_scheduler import TileScheduler
+
+CODEC_FRAME_MS = 80.0  # Qwen3-Omni's talker: 12.5 codec frames a second of speech
+
+
+class Policies(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    scheduler: str = "fcfs"  # services/policies/urgency
+    scheduler_params: dict = Field(default_factory=dict)
+    eviction: str = "lru"  # kv_store/eviction
+    preload: bool = False  # speech-triggered preload (kv_store/follower.py)
+
+
+BASELINE = Policies()
+INTERACTION = Policies(scheduler="liveserve", eviction="next_use", preload=True)
+
+
+class Deployment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hardware: str  # configs/hardware/<name>.yaml
+    profile: str  # the model profile: engine seats and budget, urgency and admission parameters
+    decode_replicas: int = Field(default=1, ge=1)
+    encoder_replicas: int = Field(default=1, ge=0)
+    talker_streams: int = Field(default=16, ge=1)  # streams a talker / vocoder replica carries
+    page_tokens: int = Field(default=256, ge=16)
+    kv_tokens: int | None = Field(default=None, ge=1)  # the device pool (None: the hardware profile's)
+    host_tokens: int = Field(default=0, ge=0)  # the host tier below it
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    admission: bool = True  # AIMD admission of voice sessions (the profile's parameters)
+    policies: Policies = BASELINE
+    board_poll_s: float = Field(default=0.05, gt=0)
+
+
+class Cluster:
+    def __init__(self, deployment: Deployment, workload: Workload, env: simpy.Environment | None = None):
+        self.d, self.w = deployment, workload
+        self.env = env or simpy.Environment()
+        self.hw = costs.load(deployment.hardware)
+        self.profile: Profile = load_profile(deployment.profile)
+        self.rng = random.Random(workload.seed)
+        self.monitor = PlaybackMonitor(clock=lambda: self.env.now)
+        self.views = BoardViews({})
+        self._dirty: set[str] = set()
+        self._dry: list[tuple[float, str]] = []  # (when a session's buffer may run dry, session)
+        self.admission = AimdAdmission(self.profile.realtime.admission) if deployment.admission else _Open()
+        self.replicas = [self._replica(i) for i in range(deployment.decode_replicas)]
+        self.router = ScorerPipeline.from_config(
+            [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
+        )
+        self.encoders = [EncoderReplica(self, f"encoder-{i}") for i in range(deployment.encoder_replicas)]
+        self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
+        self.responding: set[str] = set()
+        self.voice = VoiceStats()
+        self.requests: dict[str, list[dict]] = {name: [] for name in workload.requests}
+        self.counts = Counter()
+        self.env.process(self._board())
+
+    # ---- construction ------------------------------------------------------------------------------
+
+    def _replica(self, i: int) -> EngineReplica:
+        d, hw, p = self.d, self.hw, self.profile
+        memory = hw.memory
+        kv_tokens = d.kv_tokens or (memory.kv_cache_bytes / memory.kv_bytes_per_token if memory else None)
+        if kv_tokens is None:
+            raise ValueError(f"hardware profile {hw.name} has no memory section: give kv_tokens")
+        page_bytes = d.page_tokens * (memory.kv_bytes_per_token if memory else 1.0)
+        pol = d.policies
+        follower = {"preload": pol.preload} if pol.preload or pol.eviction == "next_use" else None
+        kv = KvPool(self.env, int(kv_tokens // d.page_tokens), d.page_tokens, page_bytes, policy=pol.eviction,
+                    host_pages=d.host_tokens // d.page_tokens,
+                    bandwidth_bps=memory.host_bandwidth_bps if memory else 25e9, follower=follower)  # fmt: skip
+        policy = urgency.create(pol.scheduler, pol.scheduler_params, piece_tokens=p.audio_piece_tokens())
+        order = UrgencyOrder(policy, lambda: self.views, Recorder(engine_metrics.ENGINE_SPEC),
+                             clock=lambda: self.env.now)  # fmt: skip
+        return EngineReplica(self.env, f"decode-{i}", hw.stages, kv, max_num_seqs=p.engine.max_num_seqs,
+                             max_num_batched_tokens=d.max_num_batched_tokens, order=order,
+                             on_step=self._frame)  # fmt: skip
+
+    # ---- the gateway -------------------------------------------------------------------------------
+
+    def published(self, sid: str) -> None:
+        """The monitor's view of `sid` changed: the next board poll carries it."""
+        self._dirty.add(sid)
+
+    def playing_until(self, sid: str, t: float) -> None:
+        """The session's buffer runs dry at `t` unless more audio comes (its view changes then)."""
+        heapq.heappush(self._dry, (t, sid))
+
+    def _board(self):
+        """The board's publish and poll: what changed since the last poll, as decode() keeps it."""
+        while True:
+            yield self.env.timeout(self.d.board_poll_s)
+            now = self.env.now
+            while self._dry and self._dry[0][0] <= now:
+                self._dirty.add(heapq.heappop(self._dry)[1])
+            if not self._dirty:
+                continue
+            views, changed, refilled = dict(self.views), set(), set()
+            for sid in self._dirty:
+                v = self.monitor.view(sid)
+                if v is None:
+                    if views.pop(sid, None) is not None:
+                        changed.add(sid)
+                    continue
+                views[sid], is_changed, is_refilled = follow(self.views.get(sid), BoardView(**vars(v), at=now))
+                if is_changed:
+                    changed.add(sid)
+                    if is_refilled:
+                        refilled.add(sid)
+            self._dirty.clear()
+            self.views = advance(self.views, views, changed, refilled)
+            for r in self.replicas:
+                r.kv.follow(self.views)
+
+    def _frame(self, step_s: float, decoding: int) -> None:
+        """A decode step: the frame time AIMD admission watches (over the audio a token yields)."""
+        if decoding:
+            self.admission.observe(step_s * 1000 / self.w.voice.ms_per_token)
+
+    def route(self, sid: str, current: EngineReplica | None) -> EngineReplica:
+        by_name = {r.name: r for r in self.replicas}
+        request = RoutedRequest(request_id=f"{sid}/{self.counts['routed']}", session_id=sid)
+        self.counts["routed"] += 1
+        best = self.router.rank(request, [Candidate(r.name, r.load) for r in self.replicas])[0]
+        for _, scorer in self.router.stages:
+            scorer.on_routed(request, best)
+        return by_name[best]
+
+    # ---- the speech stages ---------------------------------------------------------------------------
+
+    def audio_encode_s(self, speech_s: float) -> float:
+        curve = self.hw.stages.audio_encode
+        return curve.at(speech_s) if curve is not None else 0.0
+
+    def speech_delay_s(self) -> float:
+        """From a reply token to its audio at the client: the talker's frames for it and a vocoder
+        batch, at the streams a talker replica carries now."""
+        s = self.hw.stages
+        streams = max(1, min(self.d.talker_streams, len(self.responding)))
+        frames = math.ceil(self.w.voice.ms_per_token / CODEC_FRAME_MS)
+        talker = s.talker_step.at(streams) * frames if s.talker_step is not None else 0.0
+        return talker + (s.vocoder_batch.at(streams) if s.vocoder_batch is not None else 0.0)
+
+    # ---- the users -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        v, env = self.w.voice, self.env
+        for i in range(v.sessions):
+            sid = f"t{i % self.w.tenants}/s{i}"
+            session = VoiceSession(self, sid, v, random.Random(f"{self.w.seed}/{sid}"), self.voice)
+            env.process(_after(env, v.ramp_s * i / max(1, v.sessions), session.run()))
+        for name, spec in self.w.requests.items():
+            if spec.rate > 0:
+                env.process(self._requests(name, spec))
+
+    def _requests(self, name: str, spec: RequestSpec):
+        rng = random.Random(f"{self.w.seed}/{name}")
+        for n, gap in enumerate(spec.arrivals.gaps(spec.rate, rng)):
+            yield self.env.timeout(gap)
+            self.env.process(self._request(name, n, spec, rng))
+
+    def _request(self, name: str, n: int, spec: RequestSpec, rng: random.Random):
+        env, rid = self.env, f"{name}-{n}"
+        record = {"arrival": env.now, "tiles": rng.randint(*spec.tiles)}
+        self.requests[name].append(record)
+        prompt = spec.prompt(rng)
+        if record["tiles"]:
+            encoder = self._encoder(rid, record["tiles"])
+            yield encoder.encode(rid, record["tiles"])
+            prompt += record["tiles"] * spec.tokens_per_tile
+            record["encoded"] = env.now
+        done = env.event()
+
+        def owner(request: SimRequest, what: str) -> None:
+            if what == "token" and "ttft" not in record:
+                record["ttft"] = env.now - record["arrival"]
+            elif what == "finished":
+                record["e2e"] = env.now - record["arrival"]
+                done.succeed()
+
+        request = SimRequest(rid, None, prompt, spec.output(rng), env.now, owner)
+        self.route(rid, None).add(request)
+        yield done
+
+    def _encoder(self, rid: str, tiles: int) -> EncoderReplica:
+        request = RoutedRequest(request_id=rid, tiles=tiles)
+        best = self.encoder_router.rank(
+            request, [Candidate(e.name, None, {"pending_tiles": e.scheduler.pending}) for e in self.encoders]
+        )[0]
+        for _, scorer in self.encoder_router.stages:
+            scorer.on_routed(request, best)
+        return next(e for e in self.encoders if e.name == best)
+
+    def run(self) -> None:
+        self.start()
+        self.env.run(until=self.w.duration_s)
+
+
+class EncoderReplica:
+    """Tiles batched by the encoder stage's own scheduler; a batch costs the encoder curve."""
+
+    def __init__(self, cluster: Cluster, name: str):
+        self.cluster, self.env, self.name = cluster, cluster.env, name
+        pool = cluster.profile.encoder_pool
+        self.scheduler = TileScheduler(pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now)
+        self.curve = cluster.hw.stages.encoder_batch
+        self._left: dict[str, tuple[int, simpy.Event]] = {}
+        self._wake = self.env.event()
+        self.env.process(self._loop())
+
+    def encode(self, rid: str, tiles: int) -> simpy.Event:
+        if self.curve is None:
+            raise ValueError(f"hardware profile {self.cluster.hw.name} has no encoder_batch curve")
+        done = self.env.event()
+        self._left[rid] = (tiles, done)
+        self.scheduler.submit(rid, list(range(tiles)))
+        if not self._wake.triggered:
+            self._wake.succeed()
+        return done
+
+    def _loop(self):
+        while True:
+            batch = self.scheduler.next_batch()
+            if not batch:
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            yield self.env.timeout(self.curve.at(len(batch)))
+            for rid, _ in batch:
+                left, done = self._left[rid]
+                self._left[rid] = (left - 1, done)
+                if left == 1:
+                    del self._left[rid]
+                    for _, scorer in self.cluster.encoder_router.stages:
+                        scorer.on_completed(rid, self.name)
+                    done.succeed()
+
+
+class _Open:
+    """Admission off: every session is admitted."""
+
+    def try_admit(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def observe(self, ratio: float) -> None:
+        pass
+
+
+def _after(env: simpy.Environment, delay: float, process):
+    yield env.timeout(delay)
+    yield env.process(process)

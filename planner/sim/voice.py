@@ -1,0 +1,182 @@
+"""One realtime voice session on the simulated clock: the user, the client's player and what the
+gateway tells its session monitor (the real `services.playback.monitor.PlaybackMonitor`, whose
+views the engines' urgency hook and the KV follower read through the board).
+
+A turn: the user speaks (`speech_s`); the server's VAD ends the turn — TTFP counts from there, as
+`make bench-voice` counts from `speech_stopped`; the audio encoder runs; the thinker request (the
+conversation so far plus the turn's audio tokens) goes to the session's decode replica. Each token
+it generates is audio (`ms_per_token`) that reaches the client after the speech stages' delay; the
+client plays it at real time, stalling when its buffer runs dry. With probability `barge_p` the
+user talks over the reply at LiveServe's cut point (first audio plus a sample of whole replies'
+audio durations); a cut past the reply's end is no barge-in. Otherwise the user waits for playback
+to end, then a reply gap, and speaks again.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import simpy
+
+from loadtest.clients.workload import reply_length
+from planner.sim.engine import SimRequest
+from planner.sim.workload import VoiceSpec
+
+GAP_MS = 100  # a longer stall makes a response discontinuous (WORKLOADS.md)
+
+
+@dataclass
+class Turn:
+    """One reply, as measured at the client."""
+
+    start: float  # speech_stopped (simulated seconds)
+    ttfp_s: float | None = None
+    generated: int = 0
+    wasted: int = 0
+    barged: bool = False
+    stalled_s: float = 0.0
+    longest_stall_s: float = 0.0
+    audio_s: float = 0.0  # heard
+    heard_whole: bool = False
+
+
+@dataclass
+class VoiceStats:
+    turns: list[Turn] = field(default_factory=list)
+    refused: int = 0  # admission said no (retried)
+
+
+class VoiceSession:
+    def __init__(self, cluster, sid: str, spec: VoiceSpec, rng: random.Random, stats: VoiceStats):
+        self.cluster, self.sid, self.spec, self.rng, self.stats = cluster, sid, spec, rng, stats
+        self.env: simpy.Environment = cluster.env
+        self.monitor = cluster.monitor
+        self.context = spec.system_tokens
+        self.epoch = 0  # the conversation window moved this many times (a new KV chain each time)
+        self.replica = None
+        # the current reply
+        self.request: SimRequest | None = None
+        self.turn: Turn | None = None
+        self.play_end = 0.0  # when the client's buffer runs dry
+        self.done: simpy.Event | None = None
+        self.cut: simpy.Event | None = None
+
+    @property
+    def chain(self) -> str:
+        return f"{self.sid}#{self.epoch}"
+
+    def run(self):
+        env, spec, c = self.env, self.spec, self.cluster
+        while not c.admission.try_admit():
+            self.stats.refused += 1
+            yield env.timeout(5.0)
+        self.monitor.open(self.sid)
+        c.published(self.sid)
+        barged = False
+        try:
+            while True:
+                speech = self.rng.uniform(*spec.speech_s)
+                if not barged:  # a barge-in started this speech already
+                    self.monitor.speech_started(self.sid)
+                    c.published(self.sid)
+                yield env.timeout(speech + spec.vad_silence_s)
+                self.monitor.speech_stopped(self.sid)
+                c.published(self.sid)
+                barged = yield from self._reply(speech)
+                if not barged:
+                    yield env.timeout(max(0.0, self.play_end - env.now) + self.rng.uniform(*spec.gap_s))
+        finally:
+            c.admission.release()
+
+    def _reply(self, speech_s: float):
+        env, spec, c = self.env, self.spec, self.cluster
+        turn = self.turn = Turn(start=env.now)
+        self.stats.turns.append(turn)
+        yield env.timeout(c.audio_encode_s(speech_s))
+        self.context += int(speech_s * spec.audio_tokens_per_s)
+        if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
+            self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1
+        length = reply_length(self.rng, *spec.reply_tokens)
+        self.replica = c.route(self.sid, self.replica)
+        request = self.request = SimRequest(f"{self.sid}/{len(self.stats.turns)}", self.sid, self.context, length,
+                                            env.now, self._on_request, chain=self.chain)  # fmt: skip
+        self.replica.kv.session_chain[self.sid] = self.chain
+        self.monitor.response_started(self.sid)
+        c.published(self.sid)
+        c.responding.add(self.sid)
+        self.done, self.cut = env.event(), env.event()
+        load = self.replica.kv.load_time(request)
+        if load:
+            yield env.timeout(load)
+        self.replica.add(request)
+        yield self.done | self.cut
+        c.responding.discard(self.sid)
+        if self.cut.triggered:
+            return True
+        self.context += request.num_output_tokens
+        return False
+
+    # ---- the engine's tokens become audio at the client --------------------------------------------
+
+    def _on_request(self, request: SimRequest, what: str) -> None:
+        if request is not self.request:
+            return  # a reply already cut
+        if what == "token":
+            self.turn.generated += 1
+            # a timeout's callback, not a process per token: the cheapest event simpy has
+            self.env.timeout(self.cluster.speech_delay_s()).callbacks.append(lambda _: self._audio(request))
+        elif what == "finished":
+            self.env.process(self._finish(request, self.cluster.speech_delay_s()))
+
+    def _audio(self, request: SimRequest) -> None:
+        if request is not self.request:
+            return
+        now, turn = self.env.now, self.turn
+        if turn.ttfp_s is None:
+            turn.ttfp_s = now - turn.start
+            self.play_end = now
+            if self.rng.random() < self.spec.barge_p:
+                heard = reply_length(self.rng, *self.spec.reply_tokens) * self.spec.ms_per_token / 1000
+                self.env.process(self._barge(request, now + heard))
+        elif now > self.play_end:
+            stall = now - self.play_end
+            turn.stalled_s += stall
+            turn.longest_stall_s = max(turn.longest_stall_s, stall)
+            self.play_end = now
+        self.play_end += self.spec.ms_per_token / 1000
+        self.monitor.audio_sent(self.sid, self.spec.ms_per_token)
+        self.cluster.published(self.sid)
+        self.cluster.playing_until(self.sid, self.play_end)
+
+    def _finish(self, request: SimRequest, delay: float):
+        yield self.env.timeout(delay)
+        if request is not self.request:
+            return
+        turn = self.turn
+        yield self.env.timeout(max(0.0, self.play_end - self.env.now))  # the client plays it out
+        if request is not self.request:
+            return
+        turn.heard_whole = True
+        turn.audio_s = turn.generated * self.spec.ms_per_token / 1000
+        self.monitor.response_finished(self.sid, turn.generated, turn.generated * self.spec.ms_per_token)
+        self.cluster.published(self.sid)
+        self.request = None
+        self.done.succeed()
+
+    def _barge(self, request: SimRequest, at: float):
+        yield self.env.timeout(max(0.0, at - self.env.now))
+        if request is not self.request:
+            return  # heard to its end first: no barge-in
+        turn, now = self.turn, self.env.now
+        played_s = max(0.0, min(now, self.play_end) - (turn.start + turn.ttfp_s) - turn.stalled_s)
+        heard_tokens = min(turn.generated, round(played_s * 1000 / self.spec.ms_per_token))
+        turn.barged, turn.audio_s = True, played_s
+        turn.wasted = turn.generated - heard_tokens
+        self.request = None
+        self.replica.abort(request)
+        self.monitor.speech_started(self.sid)  # counted as a barge-in
+        self.monitor.truncated(self.sid, played_s * 1000)
+        self.cluster.published(self.sid)
+        self.context += heard_tokens
+        self.cut.succeed()
