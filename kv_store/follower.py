@@ -6,8 +6,11 @@ depends on no service code). Each `step`:
 
 - **Next use.** Every page of a session this process has held gets a predicted time of next use:
   now while the user speaks; after the remaining playback plus the session's reply gap while a
-  response plays or runs; `idle_s` later for an idle session; never for a session no longer on the
-  board. The `next_use` eviction policy reads `predict(page)`; pages whose prediction moved are
+  response plays or runs; between turns, `default_gap_s` plus the time since the session's last
+  signal, at most `idle_s` (the user answers a reply within seconds, and a session quiet for long is
+  the least likely to come back soon — the simulator found +`idle_s` for every session between
+  turns evicting exactly the pages about to be used: planner/sim); never for a session no longer on
+  the board. The `next_use` eviction policy reads `predict(page)`; pages whose prediction moved are
   re-ranked (`update_many`).
 - **Preload.** When a session starts speaking (or barges in), its chain is brought into L2 in the
   background — if the pages missing here fit in the time before the turn can reach prefill
@@ -27,8 +30,8 @@ from typing import Any
 
 @dataclass
 class FollowerParams:
-    idle_s: float = 30.0  # an idle session's next use, from now
-    default_gap_s: float = 1.0  # reply gap when the session has none measured yet
+    idle_s: float = 30.0  # an idle session's next use, from now, at the latest
+    default_gap_s: float = 1.0  # reply gap when the session has none measured yet; the user's, between turns
     preload: bool = True
     deadline_s: float = 0.5  # time from speech start until the turn can reach prefill (>= VAD silence)
     max_pages: int = 4096  # preloaded pages in flight, in total
@@ -74,7 +77,8 @@ class PlaybackFollower:
         gap = (view.reply_gap_ms / 1000) if view.reply_gap_ms else self.p.default_gap_s
         if view.responding or view.playing:
             return now + view.buffered_at(now) / 1000 + gap
-        return now + self.p.idle_s
+        quiet = view.age_s + max(0.0, now - view.at)  # since its last signal (a kept view is older)
+        return now + min(self.p.idle_s, self.p.default_gap_s + quiet)
 
     async def step(self, views: dict) -> None:
         now = self.clock()

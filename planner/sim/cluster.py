@@ -1,14 +1,13 @@
 """A deployment on the simulated clock: the gateway (session monitor, board, AIMD admission, the
 routers' scorer pipelines), decode replicas (planner/sim/engine.py) with their KV (planner/sim/kv.py),
-encoder replicas batching tiles with the real `TileScheduler`, and the speech stages as the delay
-their cost curves give at the streams they carry. Every policy is omniray's own module, called
+encoder replicas batching tiles with the real `TileScheduler`,  talker replicas batching
+streams in the speech stages' urgency order (planner/sim/speech.py). Every policy is omniray's own module, called
 through its public interface; only the clock and the hardware are simulated.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from collections import Counter
 
@@ -19,6 +18,7 @@ from kv_store.metrics import Recorder
 from planner import costs
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
+from planner.sim.speech import TalkerReplica, frames_per_token
 from planner.sim.voice import VoiceSession, VoiceStats
 from planner.sim.workload import RequestSpec, Workload
 from services.extensions.vllm import engine_metrics
@@ -31,8 +31,6 @@ from services.policies.admission import AimdAdmission
 from services.policies.scorers import ScorerPipeline
 from services.policies.scorers.base import Candidate, RoutedRequest
 from services.stages.tile_scheduler import TileScheduler
-
-CODEC_FRAME_MS = 80.0  # Qwen3-Omni's talker: 12.5 codec frames a second of speech
 
 
 class Policies(BaseModel):
@@ -53,7 +51,7 @@ class Deployment(BaseModel):
     profile: str  # the model profile: engine seats and budget, urgency and admission parameters
     decode_replicas: int = Field(default=1, ge=1)
     encoder_replicas: int = Field(default=1, ge=0)
-    talker_streams: int = Field(default=16, ge=1)  # streams a talker / vocoder replica carries
+    talker_replicas: int = Field(default=2, ge=1)
     page_tokens: int = Field(default=256, ge=16)
     kv_tokens: int | None = Field(default=None, ge=1)  # the device pool (None: the hardware profile's)
     host_tokens: int = Field(default=0, ge=0)  # the host tier below it
@@ -79,6 +77,21 @@ class Cluster:
         self.router = ScorerPipeline.from_config(
             [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
         )
+        policy = self._urgency()
+        talker = self.profile.models.talker
+        max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
+        self.talkers = [
+            TalkerReplica(
+                self.env,
+                f"talker-{i}",
+                self.hw.stages,
+                policy,
+                lambda: self.views,
+                max_streams,
+                frames_per_token(workload.voice.ms_per_token),
+            )  # fmt: skip
+            for i in range(deployment.talker_replicas)
+        ]
         self.encoders = [EncoderReplica(self, f"encoder-{i}") for i in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
@@ -101,12 +114,17 @@ class Cluster:
         kv = KvPool(self.env, int(kv_tokens // d.page_tokens), d.page_tokens, page_bytes, policy=pol.eviction,
                     host_pages=d.host_tokens // d.page_tokens,
                     bandwidth_bps=memory.host_bandwidth_bps if memory else 25e9, follower=follower)  # fmt: skip
-        policy = urgency.create(pol.scheduler, pol.scheduler_params, piece_tokens=p.audio_piece_tokens())
-        order = UrgencyOrder(policy, lambda: self.views, Recorder(engine_metrics.ENGINE_SPEC),
+        order = UrgencyOrder(self._urgency(), lambda: self.views, Recorder(engine_metrics.ENGINE_SPEC),
                              clock=lambda: self.env.now)  # fmt: skip
         return EngineReplica(self.env, f"decode-{i}", hw.stages, kv, max_num_seqs=p.engine.max_num_seqs,
                              max_num_batched_tokens=d.max_num_batched_tokens, order=order,
                              on_step=self._frame)  # fmt: skip
+
+    def _urgency(self) -> urgency.UrgencyPolicy:
+        pol = self.d.policies
+        return urgency.create(
+            pol.scheduler, pol.scheduler_params, piece_tokens=self.profile.audio_piece_tokens()
+        )
 
     # ---- the gateway -------------------------------------------------------------------------------
 
@@ -134,7 +152,9 @@ class Cluster:
                     if views.pop(sid, None) is not None:
                         changed.add(sid)
                     continue
-                views[sid], is_changed, is_refilled = follow(self.views.get(sid), BoardView(**vars(v), at=now))
+                views[sid], is_changed, is_refilled = follow(
+                    self.views.get(sid), BoardView(**vars(v), at=now)
+                )
                 if is_changed:
                     changed.add(sid)
                     if is_refilled:
@@ -164,14 +184,9 @@ class Cluster:
         curve = self.hw.stages.audio_encode
         return curve.at(speech_s) if curve is not None else 0.0
 
-    def speech_delay_s(self) -> float:
-        """From a reply token to its audio at the client: the talker's frames for it and a vocoder
-        batch, at the streams a talker replica carries now."""
-        s = self.hw.stages
-        streams = max(1, min(self.d.talker_streams, len(self.responding)))
-        frames = math.ceil(self.w.voice.ms_per_token / CODEC_FRAME_MS)
-        talker = s.talker_step.at(streams) * frames if s.talker_step is not None else 0.0
-        return talker + (s.vocoder_batch.at(streams) if s.vocoder_batch is not None else 0.0)
+    def talker(self) -> TalkerReplica:
+        """A new reply's talker: the one with the fewest streams."""
+        return min(self.talkers, key=lambda t: len(t.streams))
 
     # ---- the users -----------------------------------------------------------------------------------
 
@@ -234,7 +249,9 @@ class EncoderReplica:
     def __init__(self, cluster: Cluster, name: str):
         self.cluster, self.env, self.name = cluster, cluster.env, name
         pool = cluster.profile.encoder_pool
-        self.scheduler = TileScheduler(pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now)
+        self.scheduler = TileScheduler(
+            pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now
+        )
         self.curve = cluster.hw.stages.encoder_batch
         self._left: dict[str, tuple[int, simpy.Event]] = {}
         self._wake = self.env.event()

@@ -51,7 +51,6 @@ class SimRequest:
         return self.num_computed_tokens < self.prompt
 
 
-
 class EngineReplica:
     def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, kv: KvPool, *,
                  max_num_seqs: int, max_num_batched_tokens: int, order=None,
@@ -82,7 +81,9 @@ class EngineReplica:
     def _request_blocks_can_be_freed(self, request) -> bool:
         return True
 
-    def _preempt_request(self, request: SimRequest, timestamp: float, drop_stale_output: bool = False) -> None:
+    def _preempt_request(
+        self, request: SimRequest, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
         self._free(request)
         # vLLM recomputes the outputs too, then samples the next token
         request.prompt += request.num_output_tokens - request._replayed
@@ -134,17 +135,25 @@ class EngineReplica:
         return True
 
     def _schedule(self, held: list) -> tuple[list, list, int]:
+        """vLLM's order: the running requests (a token each, or a prefill chunk), then — unless a
+        running one was preempted for pages this step — the waiting ones, while seats, budget and
+        pages last."""
         decoding, prefill, budget = [], [], self.budget
+        preempted = self.preempted
         for r in list(self.running):
             if budget <= 0:
                 break
-            if r not in self.running:  # preempted for another's pages this round
+            if r not in self.running:  # preempted for another's pages this step
                 continue
             n = min(r.prompt - r.num_computed_tokens, budget) if r.prefilling else 1
             if not self._grow(r, r.num_computed_tokens + n):
                 continue
             (prefill if r.prefilling else decoding).append((r, n))
             budget -= n
+        if self.preempted != preempted:  # one scheduled earlier may have been the victim
+            decoding = [(r, n) for r, n in decoding if r.status == "running"]
+            prefill = [(r, n) for r, n in prefill if r.status == "running"]
+            return decoding, prefill, sum(n for _, n in decoding + prefill)
         seats = self.max_num_active_reqs - len(self.running) - len(held)
         while self.waiting and seats > 0 and budget > 0:
             r = self.waiting[0]
@@ -152,7 +161,7 @@ class EngineReplica:
                 r.num_computed_tokens = self.kv.admit(r)  # prefix-cache hit
                 r.pages = math.ceil(r.num_computed_tokens / self.kv.page_tokens)
             n = min(r.prompt - r.num_computed_tokens, budget) if r.prefilling else 1
-            if not self._grow(r, r.num_computed_tokens + n):
+            if not self._admit_pages(r, r.num_computed_tokens + n):
                 break
             self.waiting.popleft()
             r.status = "running"
@@ -161,6 +170,15 @@ class EngineReplica:
             budget -= n
             seats -= 1
         return decoding, prefill, self.budget - budget
+
+    def _admit_pages(self, request: SimRequest, tokens: int) -> bool:
+        """Pages for a waiting request: from the free and cached pages only (vLLM preempts for the
+        running, never to admit)."""
+        need = math.ceil(tokens / self.kv.page_tokens) - request.pages
+        if need > 0 and not self.kv.take(need):
+            return False
+        request.pages += max(0, need)
+        return True
 
     def step_cost(self, decoding: int, prompt_tokens: int) -> float:
         c = self.costs

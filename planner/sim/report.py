@@ -46,8 +46,10 @@ def requests(cluster) -> dict:
     for name, records in cluster.requests.items():
         done = [r for r in records if r["arrival"] >= cluster.w.warmup_s and "e2e" in r]
         ttft = [r["ttft"] for r in done]
+        encode = [r["encoded"] - r["arrival"] for r in done if "encoded" in r]
         out[name] = {
             "requests": len(done),
+            "encode_p99_s": quantile(encode, 0.99),
             "ttft_p50_s": quantile(ttft, 0.5),
             "ttft_p99_s": quantile(ttft, 0.99),
             "e2e_p50_s": quantile([r["e2e"] for r in done], 0.5),

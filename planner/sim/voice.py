@@ -37,6 +37,7 @@ class Turn:
     barged: bool = False
     stalled_s: float = 0.0
     longest_stall_s: float = 0.0
+    voiced: int = 0  # tokens whose audio reached the client
     audio_s: float = 0.0  # heard
     heard_whole: bool = False
 
@@ -54,13 +55,14 @@ class VoiceSession:
         self.monitor = cluster.monitor
         self.context = spec.system_tokens
         self.epoch = 0  # the conversation window moved this many times (a new KV chain each time)
-        self.replica = None
+        self.replica = self.talker = None
         # the current reply
         self.request: SimRequest | None = None
         self.turn: Turn | None = None
         self.play_end = 0.0  # when the client's buffer runs dry
         self.done: simpy.Event | None = None
         self.cut: simpy.Event | None = None
+        self.final: int | None = None  # the reply's tokens, once the engine finished it
 
     @property
     def chain(self) -> str:
@@ -98,14 +100,14 @@ class VoiceSession:
         if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
             self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1
         length = reply_length(self.rng, *spec.reply_tokens)
-        self.replica = c.route(self.sid, self.replica)
+        self.replica, self.talker = c.route(self.sid, self.replica), c.talker()
         request = self.request = SimRequest(f"{self.sid}/{len(self.stats.turns)}", self.sid, self.context, length,
                                             env.now, self._on_request, chain=self.chain)  # fmt: skip
         self.replica.kv.session_chain[self.sid] = self.chain
         self.monitor.response_started(self.sid)
         c.published(self.sid)
         c.responding.add(self.sid)
-        self.done, self.cut = env.event(), env.event()
+        self.done, self.cut, self.final = env.event(), env.event(), None
         load = self.replica.kv.load_time(request)
         if load:
             yield env.timeout(load)
@@ -124,10 +126,9 @@ class VoiceSession:
             return  # a reply already cut
         if what == "token":
             self.turn.generated += 1
-            # a timeout's callback, not a process per token: the cheapest event simpy has
-            self.env.timeout(self.cluster.speech_delay_s()).callbacks.append(lambda _: self._audio(request))
+            self.talker.token(self.sid, lambda: self._audio(request))
         elif what == "finished":
-            self.env.process(self._finish(request, self.cluster.speech_delay_s()))
+            self.final = request.num_output_tokens  # its audio ends the reply
 
     def _audio(self, request: SimRequest) -> None:
         if request is not self.request:
@@ -148,9 +149,11 @@ class VoiceSession:
         self.monitor.audio_sent(self.sid, self.spec.ms_per_token)
         self.cluster.published(self.sid)
         self.cluster.playing_until(self.sid, self.play_end)
+        turn.voiced += 1
+        if turn.voiced == self.final:
+            self.env.process(self._finish(request))
 
-    def _finish(self, request: SimRequest, delay: float):
-        yield self.env.timeout(delay)
+    def _finish(self, request: SimRequest):
         if request is not self.request:
             return
         turn = self.turn
@@ -175,6 +178,7 @@ class VoiceSession:
         turn.wasted = turn.generated - heard_tokens
         self.request = None
         self.replica.abort(request)
+        self.talker.drop(self.sid)
         self.monitor.speech_started(self.sid)  # counted as a barge-in
         self.monitor.truncated(self.sid, played_s * 1000)
         self.cluster.published(self.sid)

@@ -69,7 +69,9 @@ class RequestSpec(_Strict):
 
 class Workload(_Strict):
     voice: VoiceSpec = VoiceSpec()
-    requests: dict[str, RequestSpec] = Field(default_factory=dict)  # class name (chat, image, document) -> spec
+    requests: dict[str, RequestSpec] = Field(
+        default_factory=dict
+    )  # class name (chat, image, document) -> spec
     tenants: int = Field(default=1, ge=1)  # sessions and requests spread over this many tenants
     duration_s: float = Field(default=120.0, gt=0)
     warmup_s: float = Field(default=10.0, ge=0)  # what ends before this is not counted

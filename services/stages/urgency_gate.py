@@ -63,10 +63,10 @@ class UrgencyGate:
 
 
 def most_urgent_first(
-    policy: UrgencyPolicy, views: dict[str, BoardView], waiting: list[tuple[float, str]]
+    policy: UrgencyPolicy, views: dict[str, BoardView], waiting: list[tuple[float, str]], now: float | None = None
 ) -> list[int]:
-    """Indices of `waiting` (arrival, session) in the order the policy serves them: its order, then
-    what it would hold back, by arrival (nothing is held here)."""
+    """Indices of `waiting` (arrival, session) in the order the policy serves them at `now` (wall
+    time unless given): its order, then what it would hold back, by arrival (nothing is held here)."""
     candidates = [Candidate(arrival, 0, 0, views.get(session)) for arrival, session in waiting]
-    ranking = policy.rank(candidates, time.time(), 0.0)
+    ranking = policy.rank(candidates, time.time() if now is None else now, 0.0)
     return list(ranking.order) + sorted(ranking.held, key=lambda i: candidates[i].arrival)

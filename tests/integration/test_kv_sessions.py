@@ -25,8 +25,8 @@ def _bytes(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 255, LAYOUT.page_bytes, dtype=np.uint8)
 
 
-def view(speaking=False, buffered_ms=0.0, barge_ins=0) -> BoardView:
-    return BoardView(session_id="s", played_ms=0.0, age_s=0.0, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=speaking,
+def view(speaking=False, buffered_ms=0.0, barge_ins=0, age_s=0.0) -> BoardView:
+    return BoardView(session_id="s", played_ms=0.0, age_s=age_s, ms_per_token=None, buffered_ms=buffered_ms, playing=buffered_ms > 0, speaking=speaking,
                      responding=buffered_ms > 0, first_audio=True, barge_ins=barge_ins, responses=1,
                      reply_gap_ms=800.0, at=NOW)  # fmt: skip
 
@@ -41,7 +41,7 @@ async def test_next_use_keeps_speaking_and_playing_sessions_and_evicts_idle_ones
         for i, p in enumerate(ps):
             await store.put(p, _bytes(hash(p) % 1000), PageInfo(position=i))
         follower.saw(s, ps)
-    await follower.step({"talk": view(speaking=True), "play": view(buffered_ms=3000), "idle": view()})
+    await follower.step({"talk": view(speaking=True), "play": view(buffered_ms=3000), "idle": view(age_s=45)})
     assert follower.predict("talk0") == NOW
     assert follower.predict("play1") == pytest.approx(NOW + 3.0 + 0.8)
     assert follower.predict("idle0") == NOW + 30
@@ -55,6 +55,19 @@ async def test_next_use_keeps_speaking_and_playing_sessions_and_evicts_idle_ones
     assert follower.predict("play0") == float("inf")
     await store.put("new2", _bytes(9))
     assert pool.get("play1") is None and all(pool.get(p) is not None for p in pages["talk"])
+
+
+async def test_a_session_between_turns_is_next_after_the_speaking_ones(meta):
+    """Its reply was heard a moment ago: the user answers within seconds — sooner than a session
+    with seconds of reply still to play, and far sooner than one quiet for long."""
+    pool = PagePool(f"sess-gap-{uuid.uuid4().hex[:6]}", LAYOUT, 6)
+    store = KvStore("node-g", pool, meta, create("lru"))
+    follower = PlaybackFollower(store, FollowerParams(idle_s=30, default_gap_s=1.0), clock=lambda: NOW)
+    for s in ("heard", "play", "quiet"):
+        follower.saw(s, [f"{s}0"])
+    await follower.step({"heard": view(age_s=0.5), "play": view(buffered_ms=3000), "quiet": view(age_s=20)})
+    assert follower.predict("heard0") == pytest.approx(NOW + 1.5)
+    assert follower.predict("heard0") < follower.predict("play0") < follower.predict("quiet0") == NOW + 21
 
 
 async def _offloaded(meta, tmp_path, chain_len=4):
