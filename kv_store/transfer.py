@@ -293,7 +293,9 @@ class PagePool:
             raise
         self._finish(handle, state, peer, todo)
 
-    def read_blocking(self, peer: PoolAddress, pages: list[tuple[Hashable, int]], poll_s: float = 0.0) -> list[int]:
+    def read_blocking(
+        self, peer: PoolAddress, pages: list[tuple[Hashable, int]], poll_s: float = 0.0
+    ) -> list[int]:
         """The synchronous fallback (no event loop): the same transfer, polled in place (every
         `poll_s`: a reader beside a busy thread in its process sleeps between polls)."""
         handle, state = self._start(peer, pages)

@@ -195,10 +195,16 @@ def streamed(args) -> dict:
             try:
                 for parts in requests[:2]:  # warm-up: first requests pay for lazy setup
                     _first_token_s(cluster.http_url, base.served_model_name, parts)
-                times = sorted(_first_token_s(cluster.http_url, base.served_model_name, p) for p in requests[2:])
+                times = sorted(
+                    _first_token_s(cluster.http_url, base.served_model_name, p) for p in requests[2:]
+                )
             finally:
                 runtime.stop(run_dir)
-            out[name] = {"ttft_p50_s": statistics.median(times), "ttft_p90_s": _pct(times, 0.9), "n": len(times)}
+            out[name] = {
+                "ttft_p50_s": statistics.median(times),
+                "ttft_p90_s": _pct(times, 0.9),
+                "n": len(times),
+            }
             print(f"  {name:8s} first token p50 {out[name]['ttft_p50_s'] * 1000:7.1f} ms"
                   f"  p90 {out[name]['ttft_p90_s'] * 1000:7.1f} ms  (n={len(times)})", flush=True)  # fmt: skip
     out["ttft_p50_whole_over_streamed"] = out["whole"]["ttft_p50_s"] / out["streamed"]["ttft_p50_s"]
@@ -232,10 +238,15 @@ def main(argv: list[str] | None = None) -> int:
         print("[bench-video] key frames (the pre-stage's sampler):", flush=True)
         out["key_frames"] = key_frames(args)
     if "2" in parts:
-        print(f"[bench-video] encoder pool, {args.profile}: a video question beside chat and voice:", flush=True)
+        print(
+            f"[bench-video] encoder pool, {args.profile}: a video question beside chat and voice:", flush=True
+        )
         out["mixed"] = asyncio.run(mixed(args))
     if "3" in parts:
-        print(f"[bench-video] a 10-image request on {args.stream_profile}, features streamed vs whole:", flush=True)
+        print(
+            f"[bench-video] a 10-image request on {args.stream_profile}, features streamed vs whole:",
+            flush=True,
+        )
         out["streamed"] = streamed(args)
     print(f"[bench-video] wrote {results.write('bench-video', args.profile, out)}")
     return 0

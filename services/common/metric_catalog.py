@@ -339,7 +339,11 @@ def _declared() -> list[Metric]:
             ("outcome",),
             at_zero=True,
         ),
-        Metric("omniray_encoder_feature_pool_bytes", g, "Bytes of features the replica's NIXL feature pool holds."),
+        Metric(
+            "omniray_encoder_feature_pool_bytes",
+            g,
+            "Bytes of features the replica's NIXL feature pool holds.",
+        ),
         Metric(
             "omniray_realtime_camera_frames_total",
             c,

@@ -173,7 +173,9 @@ class Pipeline:
         """The thinker's prompt: the laid-out text with each media item's encoder output in its place
         (a response's, and a turn's speculative prefill). With `stream_to`, images may be in it by
         their placements while they are still encoded (MediaEncoding.encode)."""
-        encoded = await self.encoding.encode(ctx, turn.media, grids, progress, stream_to) if turn.media else []
+        encoded = (
+            await self.encoding.encode(ctx, turn.media, grids, progress, stream_to) if turn.media else []
+        )
         return self.prompts.fill(layout, encoded), encoded
 
     async def build_prompt(self, p: Prepared, progress=None) -> None:

@@ -63,7 +63,10 @@ class UrgencyGate:
 
 
 def most_urgent_first(
-    policy: UrgencyPolicy, views: dict[str, BoardView], waiting: list[tuple[float, str]], now: float | None = None
+    policy: UrgencyPolicy,
+    views: dict[str, BoardView],
+    waiting: list[tuple[float, str]],
+    now: float | None = None,
 ) -> list[int]:
     """Indices of `waiting` (arrival, session) in the order the policy serves them at `now` (wall
     time unless given): its order, then what it would hold back, by arrival (nothing is held here)."""

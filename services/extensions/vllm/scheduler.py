@@ -254,13 +254,17 @@ class OmnirayScheduler(AsyncScheduler):
         self._count_prompt_tokens(output)
         return output
 
-    def _try_schedule_encoder_inputs(self, request, num_computed_tokens: int, num_new_tokens: int, *args, **kwargs):
+    def _try_schedule_encoder_inputs(
+        self, request, num_computed_tokens: int, num_new_tokens: int, *args, **kwargs
+    ):
         # Encoder outputs streamed over NIXL (ec_connector.py): compute up to the first not arrived.
         if isinstance(self.ec_connector, OmniEcConnector):
             bound = self.ec_connector.computable_tokens(request, num_computed_tokens)
             if bound is not None:
                 num_new_tokens = min(num_new_tokens, bound)
-        return super()._try_schedule_encoder_inputs(request, num_computed_tokens, num_new_tokens, *args, **kwargs)
+        return super()._try_schedule_encoder_inputs(
+            request, num_computed_tokens, num_new_tokens, *args, **kwargs
+        )
 
     def update_from_output(self, scheduler_output, model_runner_output):
         outputs = super().update_from_output(scheduler_output, model_runner_output)

@@ -105,7 +105,9 @@ class VisionEncoder:
             tokens = tokens.reshape(-1, stacked.shape[-1])
         placement, _ = self.placement(features, cols, rows)
         return EncoderOutput(
-            embeddings=np.ascontiguousarray(tokens, dtype=np.float32), tiles=len(features), placement=placement
+            embeddings=np.ascontiguousarray(tokens, dtype=np.float32),
+            tiles=len(features),
+            placement=placement,
         )
 
     def video_tile(self, frames: np.ndarray) -> VisionTile:
