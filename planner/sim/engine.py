@@ -47,6 +47,10 @@ class SimRequest:
         self._replayed = 0  # output tokens a preemption made part of the prompt to recompute
 
     @property
+    def num_tokens(self) -> int:  # what vLLM's Request says: the tokens to have in KV before the next
+        return self.prompt
+
+    @property
     def prefilling(self) -> bool:
         return self.num_computed_tokens < self.prompt
 
@@ -57,7 +61,8 @@ class EngineReplica:
                  on_step: Callable[[float, int], None] | None = None):  # fmt: skip
         self.env, self.name, self.costs, self.kv = env, name, costs, kv
         self.max_num_active_reqs = max_num_seqs
-        self.budget = max_num_batched_tokens
+        self.budget = self.max_num_scheduled_tokens = max_num_batched_tokens
+        self.block_size = kv.page_tokens  # the hook counts KV in the pool's unit
         self.order = order  # UrgencyOrder, or None: vLLM's own order
         self.on_step = on_step  # (step seconds, decoding requests): frame-time observers (admission)
         self.running: list[SimRequest] = []
@@ -69,6 +74,7 @@ class EngineReplica:
         self.requires_kv_delivery = False
         self.kv_cache_manager = kv
         self.steps = self.busy_s = 0.0
+        self._loading = 0.0  # host-tier loads the step being scheduled waits for
         self.preempted = 0
         self._wake = env.event()
         env.process(self._loop())
@@ -158,6 +164,8 @@ class EngineReplica:
         while self.waiting and seats > 0 and budget > 0:
             r = self.waiting[0]
             if r.num_computed_tokens == 0:
+                # pages on the host tier come back first (the KV connector's load, in the step)
+                self._loading += self.kv.load_time(r)
                 r.num_computed_tokens = self.kv.admit(r)  # prefix-cache hit
                 r.pages = math.ceil(r.num_computed_tokens / self.kv.page_tokens)
             n = min(r.prompt - r.num_computed_tokens, budget) if r.prefilling else 1
@@ -199,7 +207,8 @@ class EngineReplica:
             if not decoding and not prefill:
                 yield self.env.timeout(HELD_IDLE_S)
                 continue
-            cost = self.step_cost(len(decoding), sum(n for _, n in prefill))
+            cost = self.step_cost(len(decoding), sum(n for _, n in prefill)) + self._loading
+            self._loading = 0.0
             yield self.env.timeout(cost)
             self.steps += 1
             self.busy_s += cost

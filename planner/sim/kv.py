@@ -6,8 +6,8 @@ cache, and a host tier below it — and the real policies that act on them.
   request's full pages of its conversation (`SimRequest.chain`) stay cached and evictable, in the
   order of a real eviction policy from `kv_store.eviction` (`lru`, `next_use`, …). A request that
   starts with its conversation's cached pages skips their prefill.
-- Host tier (`host_pages` > 0): what the device evicts goes there (LRU), and a turn whose pages are
-  there loads them at `bandwidth_bps` before it enters the queue instead of recomputing them.
+- Host tier (`host_pages` > 0): what the device evicts goes there (LRU), and a request admitted with
+  pages there loads them at `bandwidth_bps` (its step waits) instead of recomputing them.
 - Next use and speech-triggered preload: the real `kv_store.follower.PlaybackFollower` runs on this
   pool — it predicts each page's next use from the session board for `next_use`, and when a
   session starts speaking it preloads the session's pages back onto the device. This object offers
@@ -75,6 +75,19 @@ class KvPool:
     def usage(self) -> float:  # what vLLM's kv_cache_manager.usage says: pinned pages
         return self.pinned / self.capacity
 
+    @property
+    def block_pool(self):  # what the urgency hook reads of vLLM's: free pages, cached ones included
+        return SimpleNamespace(get_num_free_blocks=lambda: self.capacity - self.pinned)
+
+    def get_computed_blocks(self, request) -> tuple[None, int, int]:
+        """vLLM's prefix lookup, without taking anything: the tokens the cached pages hold."""
+        hit = 0
+        while request.chain is not None and hit < (request.prompt - 1) // self.page_tokens:
+            if (request.chain, hit) not in self.cached:
+                break
+            hit += 1
+        return None, hit * self.page_tokens, 0
+
     def take(self, n: int) -> bool:
         """Pin `n` new pages, evicting cached ones by the policy; False when they cannot all come."""
         while self.capacity - self.pinned - len(self.cached) < n:
@@ -133,7 +146,7 @@ class KvPool:
         self.policy.insert(page, PageInfo(size=1, cost=1.0, position=i))
 
     def load_time(self, request) -> float:
-        """Seconds to bring the request's pages from the host tier before it queues (the pages that
+        """Seconds to bring the request's pages from the host tier as it is admitted (the pages that
         follow its cached prefix there); they are then cached on the device."""
         if request.chain is None or not self.host:
             return 0.0

@@ -108,9 +108,6 @@ class VoiceSession:
         c.published(self.sid)
         c.responding.add(self.sid)
         self.done, self.cut, self.final = env.event(), env.event(), None
-        load = self.replica.kv.load_time(request)
-        if load:
-            yield env.timeout(load)
         self.replica.add(request)
         yield self.done | self.cut
         c.responding.discard(self.sid)

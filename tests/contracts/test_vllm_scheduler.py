@@ -28,13 +28,13 @@ def test_written_for_this_vllm():
     assert pins.release() == pins.WRITTEN_FOR, vllm.__version__
 
 
-def _config(payload: EnginePayload):
+def _config(payload: EnginePayload, blocks: int = 256):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model = str(data_dir() / "models" / "tiny" / "thinker")
     model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, enforce_eager=True)
     cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
-    cache.num_gpu_blocks = 256
+    cache.num_gpu_blocks = blocks
     sched = SchedulerConfig(
         max_num_seqs=8,
         max_num_batched_tokens=1024,
@@ -50,11 +50,11 @@ def _config(payload: EnginePayload):
     )
 
 
-def _kv_cache_config(spec):
+def _kv_cache_config(spec, blocks: int = 256):
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     return KVCacheConfig(
-        num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
+        num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]
     )
 
 
@@ -64,26 +64,26 @@ def _full_attention():
     return FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)
 
 
-def _scheduler(payload: EnginePayload, spec=None) -> scheduler.OmnirayScheduler:
+def _scheduler(payload: EnginePayload, spec=None, blocks: int = 256) -> scheduler.OmnirayScheduler:
     from vllm.v1.structured_output import StructuredOutputManager
 
-    config = _config(payload)
+    config = _config(payload, blocks)
     return scheduler.OmnirayScheduler(
         vllm_config=config,
-        kv_cache_config=_kv_cache_config(spec or _full_attention()),
+        kv_cache_config=_kv_cache_config(spec or _full_attention(), blocks),
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
         log_stats=True,
     )
 
 
-def _request(rid: str, session: str | None, arrival: float):
+def _request(rid: str, session: str | None, arrival: float, prompt: int = 40):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
     extra = {scheduler.SESSION_ARG: session} if session else None
     params = SamplingParams(max_tokens=32, extra_args=extra)
-    return Request(rid, list(range(5, 45)), params, None, arrival_time=arrival)
+    return Request(rid, [5 + i % 1000 for i in range(prompt)], params, None, arrival_time=arrival)
 
 
 def _view(buffered_ms: float, first_audio: bool = True, ms_per_token: float | None = None) -> BoardView:
@@ -92,19 +92,23 @@ def _view(buffered_ms: float, first_audio: bool = True, ms_per_token: float | No
                      responses=1, reply_gap_ms=None, at=time.time())  # fmt: skip
 
 
-@pytest.fixture
-def urgent(redis_url):
+def _urgent(redis_url: str, blocks: int = 256):
     """A scheduler with the urgency hook (LiveServe), its board views set by the test."""
     from services.extensions.vllm.specs import UrgencyPayload
 
     payload = EnginePayload(
         urgency=UrgencyPayload(policy="liveserve", params={}, board_url=redis_url, poll_s=0.05)
     )
-    s = _scheduler(payload)
+    s = _scheduler(payload, blocks=blocks)
     (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
     views: dict = {}
     order.views = lambda: views
     return s, views
+
+
+@pytest.fixture
+def urgent(redis_url):
+    return _urgent(redis_url)
 
 
 def _run_prefill(s) -> None:
@@ -186,6 +190,27 @@ def test_an_urgent_arrival_preempts_the_least_urgent_well_buffered_request(urgen
     assert resumed.request_id == "barger" and resumed.num_output_tokens == generated["barger"]
     stats = engine_metrics.detach(s.make_stats())
     assert dict((tuple(k), v) for k, v in stats["preempted"])[("U1",)] == [1]
+
+
+def test_an_urgent_arrival_that_finds_no_kv_blocks_preempts_held_replies(redis_url):
+    """Seats free but the pool full of held replies (paced: each keeps its blocks through its
+    playback): a new turn whose first chunk needs more blocks than are free preempts the least
+    urgent held ones until it fits, and runs this round. Without this it waited for a reply to end
+    (the simulator's finding at 128 sessions: docs/planner.md)."""
+    s, views = _urgent(redis_url, blocks=8)  # 7 usable: three 40-token replies hold 6
+    now = time.time()
+    for rid, session, age in (("a", "t/a", 3), ("b", "t/b", 2), ("c", "t/c", 1)):
+        s.add_request(_request(rid, session, now - age))
+    _run_prefill(s)
+    assert len(s.running) == 3
+    ahead = _view(60_000.0, ms_per_token=5_000.0)  # far ahead of playback: held
+    views.update({"t/a": ahead, "t/b": ahead, "t/c": ahead, "t/d": _view(0.0, first_audio=False)})
+    s.add_request(_request("turn", "t/d", now, prompt=100))  # 4 blocks
+    out = s.schedule()
+    assert len(out.preempted_req_ids) == 2 and "turn" in out.num_scheduled_tokens
+    assert {r.request_id for r in s.waiting} == out.preempted_req_ids
+    stats = engine_metrics.detach(s.make_stats())
+    assert dict((tuple(k), v) for k, v in stats["preempted"])[("U1",)] == [2]
 
 
 def test_well_buffered_requests_sit_out_while_a_new_turn_runs(urgent):

@@ -7,8 +7,10 @@ switched on by its section of the engine payload (services/extensions/vllm/specs
   and the least urgent are preempted first under KV pressure — and requests the policy holds back sit
   this round out (keeping their seats). The waiting queue is put in the same order, so when the seats
   (max_num_seqs) are full the one that frees goes to the most urgent waiting request (a new turn
-  before resumed well-buffered work), and an urgent arrival that finds no seat preempts a held or
-  well-buffered one. While a new realtime turn is in either queue, the requests the policy says yield
+  before resumed well-buffered work), and an urgent arrival that finds no seat — or not the KV
+  blocks its first chunk needs — preempts held or well-buffered ones (a held reply keeps its blocks
+  through its playback: without this, a pool full of paced replies kept every new turn waiting, as
+  the simulator found: docs/planner.md). While a new realtime turn is in either queue, the requests the policy says yield
   to it (LiveServe: well-buffered, refill not yet due) sit the round out too, so that the turn's
   steps are short. The order is an incremental plan (services/policies/urgency/plan.py): a round
   classifies only the requests that arrived, whose session's view changed or whose class ran out.
@@ -151,15 +153,17 @@ class UrgencyOrder:
 
     def _preempt_for(self, scheduler: OmnirayScheduler, waiting: list, held: list) -> int:
         """Preempt less urgent preemptible requests — held ones first, then the end of the running
-        order — for the urgent waiting ones that find no free seat, as vLLM preempts under KV
-        pressure: the blocks go back to the pool (and stay in its prefix cache: the resume
-        recomputes only what was evicted meanwhile), the request goes back to waiting, and its id
-        reaches the workers with this round's output (`preempted_req_ids`), which drop its state."""
+        order — for the urgent waiting ones that find no free seat or too few free KV blocks, as
+        vLLM preempts under KV pressure: the blocks go back to the pool (and stay in its prefix
+        cache: the resume recomputes only what was evicted meanwhile), the request goes back to
+        waiting, and its id reaches the workers with this round's output (`preempted_req_ids`),
+        which drop its state."""
         preemptible = self.policy.preemptible
         # Seats vLLM fills this round: held ones count as taken, requests holding KV while they
         # wait (`kv_holding_waiting`) are admitted first.
         free = scheduler.max_num_active_reqs - len(scheduler.running) - len(held)
         free -= scheduler.num_waiting_for_streaming_input + len(scheduler.kv_holding_waiting)
+        blocks = free_blocks(scheduler)
         pool = list(held) + [
             r for r in reversed(scheduler.running) if self.running.class_of(r) in preemptible
         ]
@@ -169,16 +173,22 @@ class UrgencyOrder:
                 continue  # vLLM will not admit it this round: no seat for it
             if self.waiting.class_of(arrival) in preemptible:
                 break  # the rest of the queue is no more urgent than what it would preempt
-            if free > 0:
-                free -= 1
-                continue
-            # an in-flight step may still write a candidate's blocks: vLLM waits for those too
-            while pool and not scheduler._request_blocks_can_be_freed(pool[0]):
-                pool.pop(0)
-            if not pool or self.running.key_of(pool[0]) <= self.waiting.key_of(arrival):
-                break
-            victims.append(pool.pop(0))
-            self.recorder.record("preempted", (self.waiting.class_of(arrival),), 1)
+            need = blocks_needed(scheduler, arrival)
+            while free <= 0 or blocks < need:
+                # an in-flight step may still write a candidate's blocks: vLLM waits for those too
+                while pool and not scheduler._request_blocks_can_be_freed(pool[0]):
+                    pool.pop(0)
+                if not pool or self.running.key_of(pool[0]) <= self.waiting.key_of(arrival):
+                    break
+                victim = pool.pop(0)
+                victims.append(victim)
+                free += 1
+                blocks += -(-victim.num_computed_tokens // scheduler.block_size)
+                self.recorder.record("preempted", (self.waiting.class_of(arrival),), 1)
+            if free <= 0 or blocks < need:
+                break  # nothing less urgent is left to make room: it waits, and so does the rest
+            free -= 1
+            blocks -= need
         for victim in victims:
             (held if victim in held else scheduler.running).remove(victim)
             scheduler._preempt_request(
@@ -191,6 +201,24 @@ class UrgencyOrder:
             # Everything is held: without work the engine loop would spin on this core. The
             # playback frontier moves in real time; a few ms is nothing to a buffer of seconds.
             time.sleep(HELD_IDLE_S)
+
+
+def free_blocks(scheduler) -> int:
+    """KV blocks a waiting request may take now: the pool's free ones (cached ones included: vLLM
+    evicts them on demand) less the watermark vLLM keeps back from admissions."""
+    manager = scheduler.kv_cache_manager
+    return manager.block_pool.get_num_free_blocks() - getattr(manager, "watermark_blocks", 0)
+
+
+def blocks_needed(scheduler, request) -> int:
+    """New blocks a waiting request's first chunk takes: its tokens up to the step's budget, less
+    what the prefix cache holds of them (a resumed or new request computes from there)."""
+    cached = request.num_computed_tokens
+    if not cached:
+        cached = scheduler.kv_cache_manager.get_computed_blocks(request)[1]
+    tokens = min(request.num_tokens, cached + scheduler.max_num_scheduled_tokens)
+    size = scheduler.block_size
+    return max(0, -(-tokens // size) - cached // size)
 
 
 def identify(request) -> tuple[str | None, float]:
