@@ -40,6 +40,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $grace := 0.0 }}
 {{- range $app := $serve.applications }}
 {{- range $d := $app.deployments }}
+{{- with (get ($.Values.replicaBounds | default dict) $d.name) }}
+{{- $_ := set $d.autoscaling_config "min_replicas" .min }}
+{{- $_ := set $d.autoscaling_config "max_replicas" .max }}
+{{- end }}
 {{- if $.Values.gracefulShutdownSeconds }}
 {{- $_ := set $d "graceful_shutdown_timeout_s" ($.Values.gracefulShutdownSeconds | float64) }}
 {{- end }}
@@ -49,7 +53,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if le (.Values.terminationGracePeriodSeconds | float64) $grace }}
 {{- fail (printf "terminationGracePeriodSeconds (%v) must be longer than the replicas' graceful shutdown (%v s)" .Values.terminationGracePeriodSeconds $grace) }}
 {{- end }}
-{{- if .Values.gracefulShutdownSeconds }}
+{{- if or .Values.gracefulShutdownSeconds .Values.replicaBounds }}
 {{- toYaml $serve }}
 {{- else }}
 {{- $config }}
