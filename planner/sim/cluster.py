@@ -18,6 +18,7 @@ from kv_store.metrics import Recorder
 from planner import costs
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
+from planner.sim.quota import SimQuota
 from planner.sim.speech import TalkerReplica, frames_per_token
 from planner.sim.voice import VoiceSession, VoiceStats
 from planner.sim.workload import RequestSpec, Workload
@@ -30,6 +31,7 @@ from services.policies import urgency
 from services.policies.admission import AimdAdmission
 from services.policies.scorers import ScorerPipeline
 from services.policies.scorers.base import Candidate, RoutedRequest
+from services.quota.service import Cost
 from services.stages.tile_scheduler import TileScheduler
 
 
@@ -62,9 +64,13 @@ class Deployment(BaseModel):
 
 
 class Cluster:
-    def __init__(self, deployment: Deployment, workload: Workload, env: simpy.Environment | None = None):
+    def __init__(self, deployment: Deployment, workload: Workload, env: simpy.Environment | None = None,
+                 redis_url: str | None = None):  # fmt: skip
         self.d, self.w = deployment, workload
         self.env = env or simpy.Environment()
+        if workload.quota is not None and redis_url is None:
+            raise ValueError("a workload with a quota needs a Redis for its token buckets (redis_url)")
+        self.quota = SimQuota(self.env, redis_url, workload.quota) if workload.quota is not None else None
         self.hw = costs.load(deployment.hardware)
         self.profile: Profile = load_profile(deployment.profile)
         self.rng = random.Random(workload.seed)
@@ -207,10 +213,16 @@ class Cluster:
             self.env.process(self._request(name, n, spec, rng))
 
     def _request(self, name: str, n: int, spec: RequestSpec, rng: random.Random):
-        env, rid = self.env, f"{name}-{n}"
+        env, rid, tenant = self.env, f"{name}-{n}", f"t{n % self.w.tenants}"
         record = {"arrival": env.now, "tiles": rng.randint(*spec.tiles)}
         self.requests[name].append(record)
-        prompt = spec.prompt(rng)
+        prompt, output = spec.prompt(rng), spec.output(rng)
+        if self.quota is not None:
+            cost = Cost(text_tokens=prompt + output, image_tiles=record["tiles"])
+            if not (yield env.process(self.quota.admit(tenant, rid, cost, spec.slo_class == "batch"))):
+                record["refused"] = True
+                return
+            record["admitted"], record["charged"] = env.now, cost
         if record["tiles"]:
             encoder = self._encoder(rid, record["tiles"])
             yield encoder.encode(rid, record["tiles"])
@@ -225,9 +237,11 @@ class Cluster:
                 record["e2e"] = env.now - record["arrival"]
                 done.succeed()
 
-        request = SimRequest(rid, None, prompt, spec.output(rng), env.now, owner)
+        request = SimRequest(rid, None, prompt, output, env.now, owner)
         self.route(rid, None).add(request)
         yield done
+        if self.quota is not None:
+            self.quota.release(tenant, rid)
 
     def _encoder(self, rid: str, tiles: int) -> EncoderReplica:
         request = RoutedRequest(request_id=rid, tiles=tiles)
@@ -240,7 +254,11 @@ class Cluster:
 
     def run(self) -> None:
         self.start()
-        self.env.run(until=self.w.duration_s)
+        try:
+            self.env.run(until=self.w.duration_s)
+        finally:
+            if self.quota is not None:
+                self.quota.close()
 
 
 class EncoderReplica:

@@ -44,11 +44,16 @@ def voice(cluster) -> dict:
 def requests(cluster) -> dict:
     out = {}
     for name, records in cluster.requests.items():
-        done = [r for r in records if r["arrival"] >= cluster.w.warmup_s and "e2e" in r]
+        counted = [r for r in records if r["arrival"] >= cluster.w.warmup_s]
+        done = [r for r in counted if "e2e" in r]
         ttft = [r["ttft"] for r in done]
         encode = [r["encoded"] - r["arrival"] for r in done if "encoded" in r]
         out[name] = {
             "requests": len(done),
+            "refused": sum(1 for r in counted if r.get("refused")),
+            "quota_wait_p99_s": quantile(
+                [r["admitted"] - r["arrival"] for r in done if "admitted" in r], 0.99
+            ),
             "encode_p99_s": quantile(encode, 0.99),
             "ttft_p50_s": quantile(ttft, 0.5),
             "ttft_p99_s": quantile(ttft, 0.99),

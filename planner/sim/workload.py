@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loadtest.clients.workload import REPLY_TOKENS
+from services.quota.tenants import TenantSpec
 
 
 class _Strict(BaseModel):
@@ -57,6 +58,7 @@ class RequestSpec(_Strict):
     tiles: tuple[int, int] = (0, 0)  # image tiles per request, uniform
     tokens_per_tile: int = Field(default=256, ge=1)
     arrivals: Arrivals = Arrivals()
+    slo_class: Literal["interactive", "batch"] = "interactive"  # over quota: refused, or waits
 
     def prompt(self, rng: random.Random) -> int:
         lo, hi = self.prompt_tokens
@@ -73,6 +75,8 @@ class Workload(_Strict):
         default_factory=dict
     )  # class name (chat, image, document) -> spec
     tenants: int = Field(default=1, ge=1)  # sessions and requests spread over this many tenants
+    # Every tenant's quota (its id aside); None: unmetered. Needs a Redis for the buckets (Cluster).
+    quota: TenantSpec | None = None
     duration_s: float = Field(default=120.0, gt=0)
     warmup_s: float = Field(default=10.0, ge=0)  # what ends before this is not counted
     seed: int = 0

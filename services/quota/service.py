@@ -67,6 +67,17 @@ class Lease:
     metered: bool = True
 
 
+def bucket_costs(tenant: TenantSpec, cost: Cost) -> dict[str, tuple[float, float, float]]:
+    """What `Buckets.admit` debits for `cost`: per metered budget, (per-minute budget, capacity: the
+    tenant's burst, cost)."""
+    limits = tenant.per_minute
+    return {
+        m: (getattr(limits, m), getattr(limits, m) * tenant.burst_s / 60, c)
+        for m, c in cost.items()
+        if getattr(limits, m) is not None
+    }
+
+
 def _fmt_s(seconds: float) -> str:
     return f"{max(0.0, seconds):.3g}s"
 
@@ -168,12 +179,7 @@ class QuotaService:
         return tenant, redeemed.session
 
     async def admit(self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass) -> Lease:
-        limits = tenant.per_minute
-        costs = {
-            m: (getattr(limits, m), getattr(limits, m) * tenant.burst_s / 60, c)
-            for m, c in cost.items()
-            if getattr(limits, m) is not None
-        }
+        costs = bucket_costs(tenant, cost)
         start = time.monotonic()
         if not costs and tenant.max_concurrent is None:  # nothing to count: no Redis round trip
             lease = Lease(tenant, request_id, slo_class, cost, metered=False)

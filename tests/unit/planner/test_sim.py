@@ -179,3 +179,36 @@ def test_small_images_pass_a_document_in_the_encoder_with_the_tile_scheduler():
     fewest, fifo = run("fewest_pending"), run("fifo")
     assert fewest["image"]["requests"] > 100
     assert fewest["image"]["encode_p99_s"] < 0.5 * fifo["image"]["encode_p99_s"]
+
+
+@pytest.mark.parametrize("slo_class", ["interactive", "batch"])
+def test_the_quota_services_token_buckets_meter_a_tenant_over_its_budget(redis_url, slo_class):
+    """Twice a tenant's text-token budget offered (real Redis, the buckets' own Lua at the simulated
+    time): interactive requests over it are refused; batch ones wait for their bucket, and what is
+    admitted comes to the budget plus the burst."""
+    from services.quota.tenants import Limits, TenantSpec
+
+    budget = 48_000  # per minute; ~320 tokens a request at 5 a second is ~96,000
+    quota = TenantSpec(id="sim", per_minute=Limits(text_tokens=budget), burst_s=10)
+    cluster = Cluster(
+        Deployment(hardware=GPU, profile="qwen3-omni", admission=False),
+        Workload(
+            requests={"chat": RequestSpec(rate=5, slo_class=slo_class)},
+            quota=quota,
+            duration_s=60,
+            warmup_s=0,
+        ),
+        redis_url=redis_url,
+    )
+    cluster.run()
+    records = cluster.requests["chat"]
+    refused = sum(1 for r in records if r.get("refused")) / len(records)
+    admitted = cluster.quota.stats["admitted"]
+    if slo_class == "interactive":
+        assert 0.3 < refused < 0.7
+    else:
+        assert refused == 0 and cluster.quota.stats["queued_s"] > 0
+    assert sum(1 for r in records if "admitted" in r) == admitted
+    # what was charged: at most the minute's budget and one burst (the bucket starts full), and near it
+    charged = sum(r["charged"].text_tokens for r in records if "charged" in r)
+    assert 0.85 * (budget + budget * 10 / 60) < charged <= budget + budget * 10 / 60
