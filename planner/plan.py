@@ -56,6 +56,7 @@ class Plan:
     devices: dict[str, float]
     capacity: dict[str, float | None]
     predicted: dict[str, float | None]
+    sla: dict[str, dict[str, float]]  # stage -> the SLA policy's per_replica (profile `stages.<s>.sla`)
 
 
 def _parse(text: str) -> dict[str, float]:
@@ -81,8 +82,9 @@ def _bisect(ok, lo: int, hi: int) -> int:
     return lo
 
 
-def voice_capacity(args, slo: Slo) -> tuple[int, float]:
-    """(sessions one decode replica serves within the SLO, talker replicas' work per session)."""
+def voice_capacity(args, slo: Slo) -> tuple[int, float, float]:
+    """(sessions one decode replica serves within the SLO, talker replicas' work per session, turns
+    a session asks per second)."""
     talker = load_profile(args.profile).models.talker
     streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
     seen: dict[int, tuple[bool, float]] = {}
@@ -101,11 +103,13 @@ def voice_capacity(args, slo: Slo) -> tuple[int, float]:
             and v["ttfp_p90_s"] <= slo.ttfp_p90_s
             and v["continuous_share"] >= slo.continuity
         )
-        seen[n] = (good, sum(t.busy_s for t in cluster.talkers) / cluster.env.now / n)
+        span = cluster.env.now - cluster.w.warmup_s
+        seen[n] = (good, sum(t.busy_s for t in cluster.talkers) / cluster.env.now / n, v["turns"] / span / n)
         return good
 
     n = _bisect(ok, 8, 2 * load_profile(args.profile).engine.max_num_seqs)
-    return n, seen.get(n, (False, 0.0))[1]
+    _, work, turns = seen.get(n, (False, 0.0, 0.0))
+    return n, work, turns
 
 
 def rate_capacity(args, slo: Slo, spec: RequestSpec, measure: str) -> float:
@@ -127,7 +131,7 @@ def rate_capacity(args, slo: Slo, spec: RequestSpec, measure: str) -> float:
 def plan(args, slo: Slo, mix: dict[str, float]) -> Plan:
     hw, profile = costs.load(args.hardware), load_profile(args.profile)
     users = {k: args.users * v / sum(mix.values()) for k, v in mix.items()}
-    sessions, talker_work = voice_capacity(args, slo) if users.get("voice") else (0, 0.0)
+    sessions, talker_work, turn_rate = voice_capacity(args, slo) if users.get("voice") else (0, 0.0, 0.0)
     chat_rate = users.get("chat", 0) / args.chat_think_s
     image_rate = users.get("image", 0) / args.image_think_s
     chat_cap = rate_capacity(args, slo, CHAT, "ttft_p99_s") if chat_rate + image_rate else 0.0
@@ -153,7 +157,15 @@ def plan(args, slo: Slo, mix: dict[str, float]) -> Plan:
     predicted = _check(args, replicas, users, chat_rate + image_rate)
     capacity = {"voice_sessions_per_decode": sessions, "chat_rps_per_decode": chat_cap,
                 "image_rps_per_encoder": image_cap, "talker_replicas_per_session": talker_work}  # fmt: skip
-    return Plan(replicas, devices, capacity, predicted)
+    # What the SLA autoscaling policy reads (services/extensions/ray/sla_autoscaling.py): one replica's
+    # share of the offered load, in the gateways' load counters' units, at this plan's mix.
+    requests = users.get("voice", 0) * turn_rate + chat_rate + image_rate
+    sla = {"decode": {"requests": requests / replicas["decode"]}}
+    if talker_work:
+        sla["talker"] = sla["vocoder"] = {"session_seconds": 1 / talker_work}
+    if image_cap:
+        sla["encoder"] = {"image_tiles": image_cap * sum(IMAGE.tiles) / 2}
+    return Plan(replicas, devices, capacity, predicted, sla)
 
 
 def _check(args, replicas: dict[str, int], users: dict[str, float], rate: float) -> dict[str, float | None]:
@@ -217,6 +229,8 @@ def main(argv: list[str] | None = None) -> Plan:
                                                   for k, v in result.capacity.items()))  # fmt: skip
     print("predicted at the plan: " + ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} -"
                                                for k, v in result.predicted.items()))  # fmt: skip
+    print("SLA autoscaling, per replica (a profile's stages.<stage>.sla.per_replica): "
+          + "; ".join(f"{stage} {', '.join(f'{k} {v:.3g}' for k, v in kinds.items())}" for stage, kinds in result.sla.items()))  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     header = f"# make plan: python -m planner.plan --users {args.users} --mix {args.mix} --slo {args.slo} " \
              f"--hardware {args.hardware} --profile {args.profile}\n"  # fmt: skip

@@ -24,6 +24,7 @@ SERVE_ENV = {
     "RAY_SERVE_ENABLE_HA_PROXY": "1",
     "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
 }
+SLA_POLICY = "services.extensions.ray.sla_autoscaling:SlaAutoscaling"
 DEPLOYMENT_NAMES = {
     "gateway": "Gateway",
     "video": "Video",
@@ -79,7 +80,12 @@ def serve_config(
         spec = profile.stages.get(stage)
         if spec is None:
             continue
-        options = spec.model_dump(exclude_none=True, exclude={"request_router"})
+        options = spec.model_dump(exclude_none=True, exclude={"request_router", "sla"})
+        if spec.sla is not None:
+            options["autoscaling_config"]["policy"] = {
+                "policy_function": SLA_POLICY,
+                "policy_kwargs": spec.sla.model_dump(),
+            }
         if spec.request_router is not None:
             options["request_router_config"] = {
                 "request_router_class": "services.extensions.ray.request_router:ScoredRequestRouter",

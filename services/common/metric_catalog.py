@@ -41,6 +41,14 @@ def _declared() -> list[Metric]:
     return [
         # gateway (services/gateway/server.py)
         Metric("omniray_gateway_requests_total", c, "Requests by API and outcome.", ("api", "code")),
+        Metric(
+            "omniray_gateway_offered_load_total",
+            c,
+            "Load admitted, by kind (requests, text tokens, image tiles, audio and realtime session seconds): "
+            "what the SLA autoscaling policy sizes stages by.",
+            ("kind",),
+            at_zero=True,
+        ),
         Metric("omniray_gateway_ttft_seconds", h, "Arrival to first text token.", (), LATENCY_BUCKETS_S),
         Metric("omniray_audio_ttfp_seconds", h, "Arrival to first audio chunk.", (), LATENCY_BUCKETS_S),
         Metric("omniray_gateway_e2e_seconds", h, "Arrival to last chunk.", ("api",), LATENCY_BUCKETS_S),

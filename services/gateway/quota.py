@@ -8,6 +8,7 @@ from pathlib import Path
 
 from services.common.redis_config import async_client
 from services.extensions.ray.metrics import metric
+from services.gateway.load_meter import LoadMeter
 from services.quota import DEFAULT_TENANTS_FILE
 from services.quota.buckets import Buckets
 from services.quota.service import QuotaService
@@ -19,7 +20,8 @@ REDIS_OPS = ("authenticate", "admit", "release", "session_open", "session_audio"
 
 
 class QuotaMetrics:
-    def __init__(self):
+    def __init__(self, load: LoadMeter | None = None):
+        self.load = load
         self._rejections = metric("omniray_quota_rejections_total")
         self._admitted = metric("omniray_quota_admitted_total")
         self._remaining = metric("omniray_quota_bucket_remaining_ratio")
@@ -35,6 +37,8 @@ class QuotaMetrics:
         )
 
     def admitted(self, lease) -> None:
+        if self.load is not None:
+            self.load.add(lease.cost)
         self._admitted.inc(tags={"tenant": lease.tenant.id, "slo_class": lease.slo_class})
         self._wait.observe(lease.queued_s, tags={"slo_class": lease.slo_class})
         for modality, ratio in lease.levels.items():
@@ -57,7 +61,7 @@ def quota_service() -> QuotaService:
     """Tenants from $OMNIRAY_TENANTS_FILE (default configs/tenants/local.yaml) and Redis at
     $OMNIRAY_REDIS_URL (bounded timeouts: a stalled Redis is a 503 within a second, docs/quota.md)."""
     redis = async_client()
-    metrics = QuotaMetrics()
+    metrics = QuotaMetrics(LoadMeter(redis))
     tenants = Tenants(
         Path(os.environ.get("OMNIRAY_TENANTS_FILE", DEFAULT_TENANTS_FILE)), redis, metrics=metrics
     )

@@ -105,6 +105,8 @@ class Gateway:
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, handles, prompts, self.quota, async_chunk=async_chunk)
         self.realtime_hub = RealtimeHub(self.pipeline, self.profile, self.quota)
+        if self.quota.metrics is not None and self.quota.metrics.load is not None:
+            self.quota.metrics.load.sessions = lambda: len(self.realtime_hub.monitor)
         observer = RequestObserver(self.quota)
         self.chat = ChatAPI(self.profile, self.pipeline, observer)
         self.responses_api = ResponsesAPI(self.profile, self.pipeline, observer)

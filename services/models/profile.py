@@ -352,6 +352,17 @@ class RequestRouterSpec(_Strict):
     stats_period_s: float = Field(default=0.5, gt=0)
 
 
+class SlaSpec(_Strict):
+    """The SLA autoscaling policy for a stage (services/extensions/ray/sla_autoscaling.py): what one
+    replica serves within the SLOs, per kind of offered load (from `make plan`)."""
+
+    per_replica: dict[Literal["requests", "text_tokens", "image_tiles", "audio_seconds", "session_seconds"],
+                      Annotated[float, Field(gt=0)]] = Field(min_length=1)  # fmt: skip
+    headroom: float = Field(default=1.2, ge=1)
+    window_s: float = Field(default=20.0, gt=1)
+    downscale_after_s: float = Field(default=60.0, ge=0)
+
+
 class StageSpec(_Strict):
     """Serve deployment options; passed through to the Serve config for this stage."""
 
@@ -366,6 +377,15 @@ class StageSpec(_Strict):
     max_queued_requests: int = -1
     ray_actor_options: dict[str, Any] = Field(default_factory=lambda: {"num_cpus": 0.1})
     request_router: RequestRouterSpec | None = None
+    # Replicas from the offered load and the capacity plan instead of Serve's queue-length policy
+    # (needs autoscaling_config: its bounds stand).
+    sla: SlaSpec | None = None
+
+    @model_validator(mode="after")
+    def _sla_needs_autoscaling(self):
+        if self.sla is not None and self.autoscaling_config is None:
+            raise ValueError("sla needs autoscaling_config (the replica bounds it works within)")
+        return self
 
 
 class Profile(_Strict):
