@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages simulate plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages simulate simulate-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -132,6 +132,11 @@ MIX ?= voice:0.4,chat:0.4,image:0.2
 SLO ?= ttfp_p90:1.0,ttft_p99:2.0,continuity:0.9
 plan: setup
 	$(PY) -m planner.plan --users $(USERS) --mix $(MIX) --slo $(SLO)
+
+# The SLA autoscaling policy against Serve's default on an image step and a voice step, in the
+# simulator (both real policy functions on the simulated clock; docs/planner.md).
+simulate-planner: setup
+	$(PY) -m planner.autoscale_bench
 
 bench-video: models
 	$(PY) -m loadtest.benchmarks.video_bench --profile $(PROFILE)

@@ -10,12 +10,14 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
+from typing import Literal
 
 import simpy
 from pydantic import BaseModel, ConfigDict, Field
 
 from kv_store.metrics import Recorder
 from planner import costs
+from planner.sim.autoscale import SimSla, StageScaler
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
 from planner.sim.quota import SimQuota
@@ -47,6 +49,22 @@ BASELINE = Policies()
 INTERACTION = Policies(scheduler="liveserve", eviction="next_use", preload=True)
 
 
+class Scaling(BaseModel):
+    """A stage scaled during the run by a real autoscaling policy (planner/sim/autoscale.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["serve", "sla"] = "serve"
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    target_ongoing_requests: float = Field(default=2.0, gt=0)  # Serve's default policy
+    upscale_delay_s: float = Field(default=30.0, ge=0)  # Serve's defaults
+    downscale_delay_s: float = Field(default=600.0, ge=0)
+    per_replica: dict[str, float] = Field(default_factory=dict)  # the SLA policy's capacities
+    headroom: float = Field(default=1.2, ge=1)
+    window_s: float = Field(default=10.0, gt=1)
+    start_s: float = Field(default=10.0, ge=0)  # a new replica serves this long after it is asked for
+
+
 class Deployment(BaseModel):
     model_config = ConfigDict(extra="forbid")
     hardware: str  # configs/hardware/<name>.yaml
@@ -61,6 +79,7 @@ class Deployment(BaseModel):
     admission: bool = True  # AIMD admission of voice sessions (the profile's parameters)
     policies: Policies = BASELINE
     board_poll_s: float = Field(default=0.05, gt=0)
+    scaling: dict[Literal["encoder", "talker"], Scaling] = Field(default_factory=dict)
 
 
 class Cluster:
@@ -74,6 +93,7 @@ class Cluster:
         self.hw = costs.load(deployment.hardware)
         self.profile: Profile = load_profile(deployment.profile)
         self.rng = random.Random(workload.seed)
+        self.counts: Counter = Counter()
         self.monitor = PlaybackMonitor(clock=lambda: self.env.now)
         self.views = BoardViews({})
         self._dirty: set[str] = set()
@@ -103,8 +123,41 @@ class Cluster:
         self.responding: set[str] = set()
         self.voice = VoiceStats()
         self.requests: dict[str, list[dict]] = {name: [] for name in workload.requests}
-        self.counts = Counter()
+        self.load: Counter = Counter()  # what the gateways admitted, by kind (load_meter.py's counters)
+        self.open_sessions = 0
+        self.scalers = {stage: self._scaler(stage, spec) for stage, spec in deployment.scaling.items()}
         self.env.process(self._board())
+        self.env.process(self._session_seconds())
+
+    def _scaler(self, stage: str, spec: Scaling) -> StageScaler:
+        from ray.serve.autoscaling_policy import default_autoscaling_policy
+        from ray.serve.config import AutoscalingConfig
+
+        config = AutoscalingConfig(min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+                                   target_ongoing_requests=spec.target_ongoing_requests,
+                                   upscale_delay_s=spec.upscale_delay_s, downscale_delay_s=spec.downscale_delay_s)  # fmt: skip
+        policy = (
+            SimSla(
+                lambda: self.load,
+                per_replica=spec.per_replica,
+                headroom=spec.headroom,
+                window_s=spec.window_s,
+            )
+            if spec.policy == "sla"
+            else default_autoscaling_policy
+        )
+        if stage == "encoder":
+            replicas, ongoing = self.encoders, lambda: sum(len(e._left) for e in self.encoders)
+            start = lambda: EncoderReplica(self, f"encoder-{self.counts['encoders']}")  # noqa: E731
+        else:
+            replicas, ongoing = self.talkers, lambda: sum(len(t.streams) for t in self.talkers)
+            start = lambda: self._talker(len(self.talkers))  # noqa: E731
+        return StageScaler(self.env, stage, policy, config, replicas, start, ongoing, spec.start_s)
+
+    def _session_seconds(self):
+        while True:
+            yield self.env.timeout(1.0)
+            self.load["session_seconds"] += self.open_sessions
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -125,6 +178,12 @@ class Cluster:
         return EngineReplica(self.env, f"decode-{i}", hw.stages, kv, max_num_seqs=p.engine.max_num_seqs,
                              max_num_batched_tokens=d.max_num_batched_tokens, order=order,
                              on_step=self._frame)  # fmt: skip
+
+    def _talker(self, i: int) -> TalkerReplica:
+        talker = self.profile.models.talker
+        max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
+        return TalkerReplica(self.env, f"talker-{i}", self.hw.stages, self._urgency(), lambda: self.views,
+                             max_streams, frames_per_token(self.w.voice.ms_per_token))  # fmt: skip
 
     def _urgency(self) -> urgency.UrgencyPolicy:
         pol = self.d.policies
@@ -201,15 +260,18 @@ class Cluster:
         for i in range(v.sessions):
             sid = f"t{i % self.w.tenants}/s{i}"
             session = VoiceSession(self, sid, v, random.Random(f"{self.w.seed}/{sid}"), self.voice)
-            env.process(_after(env, v.ramp_s * i / max(1, v.sessions), session.run()))
+            env.process(_after(env, v.start_s + v.ramp_s * i / max(1, v.sessions), session.run()))
         for name, spec in self.w.requests.items():
             if spec.rate > 0:
                 env.process(self._requests(name, spec))
 
     def _requests(self, name: str, spec: RequestSpec):
         rng = random.Random(f"{self.w.seed}/{name}")
+        yield self.env.timeout(spec.start_s)
         for n, gap in enumerate(spec.arrivals.gaps(spec.rate, rng)):
             yield self.env.timeout(gap)
+            if spec.stop_s is not None and self.env.now >= spec.stop_s:
+                return
             self.env.process(self._request(name, n, spec, rng))
 
     def _request(self, name: str, n: int, spec: RequestSpec, rng: random.Random):
@@ -223,6 +285,7 @@ class Cluster:
                 record["refused"] = True
                 return
             record["admitted"], record["charged"] = env.now, cost
+        self.load.update(requests=1, text_tokens=prompt + output, image_tiles=record["tiles"])
         if record["tiles"]:
             encoder = self._encoder(rid, record["tiles"])
             yield encoder.encode(rid, record["tiles"])
@@ -266,6 +329,8 @@ class EncoderReplica:
 
     def __init__(self, cluster: Cluster, name: str):
         self.cluster, self.env, self.name = cluster, cluster.env, name
+        cluster.counts["encoders"] += 1
+        self.draining = False
         pool = cluster.profile.encoder_pool
         self.scheduler = TileScheduler(
             pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now

@@ -75,6 +75,7 @@ class VoiceSession:
             yield env.timeout(5.0)
         self.monitor.open(self.sid)
         c.published(self.sid)
+        c.open_sessions += 1
         barged = False
         try:
             while True:
@@ -90,6 +91,7 @@ class VoiceSession:
                     yield env.timeout(max(0.0, self.play_end - env.now) + self.rng.uniform(*spec.gap_s))
         finally:
             c.admission.release()
+            c.open_sessions -= 1
 
     def _reply(self, speech_s: float):
         env, spec, c = self.env, self.spec, self.cluster
@@ -100,6 +102,7 @@ class VoiceSession:
         if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
             self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1
         length = reply_length(self.rng, *spec.reply_tokens)
+        c.load["requests"] += 1
         self.replica, self.talker = c.route(self.sid, self.replica), c.talker()
         request = self.request = SimRequest(f"{self.sid}/{len(self.stats.turns)}", self.sid, self.context, length,
                                             env.now, self._on_request, chain=self.chain)  # fmt: skip

@@ -37,6 +37,7 @@ class Arrivals(_Strict):
 
 class VoiceSpec(_Strict):
     sessions: int = Field(default=0, ge=0)  # concurrent voice sessions (each one user, turn after turn)
+    start_s: float = Field(default=0.0, ge=0)  # the first opens then (a load step)
     ramp_s: float = Field(default=5.0, ge=0)  # sessions open spread over this long
     barge_p: float = Field(default=0.0, ge=0, le=1)  # each reply is talked over with this probability
     reply_tokens: tuple[int, int] = REPLY_TOKENS  # log-uniform
@@ -59,6 +60,8 @@ class RequestSpec(_Strict):
     tokens_per_tile: int = Field(default=256, ge=1)
     arrivals: Arrivals = Arrivals()
     slo_class: Literal["interactive", "batch"] = "interactive"  # over quota: refused, or waits
+    start_s: float = Field(default=0.0, ge=0)  # arrivals from then (a load step)
+    stop_s: float | None = None  # and until then (None: the run's end)
 
     def prompt(self, rng: random.Random) -> int:
         lo, hi = self.prompt_tokens
