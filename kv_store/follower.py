@@ -70,15 +70,7 @@ class PlaybackFollower:
     # ---- each board poll ------------------------------------------------------------------------
 
     def _next_use(self, view, now: float) -> float:
-        if view is None:
-            return math.inf
-        if view.speaking:
-            return now
-        gap = (view.reply_gap_ms / 1000) if view.reply_gap_ms else self.p.default_gap_s
-        if view.responding or view.playing:
-            return now + view.buffered_at(now) / 1000 + gap
-        quiet = view.age_s + max(0.0, now - view.at)  # since its last signal (a kept view is older)
-        return now + min(self.p.idle_s, self.p.default_gap_s + quiet)
+        return next_use(view, now, self.p.default_gap_s, self.p.idle_s)
 
     async def step(self, views: dict) -> None:
         now = self.clock()
@@ -121,6 +113,19 @@ class PlaybackFollower:
         for sid in [s for s, state in self.sessions.items() if s not in views and math.isinf(state.next_use)]:
             for page in self.sessions.pop(sid).pages:
                 self.page_session.pop(page, None)
+
+
+def next_use(view, now: float, default_gap_s: float, idle_s: float) -> float:
+    """When a session's KV is next needed, from its board view (None: not on the board, never)."""
+    if view is None:
+        return math.inf
+    if view.speaking:
+        return now
+    gap = (view.reply_gap_ms / 1000) if view.reply_gap_ms else default_gap_s
+    if view.responding or view.playing:
+        return now + view.buffered_at(now) / 1000 + gap
+    quiet = view.age_s + max(0.0, now - view.at)  # since its last signal (a kept view is older)
+    return now + min(idle_s, default_gap_s + quiet)
 
 
 def _moved(before: float, after: float, eps: float) -> bool:

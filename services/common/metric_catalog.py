@@ -433,6 +433,13 @@ def _declared() -> list[Metric]:
             ("urgency",),
         ),
         Metric(
+            "omniray_scheduler_kv_blocks_reordered_total",
+            c,
+            "Free KV blocks of vLLM's pool moved by next use (services/extensions/vllm/block_order.py):"
+            " to the tail (protected: the session speaks or just heard a reply) or the head (evicted first).",
+            ("to",),
+        ),
+        Metric(
             "omniray_scheduler_yielded_total",
             c,
             "Running requests that sat a round out for a new realtime turn (LiveServe's yield_to_turns: well-buffered, refill not yet due), summed over rounds.",

@@ -33,7 +33,7 @@ from services.engine.session_kv import export_metrics as export_session_kv_metri
 from services.extensions.ray.metrics import metric
 from services.extensions.vllm.media_rows import EXTRA_ARG as MEDIA_ROWS_ARG
 from services.extensions.vllm.media_rows import media_row_keys
-from services.extensions.vllm.specs import EC_ITEM_PREFIX, EnginePayload, UrgencyPayload
+from services.extensions.vllm.specs import EC_ITEM_PREFIX, BlockOrderParams, EnginePayload, UrgencyPayload
 from services.models.profile import Profile
 from services.models.versions import FeatureVersionMismatch, FeatureVersions, model_version
 
@@ -204,6 +204,8 @@ def _extensions(profile: Profile, role: Role, model_path: Path) -> dict:
             board_url=redis_url(),
             poll_s=spec.board_interval_s,
             piece_tokens=profile.audio_piece_tokens(),
+            # next-use eviction reaches vLLM's own block pool too (block_order.py)
+            block_order=BlockOrderParams() if profile.kv_store.policy == "next_use" else None,
         )
         sink_window_params = profile.engine.sink_window
     if sink_window_params is not None:

@@ -28,12 +28,12 @@ def test_written_for_this_vllm():
     assert pins.release() == pins.WRITTEN_FOR, vllm.__version__
 
 
-def _config(payload: EnginePayload, blocks: int = 256):
+def _config(payload: EnginePayload, blocks: int = 256, caching: bool = False):
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
     model = str(data_dir() / "models" / "tiny" / "thinker")
     model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, enforce_eager=True)
-    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=False)
+    cache = CacheConfig(block_size=BLOCK, enable_prefix_caching=caching)
     cache.num_gpu_blocks = blocks
     sched = SchedulerConfig(
         max_num_seqs=8,
@@ -64,10 +64,12 @@ def _full_attention():
     return FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=32, dtype=torch.float32)
 
 
-def _scheduler(payload: EnginePayload, spec=None, blocks: int = 256) -> scheduler.OmnirayScheduler:
+def _scheduler(
+    payload: EnginePayload, spec=None, blocks: int = 256, caching: bool = False
+) -> scheduler.OmnirayScheduler:
     from vllm.v1.structured_output import StructuredOutputManager
 
-    config = _config(payload, blocks)
+    config = _config(payload, blocks, caching)
     return scheduler.OmnirayScheduler(
         vllm_config=config,
         kv_cache_config=_kv_cache_config(spec or _full_attention(), blocks),
@@ -77,13 +79,23 @@ def _scheduler(payload: EnginePayload, spec=None, blocks: int = 256) -> schedule
     )
 
 
-def _request(rid: str, session: str | None, arrival: float, prompt: int = 40):
+def _request(
+    rid: str, session: str | None, arrival: float, prompt: int = 40, hashed: bool = False, first: int = 5
+):
+    """`hashed`: with the block hashes prefix caching needs (the engine gives every request them)."""
     from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
     extra = {scheduler.SESSION_ARG: session} if session else None
     params = SamplingParams(max_tokens=32, extra_args=extra)
-    return Request(rid, [5 + i % 1000 for i in range(prompt)], params, None, arrival_time=arrival)
+    hasher = None
+    if hashed:
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(BLOCK, sha256)
+    tokens = [first + i % 1000 for i in range(prompt)]
+    return Request(rid, tokens, params, None, arrival_time=arrival, block_hasher=hasher)
 
 
 def _view(buffered_ms: float, first_audio: bool = True, ms_per_token: float | None = None) -> BoardView:
@@ -92,14 +104,21 @@ def _view(buffered_ms: float, first_audio: bool = True, ms_per_token: float | No
                      responses=1, reply_gap_ms=None, at=time.time())  # fmt: skip
 
 
-def _urgent(redis_url: str, blocks: int = 256):
-    """A scheduler with the urgency hook (LiveServe), its board views set by the test."""
-    from services.extensions.vllm.specs import UrgencyPayload
+def _urgent(redis_url: str, blocks: int = 256, block_order: bool = False, caching: bool = False):
+    """A scheduler with the urgency hook (LiveServe), its board views set by the test; with
+    `block_order`, the free blocks in next-use order."""
+    from services.extensions.vllm.specs import BlockOrderParams, UrgencyPayload
 
     payload = EnginePayload(
-        urgency=UrgencyPayload(policy="liveserve", params={}, board_url=redis_url, poll_s=0.05)
+        urgency=UrgencyPayload(
+            policy="liveserve",
+            params={},
+            board_url=redis_url,
+            poll_s=0.05,
+            block_order=BlockOrderParams() if block_order else None,
+        )  # fmt: skip
     )
-    s = _scheduler(payload, blocks=blocks)
+    s = _scheduler(payload, blocks=blocks, caching=caching)
     (order,) = [h for h in s.hooks if isinstance(h, scheduler.UrgencyOrder)]
     views: dict = {}
     order.views = lambda: views
@@ -211,6 +230,42 @@ def test_an_urgent_arrival_that_finds_no_kv_blocks_preempts_held_replies(redis_u
     assert {r.request_id for r in s.waiting} == out.preempted_req_ids
     stats = engine_metrics.detach(s.make_stats())
     assert dict((tuple(k), v) for k, v in stats["preempted"])[("U1",)] == [2]
+
+
+@pytest.mark.parametrize("block_order", [True, False])
+def test_a_speaking_sessions_cached_blocks_outlive_an_idle_ones(redis_url, block_order):
+    """Two sessions' turns ended, the speaking one's first (vLLM's LRU would evict its cached block
+    first). With next-use block order, its blocks go to the free queue's tail the round it speaks and
+    the long-idle session's to the head: a request that needs all but one free block evicts the idle
+    one's. Without it, LRU keeps the later one's."""
+    from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+    from vllm.v1.request import RequestStatus
+
+    s, views = _urgent(redis_url, blocks=8, block_order=block_order, caching=True)  # 7 usable
+    now = time.time()
+    idle = BoardView(**{**_view(0.0).__dict__, "playing": False, "responding": False, "age_s": 100.0})
+    speaking = BoardView(**{**_view(0.0).__dict__, "playing": False, "responding": False, "speaking": True})
+    views.update({"t/a": _view(0.0, first_audio=False), "t/b": _view(0.0, first_audio=False)})
+    a = _request("a", "t/a", now - 2, hashed=True)
+    b = _request("b", "t/b", now - 1, hashed=True, first=1000)  # other tokens: its own block hash
+    for r in (a, b):
+        s.add_request(r)
+    _run_prefill(s)
+    hashes = {"a": a.block_hashes[0], "b": b.block_hashes[0]}
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    views.update({"t/a": speaking, "t/b": idle})
+    s.add_request(
+        _request("c", None, now, prompt=180, hashed=True, first=3000)
+    )  # 6 blocks: all free ones but the last
+    s.schedule()
+    pool = s.kv_cache_manager.block_pool
+    kept = {k for k, h in hashes.items()
+            if pool.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(h, 0)) is not None}  # fmt: skip
+    assert kept == ({"a"} if block_order else {"b"})
+    if block_order:
+        reordered = dict((tuple(k), v) for k, v in engine_metrics.detach(s.make_stats())["reordered"])
+        assert reordered[("tail",)] == [1] and reordered[("head",)] == [1]
 
 
 def test_well_buffered_requests_sit_out_while_a_new_turn_runs(urgent):

@@ -31,6 +31,7 @@ ENGINE_SPEC: store_metrics.Spec = {
         ("frame", "omniray_scheduler_frame_seconds"),
         ("ranked", "omniray_scheduler_ranked_total"),
         ("yielded", "omniray_scheduler_yielded_total"),
+        ("reordered", "omniray_scheduler_kv_blocks_reordered_total"),
         ("fault", "omniray_scheduler_urgency_faults_total"),
         ("preempted", "omniray_scheduler_preemptions_total"),
         ("prompt_computed", "omniray_scheduler_prompt_tokens_computed_total"),
@@ -43,6 +44,7 @@ ENGINE_ZERO_AT_START = {
     "preempted": [("U0",), ("U1",)],
     "fault": [()],
     "yielded": [()],
+    "reordered": [("tail",), ("head",)],
     "feature_waits": [("arrived",), ("timed_out",)],
     "feature_wait_s": [("arrived",), ("timed_out",)],
 }

@@ -40,6 +40,7 @@ Written for vLLM 0.32 (its `Scheduler` / `AsyncScheduler` API: `running`, `sched
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from kv_store.metrics import Recorder
 from services.extensions.vllm import engine_metrics, pins
+from services.extensions.vllm.block_order import NextUseBlocks
 from services.extensions.vllm.ec_connector import OmniEcConnector
 from services.extensions.vllm.specs import EnginePayload, UrgencyPayload
 from services.playback.board import BoardReader
@@ -79,8 +81,10 @@ class Hook(Protocol):
 
 class UrgencyOrder:
     def __init__(self, policy: urgency.UrgencyPolicy, views: Callable[[], dict], recorder: Recorder,
-                 refresh_s: float = 5.0, tokens_per_round: int = 1, clock: Callable[[], float] = time.time):  # fmt: skip
+                 refresh_s: float = 5.0, tokens_per_round: int = 1, clock: Callable[[], float] = time.time,
+                 blocks: NextUseBlocks | None = None):  # fmt: skip
         self.policy, self.views, self.recorder, self.clock = policy, views, recorder, clock
+        self.blocks = blocks  # the free KV blocks' next-use order (None: vLLM's LRU)
         self._plan = lambda: UrgencyPlan(policy, identify, progress, refresh_s, tokens_per_round)
         self.running, self.waiting = self._plan(), self._plan()
         self._fault_logged = -FAULT_LOG_S
@@ -90,12 +94,15 @@ class UrgencyOrder:
     def of(cls, payload: UrgencyPayload, recorder: Recorder, tokens_per_round: int) -> UrgencyOrder:
         board = BoardReader(payload.board_url, payload.poll_s)
         policy = urgency.create(payload.policy, payload.params, piece_tokens=payload.piece_tokens)
-        return cls(policy, board.views, recorder, payload.refresh_s, tokens_per_round)
+        blocks = NextUseBlocks(payload.block_order) if payload.block_order is not None else None
+        return cls(policy, board.views, recorder, payload.refresh_s, tokens_per_round, blocks=blocks)
 
     def kv_cache_config(self, config: Any, vllm_config: Any) -> Any:
         return config
 
     def before(self, scheduler: OmnirayScheduler) -> list:
+        if self.blocks is not None:
+            self._order_blocks(scheduler)
         if not scheduler.running and len(scheduler.waiting) < 2:
             return []
         views = self.views()
@@ -131,6 +138,26 @@ class UrgencyOrder:
             if n:
                 self.recorder.record("ranked", (cls,), n)
         return held
+
+    def _order_blocks(self, scheduler: OmnirayScheduler) -> None:
+        """The free KV blocks in next-use order before this round allocates (block_order.py)."""
+        views = self.views()
+        if not views:
+            return
+        for request in itertools.chain(scheduler.running, scheduler.waiting):
+            if (session := session_of(request)) is not None:
+                self.blocks.saw(session, request)
+        try:
+            self.blocks.reorder(scheduler, views, self.clock())
+        except Exception:  # a bug here costs the order, never the engine: vLLM's LRU stands
+            self.recorder.record("fault", (), 1.0)
+            if time.monotonic() - self._fault_logged >= FAULT_LOG_S:
+                self._fault_logged = time.monotonic()
+                log.exception("block order failed; the free blocks keep vLLM's order")
+        for to, n in self.blocks.moved.items():
+            if n:
+                self.recorder.record("reordered", (to,), n)
+                self.blocks.moved[to] = 0
 
     def _yield(self, scheduler: OmnirayScheduler, held: list) -> None:
         """A turn is in the queues: the running requests that yield to it sit this round out beside

@@ -28,6 +28,15 @@ class SinkWindowParams(_Strict):
     window_tokens: int = Field(ge=1)
 
 
+class BlockOrderParams(_Strict):
+    """Next-use order of vLLM's free KV blocks (services/extensions/vllm/block_order.py)."""
+
+    soon_s: float = Field(default=5.0, ge=0)  # next use within this: to the tail (evicted last)
+    late_s: float = Field(default=30.0, gt=0)  # at least this far: to the head (evicted first)
+    default_gap_s: float = Field(default=1.0, ge=0)  # kv_store.follower's next_use
+    idle_s: float = Field(default=30.0, gt=0)
+
+
 class UrgencyPayload(_Strict):
     """The interaction-aware order of running requests (services/extensions/vllm/scheduler.py): an
     urgency policy (services/policies/urgency/) fed by the playback board in Redis."""
@@ -40,6 +49,8 @@ class UrgencyPayload(_Strict):
     refresh_s: float = Field(default=5.0, gt=0)
     # tokens a reply may generate before their audio can come (Profile.audio_piece_tokens)
     piece_tokens: int = Field(default=0, ge=0)
+    # the engine's free KV blocks in next-use order from the same board (None: vLLM's LRU)
+    block_order: BlockOrderParams | None = None
 
 
 class EnginePayload(_Strict):
