@@ -14,6 +14,8 @@ from typing import Literal
 
 import simpy
 from pydantic import BaseModel, ConfigDict, Field
+from ray.serve.autoscaling_policy import default_autoscaling_policy
+from ray.serve.config import AutoscalingConfig
 
 from kv_store.metrics import Recorder
 from planner import costs
@@ -118,7 +120,7 @@ class Cluster:
             )  # fmt: skip
             for i in range(deployment.talker_replicas)
         ]
-        self.encoders = [EncoderReplica(self, f"encoder-{i}") for i in range(deployment.encoder_replicas)]
+        self.encoders = [self._encoder_replica() for _ in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
         self.voice = VoiceStats()
@@ -130,9 +132,6 @@ class Cluster:
         self.env.process(self._session_seconds())
 
     def _scaler(self, stage: str, spec: Scaling) -> StageScaler:
-        from ray.serve.autoscaling_policy import default_autoscaling_policy
-        from ray.serve.config import AutoscalingConfig
-
         config = AutoscalingConfig(min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
                                    target_ongoing_requests=spec.target_ongoing_requests,
                                    upscale_delay_s=spec.upscale_delay_s, downscale_delay_s=spec.downscale_delay_s)  # fmt: skip
@@ -146,12 +145,13 @@ class Cluster:
             if spec.policy == "sla"
             else default_autoscaling_policy
         )
+        # Serve's ongoing requests: an encoder's Encode calls, a talker's Talk calls (one per reply)
         if stage == "encoder":
-            replicas, ongoing = self.encoders, lambda: sum(len(e._left) for e in self.encoders)
-            start = lambda: EncoderReplica(self, f"encoder-{self.counts['encoders']}")  # noqa: E731
+            replicas, start = self.encoders, self._encoder_replica
+            ongoing = lambda: sum(e.ongoing for e in self.encoders)  # noqa: E731
         else:
-            replicas, ongoing = self.talkers, lambda: sum(len(t.streams) for t in self.talkers)
-            start = lambda: self._talker(len(self.talkers))  # noqa: E731
+            replicas, start = self.talkers, self._talker
+            ongoing = lambda: sum(len(t.streams) for t in self.talkers)  # noqa: E731
         return StageScaler(self.env, stage, policy, config, replicas, start, ongoing, spec.start_s)
 
     def _session_seconds(self):
@@ -179,10 +179,15 @@ class Cluster:
                              max_num_batched_tokens=d.max_num_batched_tokens, order=order,
                              on_step=self._frame)  # fmt: skip
 
-    def _talker(self, i: int) -> TalkerReplica:
+    def _encoder_replica(self) -> EncoderReplica:
+        self.counts["encoders"] += 1
+        return EncoderReplica(self, f"encoder-{self.counts['encoders']}")
+
+    def _talker(self) -> TalkerReplica:
+        self.counts["talkers"] += 1
         talker = self.profile.models.talker
         max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
-        return TalkerReplica(self.env, f"talker-{i}", self.hw.stages, self._urgency(), lambda: self.views,
+        return TalkerReplica(self.env, f"talker-{self.counts['talkers']}", self.hw.stages, self._urgency(), lambda: self.views,
                              max_streams, frames_per_token(self.w.voice.ms_per_token))  # fmt: skip
 
     def _urgency(self) -> urgency.UrgencyPolicy:
@@ -329,7 +334,6 @@ class EncoderReplica:
 
     def __init__(self, cluster: Cluster, name: str):
         self.cluster, self.env, self.name = cluster, cluster.env, name
-        cluster.counts["encoders"] += 1
         self.draining = False
         pool = cluster.profile.encoder_pool
         self.scheduler = TileScheduler(
@@ -339,6 +343,11 @@ class EncoderReplica:
         self._left: dict[str, tuple[int, simpy.Event]] = {}
         self._wake = self.env.event()
         self.env.process(self._loop())
+
+    @property
+    def ongoing(self) -> int:
+        """Requests with tiles still to encode here."""
+        return len(self._left)
 
     def encode(self, rid: str, tiles: int) -> simpy.Event:
         if self.curve is None:
