@@ -36,12 +36,16 @@ def redis_url() -> str:
     return os.environ.get(ENV, "redis://127.0.0.1:6379/0")
 
 
-def _options(retry_cls) -> dict:
+def _options(retry_cls, timeout_s: float | None = None) -> dict:
     # One immediate retry, on a dropped connection only: the first command after Redis restarts
     # finds its pooled connection closed and succeeds on a new one. A timeout is not retried, so a
     # stalled Redis costs one SOCKET_TIMEOUT_S per call, not several.
     retry = retry_cls(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
-    return {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": CONNECT_TIMEOUT_S, "retry": retry}
+    return {
+        "socket_timeout": timeout_s or SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": timeout_s or CONNECT_TIMEOUT_S,
+        "retry": retry,
+    }
 
 
 def async_client(url: str | None = None) -> aioredis.Redis:
@@ -51,8 +55,9 @@ def async_client(url: str | None = None) -> aioredis.Redis:
     return aioredis.Redis.from_url(url or redis_url(), **_options(Retry))
 
 
-def sync_client(url: str | None = None) -> redis.Redis:
-    """A blocking client (for threads) of `url` (default $OMNIRAY_REDIS_URL); options in the URL win."""
+def sync_client(url: str | None = None, timeout_s: float | None = None) -> redis.Redis:
+    """A blocking client (for threads) of `url` (default $OMNIRAY_REDIS_URL); options in the URL win.
+    `timeout_s`: a tighter bound on connects, reads and writes than the default."""
     from redis.retry import Retry
 
-    return redis.Redis.from_url(url or redis_url(), **_options(Retry))
+    return redis.Redis.from_url(url or redis_url(), **_options(Retry, timeout_s))

@@ -4,6 +4,9 @@ the deployment's bounds; down only after the lower target held; Serve's default 
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -85,3 +88,26 @@ def test_capacity_added_covers_the_offered_load(rates, caps, headroom):
     n = policy.needed(rates)
     load = sum(r / caps for r in rates.values())
     assert n * caps >= headroom * load * caps - 1e-6 * caps and (n == 0 or (n - 1) < headroom * load + 1e-9)
+
+
+def test_a_stalled_redis_costs_the_controller_one_short_timeout_not_one_per_period():
+    """A Redis that accepts and never answers: the first read gives up within the policy's bound,
+    the next ones do not wait at all (Serve's default decides), until the retry time."""
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(16)  # connections complete in the backlog; nothing is ever read or written
+    try:
+        policy = SlaAutoscaling(
+            {"image_tiles": 10.0}, redis_url=f"redis://127.0.0.1:{stalled.getsockname()[1]}/0"
+        )
+        started = time.monotonic()
+        policy(_ctx(0.0, {}, current=2))
+        first = time.monotonic() - started
+        started = time.monotonic()
+        for i in range(10):
+            target, _ = policy(_ctx(0.1 * (i + 1), {}, current=2))
+            assert 1 <= target <= 8
+        rest = time.monotonic() - started
+    finally:
+        stalled.close()
+    assert first < 1.0 and rest < 0.1

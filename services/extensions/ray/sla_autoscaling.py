@@ -14,7 +14,10 @@ grows the encoder, not decode; a voice-heavy one the talker and vocoder. The res
 deployment's (capacity-adjusted) min and max; with min 0 and no load for `downscale_after_s` it
 scales to zero. It goes down only after the lower target has held for `downscale_after_s` (a lull
 between bursts keeps the replicas), up at once. Without load counters (Redis unreachable, or not
-yet two samples) it decides as Serve's default policy would (queue length).
+yet two samples) it decides as Serve's default policy would (queue length); a failed read is not tried
+again for `RETRY_S`, so a stalled Redis costs the controller's loop one short timeout now and then,
+not one every control period. Serve's controller applies the deployment's `upscale_delay_s` /
+`downscale_delay_s` on top of this policy's own decisions.
 
 Profiles switch it on per stage (`stages.<stage>.sla`, services/models/profile.py); without it the
 stage runs Serve's default.
@@ -37,6 +40,7 @@ log = logging.getLogger("ray.serve")
 KEY = "omniray:load"  # hash: kind -> running total (services/gateway/load_meter.py writes it)
 KINDS = ("requests", "text_tokens", "image_tiles", "audio_seconds", "session_seconds")
 READ_TIMEOUT_S = 0.2  # the controller's loop must not wait on Redis
+RETRY_S = 5.0  # after a failed read, Serve's default decides this long without trying again
 
 
 class SlaAutoscaling:
@@ -47,16 +51,19 @@ class SlaAutoscaling:
             raise ValueError(f"per_replica: positive capacities of {KINDS}, not {per_replica}")
         self.per_replica, self.headroom = per_replica, headroom
         self.window_s, self.downscale_after_s = window_s, downscale_after_s
-        self.redis = sync_client(redis_url)
+        self.redis = sync_client(redis_url, timeout_s=READ_TIMEOUT_S)
         self._failing = False
+        self._retry_at = 0.0
 
     def read(self) -> dict[str, float] | None:
+        if time.monotonic() < self._retry_at:
+            return None
         try:
             raw = self.redis.hgetall(KEY)
         except Exception as e:  # unreachable or stalled: Serve's default decides meanwhile
             if not self._failing:
                 log.warning("SLA autoscaling: load counters unreadable, deciding by queue length: %s", e)
-            self._failing = True
+            self._failing, self._retry_at = True, time.monotonic() + RETRY_S
             return None
         self._failing = False
         return {k.decode() if isinstance(k, bytes) else k: float(v) for k, v in raw.items()}
