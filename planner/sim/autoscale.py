@@ -74,8 +74,8 @@ class StageScaler:
                 self._down_since = now if self._down_since is None else self._down_since
                 if now - self._down_since >= c.downscale_delay_s:
                     for _ in range(self.target - wanted):
-                        replica = self.replicas.pop()
-                        replica.draining = True  # finishes what it holds, takes nothing new
+                        # out of the routers' list: it finishes what it holds and gets nothing new
+                        self.replicas.pop()
                     self.target, self._down_since = wanted, None
                     self.history.append((now, len(self.replicas)))
             else:

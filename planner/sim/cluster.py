@@ -240,13 +240,12 @@ class Cluster:
             self.admission.observe(step_s * 1000 / self.w.voice.ms_per_token)
 
     def route(self, sid: str, current: EngineReplica | None) -> EngineReplica:
-        by_name = {r.name: r for r in self.replicas}
         request = RoutedRequest(request_id=f"{sid}/{self.counts['routed']}", session_id=sid)
         self.counts["routed"] += 1
         best = self.router.rank(request, [Candidate(r.name, r.load) for r in self.replicas])[0]
         for _, scorer in self.router.stages:
             scorer.on_routed(request, best)
-        return by_name[best]
+        return next(r for r in self.replicas if r.name == best)
 
     # ---- the speech stages ---------------------------------------------------------------------------
 
@@ -334,7 +333,6 @@ class EncoderReplica:
 
     def __init__(self, cluster: Cluster, name: str):
         self.cluster, self.env, self.name = cluster, cluster.env, name
-        self.draining = False
         pool = cluster.profile.encoder_pool
         self.scheduler = TileScheduler(
             pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now

@@ -35,7 +35,6 @@ class TalkerReplica:
         self.env, self.name, self.costs, self.policy, self.views = env, name, costs, policy, views
         self.max_streams, self.frames_per_token = max_streams, frames_per_token
         self.streams: dict[str, _Stream] = {}
-        self.draining = False  # scaled down: finishes its streams, gets no new reply
         self.steps = self.busy_s = 0.0
         self._wake = env.event()
         env.process(self._loop())
