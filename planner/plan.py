@@ -14,6 +14,8 @@ profile rather than from a benchmark table:
   hardware profile has an encoder curve).
 Replicas add up linearly (a decode replica's time is split between voice and chat by their shares
 of its capacity); one simulated replica at the planned share of the load checks the prediction.
+Where the profile has a realtime decode pool, voice sessions are planned on it alone — one replica
+holds the simulated capacity or its session cap, the lower — and chat and images on Decode.
 Prefill runs inside the decode replicas in the simulator (P/D disaggregation is not simulated): the
 plan keeps the profile's Prefill bounds.
 
@@ -34,13 +36,12 @@ from planner import costs
 from planner.sim import report
 from planner.sim.cluster import INTERACTION, Cluster, Deployment
 from planner.sim.workload import RequestSpec, VoiceSpec, Workload
+from services.app import DEPLOYMENT_NAMES
 from services.deploy import STAGE_POOLS
 from services.models.profile import load_profile
 
 CHAT = RequestSpec(prompt_tokens=(20, 2000), output_tokens=(30, 300))
 IMAGE = RequestSpec(prompt_tokens=(20, 200), output_tokens=(30, 300), tiles=(1, 4), tokens_per_tile=256)
-SERVE_NAMES = {"gateway": "Gateway", "video": "Video", "encoder": "Encoder", "prefill": "Prefill",
-               "decode": "Decode", "talker": "Talker", "vocoder": "Vocoder"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,12 +142,20 @@ def plan(args, slo: Slo, mix: dict[str, float]) -> Plan:
         if image_rate and hw.stages.encoder_batch is not None
         else None
     )
-    decode_load = (users.get("voice", 0) / sessions if sessions else 0.0) + (
-        (chat_rate + image_rate) / chat_cap if chat_cap else 0.0
-    )
+    pool = profile.stages.get("realtime_decode")
+    per_pool_replica = min(sessions, pool.sessions.cap) if pool is not None else 0
+    voice_load = users.get("voice", 0) / sessions if sessions else 0.0
+    chat_load = (chat_rate + image_rate) / chat_cap if chat_cap else 0.0
     talkers = math.ceil(users.get("voice", 0) * talker_work / args.target_utilization)
     replicas = {name: stage.autoscaling_config["min_replicas"] for name, stage in profile.stages.items()}
-    replicas.update(decode=max(1, math.ceil(decode_load)), talker=max(1, talkers), vocoder=max(1, talkers))
+    replicas.update(talker=max(1, talkers), vocoder=max(1, talkers))
+    if pool is not None:
+        replicas["realtime_decode"] = (
+            max(1, math.ceil(users.get("voice", 0) / per_pool_replica)) if sessions else 1
+        )
+        replicas["decode"] = max(1, math.ceil(chat_load))
+    else:
+        replicas["decode"] = max(1, math.ceil(voice_load + chat_load))
     if image_cap:
         replicas["encoder"] = max(1, math.ceil(image_rate / image_cap))
     devices: dict[str, float] = {}
@@ -154,13 +163,17 @@ def plan(args, slo: Slo, mix: dict[str, float]) -> Plan:
         gpus = profile.stages[name].ray_actor_options.get("num_gpus", 0)
         pool = STAGE_POOLS[name]
         devices[pool] = devices.get(pool, 0.0) + n * gpus
-    predicted = _check(args, replicas, users, chat_rate + image_rate)
+    predicted = _check(args, replicas, users, chat_rate + image_rate, pooled=pool is not None)
     capacity = {"voice_sessions_per_decode": sessions, "chat_rps_per_decode": chat_cap,
                 "image_rps_per_encoder": image_cap, "talker_replicas_per_session": talker_work}  # fmt: skip
-    # What the SLA autoscaling policy reads (services/extensions/ray/sla_autoscaling.py): one replica's
-    # share of the offered load, in the gateways' load counters' units, at this plan's mix.
-    requests = users.get("voice", 0) * turn_rate + chat_rate + image_rate
-    sla = {"decode": {"requests": requests / replicas["decode"]}}
+    # What the SLA autoscaling policy reads (services/extensions/ray/sla_autoscaling.py): what one
+    # replica serves of each kind of offered load alone, in the gateways' load counters' units (the
+    # policy adds up the kinds' shares as decode_load does).
+    sla: dict[str, dict[str, float]] = {"decode": {"requests": chat_cap}} if chat_cap else {}
+    if pool is not None and sessions:
+        sla["realtime_decode"] = {"session_seconds": per_pool_replica}
+    elif sessions:
+        sla.setdefault("decode", {})["realtime_requests"] = sessions * turn_rate
     if talker_work:
         sla["talker"] = sla["vocoder"] = {"session_seconds": 1 / talker_work}
     if image_cap:
@@ -168,25 +181,38 @@ def plan(args, slo: Slo, mix: dict[str, float]) -> Plan:
     return Plan(replicas, devices, capacity, predicted, sla)
 
 
-def _check(args, replicas: dict[str, int], users: dict[str, float], rate: float) -> dict[str, float | None]:
-    """One decode replica at its planned share of the load: the SLO figures it predicts."""
-    n = replicas["decode"]
-    voice = round(users.get("voice", 0) / n)
-    cluster = Cluster(
-        _deployment(args, talker_replicas=max(1, round(replicas["talker"] / n))),
-        Workload(voice=VoiceSpec(sessions=voice, ramp_s=5), requests={"chat": CHAT.model_copy(update={"rate": rate / n})},
-                 duration_s=args.seconds, warmup_s=args.seconds / 4),
-    )  # fmt: skip
-    cluster.run()
-    v, r = report.voice(cluster), report.requests(cluster)["chat"]
-    return {"ttfp_p90_s": v["ttfp_p90_s"], "continuity": v["continuous_share"], "ttft_p99_s": r["ttft_p99_s"]}
+def _check(
+    args, replicas: dict[str, int], users: dict[str, float], rate: float, pooled: bool
+) -> dict[str, float | None]:
+    """One decode replica at its planned share of the load — with a realtime decode pool, one of the
+    pool's at its share of the sessions and one of Decode's at its share of the rest: the SLO
+    figures they predict."""
+    runs = (
+        [("realtime_decode", users.get("voice", 0), 0.0), ("decode", 0, rate)]
+        if pooled
+        else [("decode", users.get("voice", 0), rate)]
+    )
+    v = r = None
+    for stage, voice, chat_rate in runs:
+        n = replicas[stage]
+        cluster = Cluster(
+            _deployment(args, talker_replicas=max(1, round(replicas["talker"] / n))),
+            Workload(voice=VoiceSpec(sessions=round(voice / n), ramp_s=5),
+                     requests={"chat": CHAT.model_copy(update={"rate": chat_rate / n})} if chat_rate else {},
+                     duration_s=args.seconds, warmup_s=args.seconds / 4),
+        )  # fmt: skip
+        cluster.run()
+        v = report.voice(cluster) if voice else v
+        r = report.requests(cluster)["chat"] if chat_rate else r
+    return {"ttfp_p90_s": v and v["ttfp_p90_s"], "continuity": v and v["continuous_share"],
+            "ttft_p99_s": r and r["ttft_p99_s"]}  # fmt: skip
 
 
 def overlay(args, result: Plan) -> dict:
     """Helm values: each deployment's autoscaling bounds (min: `--min-share` of the plan; max: the
     plan with `--headroom`) and each worker group's pods for them."""
     bounds = {
-        SERVE_NAMES[name]: {"min": max(1, math.ceil(n * args.min_share)), "max": max(1, math.ceil(n * args.headroom))}
+        DEPLOYMENT_NAMES[name]: {"min": max(1, math.ceil(n * args.min_share)), "max": max(1, math.ceil(n * args.headroom))}
         for name, n in result.replicas.items()
     }  # fmt: skip
     groups = {}
@@ -221,9 +247,9 @@ def main(argv: list[str] | None = None) -> Plan:
     started = time.perf_counter()
     result = plan(args, slo, _parse(args.mix))
     print(f"{args.users} users ({args.mix}) on {args.hardware} / {args.profile}; SLO {slo}")
-    print(f"{'stage':>10} {'replicas':>9} {'pool':>8}")
+    print(f"{'stage':>15} {'replicas':>9} {'pool':>8}")
     for name, n in result.replicas.items():
-        print(f"{name:>10} {n:>9} {STAGE_POOLS[name]:>8}")
+        print(f"{name:>15} {n:>9} {STAGE_POOLS[name]:>8}")
     print("devices (GPUs) per pool: " + ", ".join(f"{p} {d:g}" for p, d in result.devices.items() if d))
     print("capacity of one replica: " + ", ".join(f"{k} {v:.3g}" if v is not None else f"{k} unknown (no curve)"
                                                   for k, v in result.capacity.items()))  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from ray.serve import Application
 
-from services.models.profile import STAGES, load_profile
+from services.models.profile import STAGES, RequestRouterSpec, load_profile
 
 APP_NAME = "omniray"
 REPLICA_GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -31,6 +31,7 @@ DEPLOYMENT_NAMES = {
     "encoder": "Encoder",
     "prefill": "Prefill",
     "decode": "Decode",
+    "realtime_decode": "RealtimeDecode",
     "talker": "Talker",
     "vocoder": "Vocoder",
 }
@@ -46,7 +47,14 @@ def build_app(args: dict[str, Any]) -> Application:
 
     # Loaded and validated once, here: a bad profile fails the deploy, and every replica gets the
     # content it was deployed with (not a name it would read from disk again).
-    profile = load_profile(str(args["profile"])).model_dump()
+    loaded = load_profile(str(args["profile"]))
+    profile = loaded.model_dump()
+    # the realtime decode pool: the same stage as Decode, its own deployment (replicas, seats)
+    realtime_decode = (
+        Decode.options(name=DEPLOYMENT_NAMES["realtime_decode"]).bind(profile, pool="realtime_decode")
+        if "realtime_decode" in loaded.stages
+        else None
+    )
     return Gateway.bind(
         profile,
         Video.bind(profile),
@@ -55,6 +63,7 @@ def build_app(args: dict[str, Any]) -> Application:
         Decode.bind(profile),
         Talker.bind(profile),
         Vocoder.bind(profile),
+        realtime_decode,
         async_chunk=args.get("async_chunk"),
     )
 
@@ -80,20 +89,23 @@ def serve_config(
         spec = profile.stages.get(stage)
         if spec is None:
             continue
-        options = spec.model_dump(exclude_none=True, exclude={"request_router", "sla"})
+        options = spec.model_dump(exclude_none=True, exclude={"request_router", "sla", "sessions"})
         if spec.sla is not None:
             options["autoscaling_config"]["policy"] = {
                 "policy_function": SLA_POLICY,
                 "policy_kwargs": spec.sla.model_dump(),
             }
-        if spec.request_router is not None:
+        if spec.request_router is not None or spec.sessions is not None:
+            router = spec.request_router or RequestRouterSpec(scorers=[{"name": "queue_length"}])
             options["request_router_config"] = {
                 "request_router_class": "services.extensions.ray.request_router:ScoredRequestRouter",
                 "request_router_kwargs": {
-                    "scorers": [s.model_dump() for s in spec.request_router.scorers],
+                    "scorers": [s.model_dump() for s in router.scorers],
                     "deployment": DEPLOYMENT_NAMES[stage],
+                    # pinned sessions: each turn to its seat's replica (services/router/session_seats.py)
+                    "sessions": {"pool": stage, **spec.sessions.model_dump()} if spec.sessions else None,
                 },
-                "request_routing_stats_period_s": spec.request_router.stats_period_s,
+                "request_routing_stats_period_s": router.stats_period_s,
             }
         options.update((stage_overrides or {}).get(stage, {}))
         deployments.append({"name": DEPLOYMENT_NAMES[stage], **options})

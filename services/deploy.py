@@ -32,6 +32,7 @@ STAGE_POOLS = {
     "encoder": "encoder",
     "prefill": "thinker",
     "decode": "thinker",
+    "realtime_decode": "thinker",  # its own deployment and replicas, on the thinker pool's GPUs
     "talker": "speech",
     "vocoder": "speech",
 }

@@ -102,7 +102,7 @@ class VoiceSession:
         if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
             self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1
         length = reply_length(self.rng, *spec.reply_tokens)
-        c.load["requests"] += 1
+        c.load["realtime_requests"] += 1
         self.replica, self.talker = c.route(self.sid, self.replica), c.talker()
         request = self.request = SimRequest(f"{self.sid}/{len(self.stats.turns)}", self.sid, self.context, length,
                                             env.now, self._on_request, chain=self.chain)  # fmt: skip

@@ -205,6 +205,12 @@ def _declared() -> list[Metric]:
             "omniray_realtime_admission_limit", g, "Realtime sessions the AIMD controller admits now (N*)."
         ),
         Metric(
+            "omniray_realtime_pool_refused_total",
+            c,
+            "Realtime sessions refused: every realtime decode replica holds its cap of sessions.",
+            at_zero=True,
+        ),
+        Metric(
             "omniray_realtime_admitted_total",
             c,
             "Realtime sessions admitted (opened under the admission limit).",
@@ -406,6 +412,14 @@ def _declared() -> list[Metric]:
             "Requests routed to the replica the pipeline ranked first (vs a fallback).",
             ("deployment", "outcome"),
         ),
+        Metric(
+            "omniray_router_session_seats_total",
+            c,
+            "Calls of realtime decode pool sessions by seat: kept, placed, migrated, overflow, full, unavailable.",
+            ("deployment", "outcome"),
+            at_zero=True,
+        ),
+        Metric("omniray_realtime_pool_seats", g, "Realtime decode pool seats: held, all.", ("state",)),
         # the engine core's scheduler (services/extensions/vllm/scheduler.py; recorded in the engine core)
         Metric(
             "omniray_scheduler_decision_seconds",

@@ -1,6 +1,7 @@
 """The load a gateway replica admits, by kind, added to running totals in Redis (`omniray:load`) for
 the SLA autoscaling policy (services/extensions/ray/sla_autoscaling.py), which turns them into rates:
-requests, text tokens (with their output budget), image tiles and audio seconds of every admitted
+requests (realtime sessions' turns apart, as `realtime_requests`: the realtime decode pool serves
+them), text tokens (with their output budget), image tiles and audio seconds of every admitted
 request, and the realtime sessions open here (as session-seconds). Totals from every replica add up
 in one hash. Each kind is also a Prometheus counter (`omniray_gateway_offered_load_total{kind}`).
 
@@ -33,9 +34,9 @@ class LoadMeter:
         self._task: asyncio.Task | None = None
         self._failing = False
 
-    def add(self, cost: Cost) -> None:
-        """One admitted request (called on the event loop)."""
-        self._count("requests", 1.0)
+    def add(self, cost: Cost, realtime: bool = False) -> None:
+        """One admitted request, `realtime`: a realtime session's turn (called on the event loop)."""
+        self._count("realtime_requests" if realtime else "requests", 1.0)
         self._count("text_tokens", cost.text_tokens)
         self._count("image_tiles", cost.image_tiles)
         self._count("audio_seconds", cost.audio_seconds)

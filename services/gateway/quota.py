@@ -38,7 +38,7 @@ class QuotaMetrics:
 
     def admitted(self, lease) -> None:
         if self.load is not None:
-            self.load.add(lease.cost)
+            self.load.add(lease.cost, lease.realtime)
         self._admitted.inc(tags={"tenant": lease.tenant.id, "slo_class": lease.slo_class})
         self._wait.observe(lease.queued_s, tags={"slo_class": lease.slo_class})
         for modality, ratio in lease.levels.items():

@@ -97,10 +97,11 @@ class Gateway:
         decode: DeploymentHandle,
         talker: DeploymentHandle,
         vocoder: DeploymentHandle,
+        realtime_decode: DeploymentHandle | None = None,
         async_chunk: bool | None = None,
     ):
         self.profile = Profile.model_validate(profile)
-        handles = StageHandles(video, encoder, prefill, decode, talker, vocoder)
+        handles = StageHandles(video, encoder, prefill, decode, talker, vocoder, realtime_decode)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, handles, prompts, self.quota, async_chunk=async_chunk)

@@ -22,7 +22,7 @@ from services.policies.admission import AdmissionParams
 from services.policies.scorers import ScorerSpec
 
 CONFIG_DIR = REPO_ROOT / "configs"
-STAGES = ("gateway", "video", "encoder", "prefill", "decode", "talker", "vocoder")
+STAGES = ("gateway", "video", "encoder", "prefill", "decode", "realtime_decode", "talker", "vocoder")
 
 
 class ModelSpec(_Strict):
@@ -356,11 +356,27 @@ class SlaSpec(_Strict):
     """The SLA autoscaling policy for a stage (services/extensions/ray/sla_autoscaling.py): what one
     replica serves within the SLOs, per kind of offered load (from `make plan`)."""
 
-    per_replica: dict[Literal["requests", "text_tokens", "image_tiles", "audio_seconds", "session_seconds"],
-                      Annotated[float, Field(gt=0)]] = Field(min_length=1)  # fmt: skip
+    per_replica: dict[Literal["requests", "realtime_requests", "text_tokens", "image_tiles", "audio_seconds",
+                              "session_seconds"], Annotated[float, Field(gt=0)]] = Field(min_length=1)  # fmt: skip
     headroom: float = Field(default=1.2, ge=1)
     window_s: float = Field(default=20.0, gt=1)
     downscale_after_s: float = Field(default=60.0, ge=0)
+
+
+class SessionPoolSpec(_Strict):
+    """Replicas that each hold at most `cap` live sessions, a session pinned to one for its life
+    (services/router/session_seats.py): the realtime decode pool (docs/realtime-pool.md)."""
+
+    cap: int = Field(ge=1)
+    seat_ttl_s: float = Field(default=90.0, gt=0)  # a seat not renewed this long is given back
+    renew_s: float = Field(default=30.0, gt=0)  # how often a gateway renews its sessions' seats
+    register_s: float = Field(default=2.0, gt=0)  # a replica registers this often (lapses after 3)
+
+    @model_validator(mode="after")
+    def _renewed_in_time(self):
+        if self.renew_s * 2 > self.seat_ttl_s:
+            raise ValueError("sessions: renew_s must be at most seat_ttl_s / 2")
+        return self
 
 
 class StageSpec(_Strict):
@@ -380,6 +396,7 @@ class StageSpec(_Strict):
     # Replicas from the offered load and the capacity plan instead of Serve's queue-length policy
     # (needs autoscaling_config: its bounds stand).
     sla: SlaSpec | None = None
+    sessions: SessionPoolSpec | None = None  # the realtime decode pool's seats (its own key only)
 
     @model_validator(mode="after")
     def _sla_needs_autoscaling(self):
@@ -402,7 +419,14 @@ class Profile(_Strict):
     video: VideoSpec = Field(default_factory=VideoSpec)
     kv_store: KvStoreSpec = Field(default_factory=KvStoreSpec)
     realtime: RealtimeSpec = Field(default_factory=RealtimeSpec)
-    stages: dict[Literal["gateway", "video", "encoder", "prefill", "decode", "talker", "vocoder"], StageSpec]
+    stages: dict[Literal[STAGES], StageSpec]
+
+    @model_validator(mode="after")
+    def _session_pool(self) -> Profile:
+        """The realtime decode pool, and only it, has seats (`sessions`: its per-replica cap)."""
+        if any((s.sessions is None) == (k == "realtime_decode") for k, s in self.stages.items()):
+            raise ValueError("stages.realtime_decode, and no other stage, needs `sessions`")
+        return self
 
     @model_validator(mode="after")
     def _vision_tiles(self) -> Profile:

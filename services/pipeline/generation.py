@@ -170,7 +170,9 @@ class Generation:
 
     async def _write_answer(self) -> None:
         p, outcome, calls_in = self.p, self.outcome, self.calls_in
-        chunks = self.pipe.thinking.think(p.ctx, p.prompt, p.prompt_tokens, p.sampling, self.tokens_to)
+        chunks = self.pipe.thinking.think(
+            p.ctx, p.prompt, p.prompt_tokens, p.sampling, self.tokens_to, realtime=p.turn.realtime
+        )
         async for chunk in chunks:
             outcome.generated += len(chunk.token_ids)
             if self.stops and not self.stops.isdisjoint(chunk.token_ids):

@@ -133,7 +133,7 @@ class Pipeline:
                     document_pages=stage_plan.pages,
                     encoder_gflops=stage_plan.tiles * self.profile.tiling.gflops_per_tile,
                 )
-                lease = await self.quota.admit(tenant, ctx.request_id, cost, slo)
+                lease = await self.quota.admit(tenant, ctx.request_id, cost, slo, realtime=turn.realtime)
                 qspan.set_attribute("omniray.queued_s", lease.queued_s)
             p = Prepared(turn, ctx, stage_plan, grids, sampling, voice, audio_format, lease, layout, reduced)
             try:
@@ -227,7 +227,7 @@ class Pipeline:
             if tokens >= self.profile.engine.max_model_len:
                 return 0
             sampling.max_tokens = 1
-            async for _ in self.thinking.think(ctx, prompt, tokens, sampling):
+            async for _ in self.thinking.think(ctx, prompt, tokens, sampling, realtime=turn.realtime):
                 pass
         return tokens
 

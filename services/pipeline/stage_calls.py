@@ -41,6 +41,8 @@ class StageHandles:
     decode: DeploymentHandle
     talker: DeploymentHandle
     vocoder: DeploymentHandle
+    # the realtime decode pool, where the profile has one: realtime sessions' turns, pinned
+    realtime_decode: DeploymentHandle | None = None
 
 
 class DecodeDropped(Exception):

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 
 from omni.v1 import common_pb2, stages_pb2
+from ray.serve.handle import DeploymentHandle
 
 from services.extensions.ray.metrics import metric
 from services.models.profile import Profile
@@ -57,9 +58,13 @@ class Thinking:
         tokens: int,
         sampling: common_pb2.SamplingParams,
         token_stream: str = "",
+        *,
+        realtime: bool = False,
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
         """The thinker: prefill (for prompts long enough to pay for the hand-off) then decode,
-        streamed. Turns of one session go to the replicas that served it before (session_affinity).
+        streamed. Turns of one session go to the replicas that served it before (session_affinity);
+        a realtime session's, where the profile has a realtime decode pool, decode on the pool's
+        replica of the session's seat (pinned: services/router/session_seats.py).
         With `token_stream`, decode also writes the tokens there for a token talker."""
         kv_params = ""
         session = {"session_id": ctx.session_id} if ctx.session_id else {}
@@ -82,11 +87,14 @@ class Thinking:
                 kv_transfer_params=kv_params,
                 token_stream=token_stream,
             )
-            async for chunk in self._decode(request, session):
+            pool = (
+                self.h.realtime_decode if realtime and self.h.realtime_decode is not None else self.h.decode
+            )
+            async for chunk in self._decode(pool, request, session):
                 yield chunk
 
     async def _decode(
-        self, request: stages_pb2.DecodeRequest, session: dict
+        self, pool: DeploymentHandle, request: stages_pb2.DecodeRequest, session: dict
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
         """Decode, streamed. When the replica serving it dies mid-response, stalls past its deadline
         (StageStalled), or its engine drops the request (DecodeDropped), the response goes on on
@@ -102,7 +110,7 @@ class Thinking:
         while True:
             try:
                 finished = False
-                chunks = self.h.decode.options(stream=True, **session).Decode.remote(request)
+                chunks = pool.options(stream=True, **session).Decode.remote(request)
                 async for chunk in self.deadlines.stream("decode", chunks):
                     if lost_at is not None and (chunk.token_ids or chunk.finish_reason):
                         self.decode_resumes.inc(tags={"outcome": "resumed", "cause": cause})

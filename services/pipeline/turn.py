@@ -239,6 +239,7 @@ class Turn:
     sampling: Sampling = Sampling()
     speech: SpeechOut | None = None  # audio out (talker + vocoder) when set
     session: str = ""  # the client's session name ("" for none), scoped by tenant in the pipeline
+    realtime: bool = False  # a realtime session's turn: decoded on the realtime pool, where there is one
     slo_class: str = ""
     service_tier: str = ""
     tools: Tools | None = None  # function calling (services/pipeline/tools.py)

@@ -65,6 +65,7 @@ class Lease:
     # False: nothing in Redis to end — a tenant with no budget and no concurrency cap, or one
     # admitted without a debit while Redis was unreachable (fail_open)
     metered: bool = True
+    realtime: bool = False  # a realtime session's turn (the offered load counts those apart)
 
 
 def bucket_costs(tenant: TenantSpec, cost: Cost) -> dict[str, tuple[float, float, float]]:
@@ -178,11 +179,13 @@ class QuotaService:
             )
         return tenant, redeemed.session
 
-    async def admit(self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass) -> Lease:
+    async def admit(
+        self, tenant: TenantSpec, request_id: str, cost: Cost, slo_class: SloClass, *, realtime: bool = False
+    ) -> Lease:
         costs = bucket_costs(tenant, cost)
         start = time.monotonic()
         if not costs and tenant.max_concurrent is None:  # nothing to count: no Redis round trip
-            lease = Lease(tenant, request_id, slo_class, cost, metered=False)
+            lease = Lease(tenant, request_id, slo_class, cost, metered=False, realtime=realtime)
             if self.metrics:
                 self.metrics.admitted(lease)
             return lease
@@ -204,6 +207,7 @@ class QuotaService:
                         levels={b.modality: max(0.0, b.remaining) / b.capacity for b in result.buckets},
                         buckets=list(result.buckets),
                         queued_s=time.monotonic() - start,
+                        realtime=realtime,
                     )
                     if self.metrics:
                         self.metrics.admitted(lease)

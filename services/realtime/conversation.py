@@ -273,6 +273,7 @@ class Conversation:
             ),
             speech=speech,
             session=session_id,
+            realtime=True,
             tools=offered(
                 session.tools if config.tools is None else config.tools,
                 config.tool_choice or session.tool_choice,

@@ -1,7 +1,8 @@
 """Where realtime sessions are opened and closed, for every transport (WebSocket, gRPC): the key is
-checked, the model named, the tenant's session cap (quota service, across gateways) and the AIMD
-admission (this replica's capacity) asked; the session monitor and the metrics are shared by all
-sessions of this gateway replica."""
+checked, the model named, the tenant's session cap (quota service, across gateways), the AIMD
+admission (this replica's capacity) and, where the profile has a realtime decode pool, a seat on one
+of its replicas asked; the session monitor and the metrics are shared by all sessions of this
+gateway replica."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from services.quota.client_secrets import is_client_secret
 from services.realtime import events as ev
 from services.realtime import server_events as se
 from services.realtime.continuity import SessionStore
+from services.realtime.pool_seats import PoolSeats
 from services.realtime.session import RealtimeSession
 from services.realtime.stats import RealtimeStats
 
@@ -55,6 +57,7 @@ class RealtimeHub:
         self.pipeline, self.profile, self.quota = pipeline, profile, quota
         self.monitor = PlaybackMonitor()
         self.admission = AimdAdmission(profile.realtime.admission)
+        self.seats = PoolSeats.of(profile)
         self.stats = RealtimeStats()
         self._board: asyncio.Task | None = None
         self._drain_watch: asyncio.Task | None = None
@@ -126,27 +129,11 @@ class RealtimeHub:
         if model and not self.profile.serves(model):
             raise Refused(se.error(f"model {model!r} is not served here", "model_not_found"), "not_found")
         session_id = se.new_id("sess") if resume is None else self._resumable(resume)
-        try:
-            await self.quota.open_session(tenant, session_id)
-        except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
-            if e.status == 429:
-                raise Refused(se.error(e.message, e.code, kind="rate_limit_error"), "limit") from None
-            raise Refused(se.error(e.message, e.code, kind="server_error"), "unavailable") from None
-        if not self.admission.try_admit():
-            self.stats.rejected.inc()
-            await self.quota.close_session(tenant, session_id)
-            raise Refused(
-                se.error(
-                    f"this server is at its realtime session limit ({int(self.admission.limit)}); try again later",
-                    "session_limit_reached",
-                    kind="server_error",
-                ),
-                "limit",
-            )
+        key = str(SessionKey(tenant.id, session_id))
+        await self._admit(tenant, session_id, key)
         self.stats.admitted.inc()
         self.stats.admission_limit.set(self.admission.limit)
         self._publish_board()
-        key = str(SessionKey(tenant.id, session_id))
         session = None
         try:
             continuity, saved = await self._hold(tenant, session_id, resume is not None)
@@ -169,9 +156,33 @@ class RealtimeHub:
             else:
                 self.admission.release()
                 await self.quota.close_session(tenant, session_id)
+                if self.seats is not None:
+                    await self.seats.give_back(key)
             raise
         self.stats.sessions.set(len(self.monitor))
         return session
+
+    async def _admit(self, tenant, session_id: str, key: str) -> None:
+        """The tenant's session cap, this replica's AIMD limit and a seat in the realtime decode
+        pool, taken in that order; Refused (each taken one given back) at the first that is full."""
+        try:
+            await self.quota.open_session(tenant, session_id)
+        except OmniError as e:  # the tenant's session cap (counted by the quota), or its store unreachable
+            if e.status == 429:
+                raise Refused(se.error(e.message, e.code, kind="rate_limit_error"), "limit") from None
+            raise Refused(se.error(e.message, e.code, kind="server_error"), "unavailable") from None
+        if not self.admission.try_admit():
+            why = f"this server is at its realtime session limit ({int(self.admission.limit)})"
+        elif self.seats is not None and not await self.seats.take(key):
+            self.admission.release()
+            why = "every realtime decode replica holds its cap of sessions"
+        else:
+            return
+        self.stats.rejected.inc()
+        await self.quota.close_session(tenant, session_id)
+        raise Refused(
+            se.error(f"{why}; try again later", "session_limit_reached", kind="server_error"), "limit"
+        )
 
     def _resumable(self, session_id: str) -> str:
         if self.store is None:
@@ -232,5 +243,9 @@ class RealtimeHub:
             self.admission.release()
             if not (session.taken or session.moved):  # the slot is the (coming) new connection's
                 await self.quota.close_session(session.tenant, session.id)
+                if self.seats is not None:
+                    await self.seats.give_back(key)
+            elif self.seats is not None and key not in self._live:  # renewed where it went on
+                self.seats.moved(key)
         self.stats.sessions.set(len(self.monitor))
         self.stats.admission_limit.set(self.admission.limit)

@@ -16,7 +16,9 @@ from services.dataplane import token_stream
 from services.dataplane.token_stream import TokenStreamWriter
 from services.engine.thinker import DecodeDelta, ThinkerEngine
 from services.extensions.ray.metrics import metric
+from services.extensions.ray.pool_replica import hold_registration
 from services.extensions.vllm.media_rows import read_rows_async
+from services.router.session_seats import SessionSeats
 from services.stages._stage import Stage
 
 log = logging.getLogger("ray.serve")
@@ -58,14 +60,23 @@ class Prefill(_Thinker):
 
 @serve.deployment
 class Decode(_Thinker):
+    """Decode; deployed twice where the profile has a realtime decode pool (`pool`: its stage key),
+    whose replicas register for the sessions pinned to them (services/router/session_seats.py)."""
+
     name = "decode"
 
-    def __init__(self, profile: dict):
+    def __init__(self, profile: dict, pool: str = ""):
         super().__init__(profile)
         self.redis = async_client()  # token streams to token talkers
         # kept while a lost decode may still be resumed on it, and a while after
         self.token_stream_ttl_s = token_stream.TTL_S + self.profile.pipeline.thinker_gap_s()
         self.takeovers = metric("omniray_decode_stream_takeovers_total", outcome=token_stream.TAKEOVERS)
+        if pool:  # seats for sessions while this replica runs
+            spec = self.profile.stages[pool].sessions
+            seats = SessionSeats(self.redis, pool, spec.cap, spec.seat_ttl_s)
+            self._registration = asyncio.get_running_loop().create_task(
+                hold_registration(seats, spec.register_s)
+            )
 
     async def Decode(self, request: stages_pb2.DecodeRequest) -> AsyncIterator[stages_pb2.DecodeChunk]:
         with self.operation("decode", request.ctx):

@@ -70,7 +70,7 @@ def _request(max_tokens: int = 10, **sampling) -> stages_pb2.DecodeRequest:
 
 async def _run(thinking: Thinking, request: stages_pb2.DecodeRequest) -> list[stages_pb2.DecodeChunk]:
     with stage_calls():
-        return [chunk async for chunk in thinking._decode(request, {})]
+        return [chunk async for chunk in thinking._decode(thinking.h.decode, request, {})]
 
 
 async def test_a_dropped_decode_goes_on_from_the_tokens_sent():

@@ -19,6 +19,7 @@ ALLOWED = [
     "engine.kv_cache_space_gib", "engine.cpu_threads_bind",
     "stages.*.ray_actor_options", "stages.*.autoscaling_config.min_replicas",  # resources
     "stages.*.autoscaling_config.max_replicas",
+    "stages.*.sessions.cap",  # sessions a replica holds, as max_num_seqs
     "video.frame_px", "video.max_frames",  # sizes: a clip's frames, as max_model_len its tokens
     "encoder_pool.stream_mib",  # host memory, as kv_cache_space_gib
 ]  # fmt: skip

@@ -18,7 +18,8 @@ def test_profile_validates_and_renders(name):
             assert spec.adapter in ADAPTERS.names()
     config = serve_config(name, http_port=8123, grpc_port=9123)
     app = config["applications"][0]
-    assert {d["name"] for d in app["deployments"]} == {DEPLOYMENT_NAMES[s] for s in STAGES}
+    assert {d["name"] for d in app["deployments"]} == {DEPLOYMENT_NAMES[s] for s in profile.stages}
+    assert set(profile.stages) >= set(STAGES) - {"realtime_decode"}  # the one optional stage
     assert config["grpc_options"]["port"] == 9123
     yaml.safe_dump(config)  # what `serve deploy` and the chart consume
 

@@ -4,10 +4,17 @@ candidates ranked by a weighted pipeline of scorers (services/policies/scorers/)
 Serve calls `choose_replicas` in the caller's process (the gateway) with the replicas that can take
 the request; we return them ranked, one per rank, so Serve tries the best first and falls back when a
 replica is full.
+
+A pool of seated sessions (`sessions`: the realtime decode pool) sends each session's calls to its
+seat's replica alone (services/router/session_seats.py), whatever the scorers say; a session whose
+replica is no longer among Serve's running replicas (drained, killed) is seated on another first.
+Without a seat (the store unreachable, or the pool full for a session whose seat lapsed) the scorers
+rank the replicas as for any other stage, counted.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,9 +22,14 @@ from omni.v1 import common_pb2
 from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
 
 from services.common import telemetry
+from services.common.redis_config import UNAVAILABLE, async_client
 from services.extensions.ray.metrics import metric
 from services.policies.scorers import ScorerPipeline
 from services.policies.scorers.base import Candidate, RoutedRequest
+from services.router.session_seats import OUTCOMES, SessionSeats
+
+log = logging.getLogger("ray.serve")
+SEATS_RETRY_S = 5.0  # after the store failed, the scorers route alone this long: no wait per call
 
 
 def routed_request(pending) -> RoutedRequest:
@@ -31,18 +43,53 @@ def routed_request(pending) -> RoutedRequest:
 
 class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
     def initialize_state(
-        self, scorers: list[dict[str, Any]] | None = None, deployment: str = "", **_: Any
+        self,
+        scorers: list[dict[str, Any]] | None = None,
+        deployment: str = "",
+        sessions: dict[str, Any] | None = None,
+        **_: Any,
     ) -> None:
         self.pipeline = ScorerPipeline.from_config(scorers or [{"name": "queue_length"}])
         self._tags = {"deployment": deployment}
         self._decision = metric("omniray_router_decision_seconds")
         self._first_choice = metric("omniray_router_first_choice_total")
         self._ranked_first: dict[str, str] = {}
+        self.seats = (
+            SessionSeats(async_client(), sessions["pool"], sessions["cap"], sessions["seat_ttl_s"])
+            if sessions
+            else None
+        )
+        self._seated = metric("omniray_router_session_seats_total", deployment=deployment,
+                              outcome=(*OUTCOMES, "unavailable")) if sessions else None  # fmt: skip
+        self._seats_retry_at = 0.0
+
+    async def _seat(self, session: str, running: list[str]) -> str | None:
+        """The replica of the session's seat, among `running` (None: route by the scorers)."""
+        if time.monotonic() < self._seats_retry_at:
+            outcome, replica = "unavailable", None
+        else:
+            try:
+                placement = await self.seats.place(session, running)
+                outcome, replica = placement.outcome, placement.replica
+            except UNAVAILABLE as e:
+                log.warning(
+                    "session seats unreachable; routing by the scorers for %.0f s: %s", SEATS_RETRY_S, e
+                )
+                self._seats_retry_at = time.monotonic() + SEATS_RETRY_S
+                outcome, replica = "unavailable", None
+        self._seated.inc(tags={**self._tags, "outcome": outcome})
+        return replica
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
-        replicas = self.select_available_replicas(candidate_replicas) or list(candidate_replicas)
-        if not replicas:
+        if not candidate_replicas:
             return []
+        session = pending_request.metadata.session_id if pending_request is not None else ""
+        if self.seats is not None and session:
+            # Serve's running replicas, full ones too: a session waits for its own replica
+            running = {r.replica_id.unique_id: r for r in candidate_replicas}
+            if (seat := await self._seat(session, list(running))) is not None:
+                return [[running[seat]]]
+        replicas = self.select_available_replicas(candidate_replicas) or list(candidate_replicas)
         by_id = {r.replica_id.unique_id: r for r in replicas}
         candidates = [
             Candidate(rid, self.replica_queue_len_cache.get(r.replica_id), dict(r.routing_stats or {}))

@@ -3,7 +3,8 @@ queue grows (Serve's custom autoscaling policy API: `autoscaling_config.policy`,
 deployment, called by Serve's controller every control loop).
 
 Every gateway replica adds what it admits to counters in Redis (`omniray:load`, services/gateway/
-load_meter.py): requests, text tokens, image tiles, audio seconds, and realtime session-seconds.
+load_meter.py): requests, realtime sessions' turns, text tokens, image tiles, audio seconds, and
+realtime session-seconds (its rate: the sessions open).
 The policy turns the counters into rates over its last `window_s` and a stage needs
 
     replicas = headroom x sum over kinds of rate(kind) / per_replica[kind]
@@ -38,7 +39,7 @@ from services.common.redis_config import sync_client
 log = logging.getLogger("ray.serve")
 
 KEY = "omniray:load"  # hash: kind -> running total (services/gateway/load_meter.py writes it)
-KINDS = ("requests", "text_tokens", "image_tiles", "audio_seconds", "session_seconds")
+KINDS = ("requests", "realtime_requests", "text_tokens", "image_tiles", "audio_seconds", "session_seconds")
 READ_TIMEOUT_S = 0.2  # the controller's loop must not wait on Redis
 RETRY_S = 5.0  # after a failed read, Serve's default decides this long without trying again
 

@@ -33,4 +33,14 @@ def test_a_shipped_profile_loads_and_fits_its_points(path):
 
 
 def test_the_published_profile_is_what_its_sources_make():
-    assert load("h100-qwen3-omni-published") == published.profile()
+    # to the fit's last bits: the least-squares solve rounds by the BLAS it runs on
+    shipped, made = load("h100-qwen3-omni-published").model_dump(), published.profile().model_dump()
+    assert _close(shipped, made)
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == pytest.approx(b, rel=1e-9) if isinstance(a, float) else a == b
