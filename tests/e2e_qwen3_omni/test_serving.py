@@ -326,6 +326,49 @@ def ray_driver(cluster):
     ray.shutdown()
 
 
+def _prompt_tokens(deployment: str) -> float:
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name="omniray")
+    return sum(handle.prompt_token_sources.remote().result(timeout_s=30).values())
+
+
+def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, client, ray_driver):
+    """The GPU profile's realtime decode pool (docs/realtime-pool.md): a realtime session holds a seat
+    on a RealtimeDecode replica while it is open and its turns decode there; a chat request decodes
+    on Decode; the seat is given back when the session closes."""
+    import asyncio
+
+    from services.common.redis_config import async_client
+    from services.router.session_seats import SessionSeats
+
+    spec = load_profile(MODEL).stages["realtime_decode"].sessions
+    seats = SessionSeats(async_client(cluster.redis_url), "realtime_decode", spec.cap, spec.seat_ttl_s)
+    held = lambda: sum(asyncio.run(seats.occupancy()).values())  # noqa: E731
+    pool, chat, before = _prompt_tokens("RealtimeDecode"), _prompt_tokens("Decode"), held()
+    with client.realtime.connect(model=MODEL) as conn:
+        for event in conn:
+            if event.type == "session.created":
+                break
+        assert held() == before + 1
+        conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}
+        )
+        conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 4})
+        for event in conn:
+            assert event.type != "error", event
+            if event.type == "response.done":
+                break
+    assert _prompt_tokens("RealtimeDecode") > pool and _prompt_tokens("Decode") == chat
+    pool = _prompt_tokens("RealtimeDecode")
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert _prompt_tokens("Decode") > chat and _prompt_tokens("RealtimeDecode") == pool
+    deadline = time.monotonic() + 10  # the gateway gives the seat back as the socket closes
+    while held() > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert held() == before
+
+
 KILLED_ANSWER_TOKENS = 400  # still being written when the kill lands
 
 
