@@ -344,7 +344,8 @@ def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, 
 
     spec = load_profile(MODEL).stages["realtime_decode"].sessions
     seats = SessionSeats(async_client(cluster.redis_url), "realtime_decode", spec.cap, spec.seat_ttl_s)
-    held = lambda: sum(asyncio.run(seats.occupancy()).values())  # noqa: E731
+    loop = asyncio.new_event_loop()  # the client's connections belong to one loop
+    held = lambda: sum(loop.run_until_complete(seats.occupancy()).values())  # noqa: E731
     pool, chat, before = _prompt_tokens("RealtimeDecode"), _prompt_tokens("Decode"), held()
     with client.realtime.connect(model=MODEL) as conn:
         for event in conn:
@@ -367,6 +368,7 @@ def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, 
     while held() > before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert held() == before
+    loop.close()
 
 
 KILLED_ANSWER_TOKENS = 400  # still being written when the kill lands
