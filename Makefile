@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages simulate simulate-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages simulate simulate-planner bench-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -137,6 +137,12 @@ plan: setup
 # simulator (both real policy functions on the simulated clock; docs/planner.md).
 simulate-planner: setup
 	$(PY) -m planner.autoscale_bench
+
+# The SLA autoscaling policy vs Serve's default on a real deployment: the same image and voice load
+# steps, side by side in one run (loadtest/benchmarks/planner_bench.py).
+bench-planner: setup
+	$(PY) -m services.models.build --profile tiny
+	$(PY) -m loadtest.benchmarks.planner_bench --profile tiny
 
 bench-video: models
 	$(PY) -m loadtest.benchmarks.video_bench --profile $(PROFILE)

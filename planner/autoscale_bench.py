@@ -30,13 +30,14 @@ from planner.sim.workload import RequestSpec, VoiceSpec, Workload
 SLA_DELAYS = {"upscale_delay_s": 2.0}
 
 
-def violation_seconds(samples: list[tuple[float, float]], slo_s: float, start: float, end: float) -> int:
-    """One-second bins in [start, end) whose P90 of `samples` (finish time, value) is over the SLO."""
+def violations(samples: list[tuple[float, float]], slo_s: float, start: float, end: float) -> list[int]:
+    """The one-second bins in [start, end) whose P90 of `samples` (finish time, value) is over the
+    SLO, in order: their count is the SLO-violation seconds."""
     bins: dict[int, list[float]] = {}
     for t, v in samples:
         if start <= t < end:
             bins.setdefault(int(t), []).append(v)
-    return sum(1 for values in bins.values() if report.quantile(values, 0.9) > slo_s)
+    return sorted(b for b, values in bins.items() if report.quantile(values, 0.9) > slo_s)
 
 
 def _summary(cluster: Cluster, stage: str, samples, slo_s: float, args) -> dict:
@@ -46,7 +47,7 @@ def _summary(cluster: Cluster, stage: str, samples, slo_s: float, args) -> dict:
     return {
         "first_growth_s": None if grew is None else grew - args.step_s,
         "most_replicas": max(n for _, n in scaler.history),
-        "violation_s": violation_seconds(samples, slo_s, args.step_s, args.duration_s),
+        "violation_s": len(violations(samples, slo_s, args.step_s, args.duration_s)),
         "p90_s": report.quantile(during, 0.9),
         "median_s": statistics.median(during) if during else None,
     }

@@ -64,6 +64,7 @@ POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_u
 @dataclass
 class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
+    ttfp_at: list[float] = field(default_factory=list)  # when each first audio came (time.monotonic())
     created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
     played_s: float = 0.0
     stalled_s: float = 0.0
@@ -212,6 +213,7 @@ class Client:
                     continue
                 t_audio = self.rt.at(first)
                 self.stats.ttfp_s.append(t_audio - t_stop)
+                self.stats.ttfp_at.append(t_audio)
                 self.stats.created_s.append(t_created - t_stop)
                 if self._play(barge_at):
                     self.stats.barge_ins += 1  # the next utterance starts now, over the reply

@@ -25,9 +25,9 @@ def test_serves_default_grows_after_its_delay_and_the_replicas_start():
     assert len(replicas) == 3 and scaler.target == 3  # 6 ongoing / 2 a replica
 
 
-def test_violation_seconds_count_bins_over_the_slo():
+def test_violations_are_the_bins_over_the_slo():
     samples = [(10.1, 0.2), (10.5, 0.9), (11.2, 0.1), (12.0, 2.0), (30.0, 5.0)]
-    assert autoscale_bench.violation_seconds(samples, 0.5, 0, 20) == 2  # bins 10 and 12
+    assert autoscale_bench.violations(samples, 0.5, 0, 20) == [10, 12]
 
 
 def test_the_sla_policy_grows_the_encoder_before_serves_default_on_an_image_step():
