@@ -33,5 +33,14 @@ def series_names(expr: str) -> set[str]:
     return set(_SERIES.findall(expr))
 
 
+# Emitted only where the profile has a realtime decode pool (qwen3-omni): checked on qwen3-omni-tiny's
+# deployment (tests/e2e_qwen3_omni), not on tiny's.
+REALTIME_POOL_SERIES = {
+    "ray_omniray_router_session_seats_total",
+    "ray_omniray_realtime_pool_seats",
+    "ray_omniray_realtime_pool_refused_total",
+}
+
+
 def all_series_names() -> set[str]:
     return {n for path in DASHBOARDS for _, e in exprs(path) for n in series_names(e)}

@@ -8,7 +8,8 @@ omniray's SLA policy (services/extensions/ray/sla_autoscaling.py: the offered lo
 against `--*-per-replica`) in the other. On each:
 
 1. a trickle of text chat (`--chat-rps`) for `--warm-s`;
-2. the image step: image requests of 4 tiles at `--image-rps` for `--step-s` (the trickle goes on);
+2. the image step: requests with one fresh image (`--image-width` x `--image-height`) at
+   `--image-rps` for `--step-s` (the trickle goes on);
 3. `--quiet-s` of the trickle alone;
 4. the voice step: `--sessions` realtime voice sessions (server VAD, spoken replies, played at real
    time: loadtest/benchmarks/voice_bench.py's client) for `--step-s`.
@@ -77,9 +78,9 @@ def overrides(args, policy: str) -> dict[str, dict]:
     return out
 
 
-def image_body(model: str, seed: int) -> dict:
-    """A chat request with one fresh 896x448 image: 2 x 1 tiles of 448 px, twice over at tile_px 224."""
-    pixels = np.random.default_rng(seed).integers(0, 255, (448, 896, 3), dtype=np.uint8)
+def image_body(model: str, seed: int, width: int, height: int) -> dict:
+    """A chat request with one fresh random image (`tiny`'s 128 px tiles: 512 x 256 is 4 x 2 tiles)."""
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
@@ -137,7 +138,8 @@ async def http_load(url: str, model: str, args, t0: float) -> tuple[list, list]:
             return await stream_chat(client, f"{url}/v1/chat/completions", body)
 
         async def image(i: int):
-            res = await stream_chat(client, f"{url}/v1/chat/completions", image_body(model, i))
+            body = image_body(model, i, args.image_width, args.image_height)
+            res = await stream_chat(client, f"{url}/v1/chat/completions", body)
             return time.monotonic() - t0, res
 
         total = args.warm_s + 2 * args.step_s + args.quiet_s
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--quiet-s", type=float, default=20.0)
     ap.add_argument("--chat-rps", type=float, default=0.5)
     ap.add_argument("--image-rps", type=float, default=4.0)
+    ap.add_argument("--image-width", type=int, default=512)
+    ap.add_argument("--image-height", type=int, default=256)
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--max-replicas", type=int, default=2)
     ap.add_argument("--encoder-per-replica", type=float, default=8.0, help="image tiles a second")

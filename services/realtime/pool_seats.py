@@ -65,13 +65,14 @@ class PoolSeats:
         self._held.discard(session)
 
     async def _renew(self) -> None:
+        """Every `renew_s` (the first round at once: the gauge from the first session on)."""
         while True:
-            await asyncio.sleep(self.renew_s)
             try:
                 await self.seats.renew(sorted(self._held))
                 held = await self.seats.occupancy()
             except UNAVAILABLE as e:
                 log.warning("realtime pool seats unreachable: not renewed this round: %s", e)
-                continue
-            self.gauge.set(sum(held.values()), tags={"state": "held"})
-            self.gauge.set(len(held) * self.seats.cap, tags={"state": "all"})
+            else:
+                self.gauge.set(sum(held.values()), tags={"state": "held"})
+                self.gauge.set(len(held) * self.seats.cap, tags={"state": "all"})
+            await asyncio.sleep(self.renew_s)

@@ -19,7 +19,7 @@ from services.extensions.ray.metrics import metric
 from services.extensions.ray.pool_replica import hold_registration
 from services.extensions.vllm.media_rows import read_rows_async
 from services.router.session_seats import SessionSeats
-from services.stages._stage import Stage
+from services.stages._stage import Stage, StageMetrics
 
 log = logging.getLogger("ray.serve")
 
@@ -71,7 +71,8 @@ class Decode(_Thinker):
         # kept while a lost decode may still be resumed on it, and a while after
         self.token_stream_ttl_s = token_stream.TTL_S + self.profile.pipeline.thinker_gap_s()
         self.takeovers = metric("omniray_decode_stream_takeovers_total", outcome=token_stream.TAKEOVERS)
-        if pool:  # seats for sessions while this replica runs
+        if pool:  # seats for sessions while this replica runs; its latency apart from Decode's
+            self.metrics = StageMetrics(pool)
             spec = self.profile.stages[pool].sessions
             seats = SessionSeats(self.redis, pool, spec.cap, spec.seat_ttl_s)
             self._registration = asyncio.get_running_loop().create_task(

@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import openai
@@ -23,7 +24,8 @@ from services.models.profile import load_profile
 from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import collect_audio, data_url, grpc_channel, local_cluster, png_bytes, wav_bytes
-from tests.faults import RECOVER_S, Outcome, kill, replica_pid, rest_stream, resumes
+from tests.dashboards import REALTIME_POOL_SERIES
+from tests.faults import RECOVER_S, Outcome, counter, kill, replica_pid, rest_stream, resumes
 
 MODEL = "qwen3-omni-tiny"
 # The talker samples (as the model's generate does) and random weights draw the codec's end now and
@@ -326,17 +328,22 @@ def ray_driver(cluster):
     ray.shutdown()
 
 
-def _prompt_tokens(deployment: str) -> float:
-    from ray import serve
-
-    handle = serve.get_deployment_handle(deployment, app_name="omniray")
-    return sum(handle.prompt_token_sources.remote().result(timeout_s=30).values())
+def _decodes(cluster, stage: str) -> float:
+    """Decode calls the stage's replicas finished (`omniray_stage_latency_seconds`, by stage)."""
+    return counter(cluster.metrics_url, "omniray_stage_latency_seconds_count", stage=stage, op="decode")
 
 
-def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, client, ray_driver):
+def _until_more(cluster, stage: str, than: float) -> float:
+    deadline = time.monotonic() + 60  # Ray exports metrics with a lag
+    while (now := _decodes(cluster, stage)) <= than and time.monotonic() < deadline:
+        time.sleep(2)
+    return now
+
+
+def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, client):
     """The GPU profile's realtime decode pool (docs/realtime-pool.md): a realtime session holds a seat
-    on a RealtimeDecode replica while it is open and its turns decode there; a chat request decodes
-    on Decode; the seat is given back when the session closes."""
+    on a RealtimeDecode replica while it is open and its turn decodes there; a chat request decodes
+    on Decode; the seat is given back when the session closes; the pool's metrics are exported."""
     import asyncio
 
     from services.common.redis_config import async_client
@@ -346,7 +353,7 @@ def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, 
     seats = SessionSeats(async_client(cluster.redis_url), "realtime_decode", spec.cap, spec.seat_ttl_s)
     loop = asyncio.new_event_loop()  # the client's connections belong to one loop
     held = lambda: sum(loop.run_until_complete(seats.occupancy()).values())  # noqa: E731
-    pool, chat, before = _prompt_tokens("RealtimeDecode"), _prompt_tokens("Decode"), held()
+    pool, chat, before = _decodes(cluster, "realtime_decode"), _decodes(cluster, "decode"), held()
     with client.realtime.connect(model=MODEL) as conn:
         for event in conn:
             if event.type == "session.created":
@@ -360,15 +367,18 @@ def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, 
             assert event.type != "error", event
             if event.type == "response.done":
                 break
-    assert _prompt_tokens("RealtimeDecode") > pool and _prompt_tokens("Decode") == chat
-    pool = _prompt_tokens("RealtimeDecode")
+    pool = _until_more(cluster, "realtime_decode", pool)
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
-    assert _prompt_tokens("Decode") > chat and _prompt_tokens("RealtimeDecode") == pool
+    _until_more(cluster, "decode", chat)
+    assert _decodes(cluster, "realtime_decode") == pool  # the chat request did not decode on the pool
     deadline = time.monotonic() + 10  # the gateway gives the seat back as the socket closes
     while held() > before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert held() == before
     loop.close()
+    with urllib.request.urlopen(cluster.metrics_url, timeout=10) as resp:
+        scrape = resp.read().decode()
+    assert not {n for n in REALTIME_POOL_SERIES if n not in scrape}
 
 
 KILLED_ANSWER_TOKENS = 400  # still being written when the kill lands

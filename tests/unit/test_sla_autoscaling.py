@@ -61,7 +61,7 @@ def test_bounds_hold_and_the_lower_target_waits(redis, redis_url):
         t += 10.0
         target, state = _tick(policy, redis, t, state, 10_000.0, current=4, hi=4)
     assert target == 4
-    t += 25.0
+    t += 20.0  # within the rate window: the counters still read, no new load
     target, state = _tick(policy, redis, t, state, 10_000.0, current=4, hi=4)
     assert target == 1
 
@@ -73,11 +73,13 @@ def test_it_scales_to_zero_when_the_minimum_is_zero(redis, redis_url):
     assert target == 0
 
 
-def test_without_counters_serve_decides_by_queue_length(redis_url):
-    """Redis that does not answer: Serve's default policy's decision, no exception."""
+def test_without_counters_it_grows_by_queue_length_and_never_shrinks(redis_url):
+    """Redis that does not answer: up as Serve's default policy would go, never down (an idle queue
+    is no reason to drop replicas while the load cannot be read), no exception."""
     policy = SlaAutoscaling({"image_tiles": 10.0}, redis_url="redis://127.0.0.1:1/0")
-    target, _ = policy(_ctx(0.0, {}, current=2, lo=1, hi=8))
-    assert 1 <= target <= 8
+    assert policy(_ctx(0.0, {}, current=2, lo=1, hi=8))[0] == 2
+    policy._retry_at = 0.0
+    assert policy(_ctx(1.0, {}, current=2, lo=1, hi=8, queued=500.0))[0] > 2
 
 
 @given(rates=st.dictionaries(st.sampled_from(["requests", "image_tiles", "session_seconds"]),

@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from omni.v1 import common_pb2
-from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+from ray.serve.request_router import LocalityMixin, MultiplexMixin, RequestRouter
 
 from services.common import telemetry
 from services.common.redis_config import UNAVAILABLE, async_client
@@ -41,7 +41,10 @@ def routed_request(pending) -> RoutedRequest:
     return RoutedRequest(request_id=meta.internal_request_id, session_id=meta.session_id or "", tiles=tiles)
 
 
-class ScoredRequestRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+# Not Serve's FIFOMixin: it hands the replica chosen for one request to the oldest one pending, so
+# under concurrency a session's seat (or its affinity) would serve another session's call. Serve's
+# own matching is by request id: each request goes where its ranking sent it.
+class ScoredRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def initialize_state(
         self,
         scorers: list[dict[str, Any]] | None = None,

@@ -15,9 +15,9 @@ grows the encoder, not decode; a voice-heavy one the talker and vocoder. The res
 deployment's (capacity-adjusted) min and max; with min 0 and no load for `downscale_after_s` it
 scales to zero. It goes down only after the lower target has held for `downscale_after_s` (a lull
 between bursts keeps the replicas), up at once. Without load counters (Redis unreachable, or not
-yet two samples) it decides as Serve's default policy would (queue length); a failed read is not tried
-again for `RETRY_S`, so a stalled Redis costs the controller's loop one short timeout now and then,
-not one every control period. Serve's controller applies the deployment's `upscale_delay_s` /
+yet two samples) it grows as Serve's default policy would (queue length) but never shrinks: a
+missing signal is not a lull. A failed read is not tried again for `RETRY_S`, so a stalled Redis
+costs the controller's loop one short timeout now and then, not one every control period. Serve's controller applies the deployment's `upscale_delay_s` /
 `downscale_delay_s` on top of this policy's own decisions.
 
 Profiles switch it on per stage (`stages.<stage>.sla`, services/models/profile.py); without it the
@@ -80,20 +80,24 @@ class SlaAutoscaling:
         load = sum(rates[k] / cap for k, cap in self.per_replica.items())
         return math.ceil(self.headroom * load - 1e-9)
 
+    @staticmethod
+    def _by_queue(ctx: AutoscalingContext, lo: int, hi: int) -> int:
+        """No rates to go by: up as Serve's default would go, never down."""
+        target, _ = default_autoscaling_policy(ctx)
+        return min(max(math.ceil(target), ctx.target_num_replicas, lo), hi)
+
     def __call__(self, ctx: AutoscalingContext) -> tuple[int, dict[str, Any]]:
         now = time.time() if ctx.current_time is None else ctx.current_time
         state = dict(ctx.policy_state or {})
         lo, hi = ctx.capacity_adjusted_min_replicas, ctx.capacity_adjusted_max_replicas
         counters = self.read()
         if counters is None:
-            target, state = default_autoscaling_policy(ctx)
-            return min(max(math.ceil(target), lo), hi), state
+            return self._by_queue(ctx, lo, hi), state
         samples = [s for s in state.get("sla_samples", []) if now - s[0] <= self.window_s] + [(now, counters)]
         state["sla_samples"] = samples
         rates = self.rates(samples)
         if rates is None:
-            target, _ = default_autoscaling_policy(ctx)
-            return min(max(math.ceil(target), lo), hi), state
+            return self._by_queue(ctx, lo, hi), state
         target = min(max(self.needed(rates), lo), hi)
         current = ctx.target_num_replicas
         if target < current:
