@@ -356,6 +356,7 @@ def test_realtime_turns_decode_on_the_realtime_pool_and_chat_on_decode(cluster, 
     pool, chat, before = _decodes(cluster, "realtime_decode"), _decodes(cluster, "decode"), held()
     with client.realtime.connect(model=MODEL) as conn:
         for event in conn:
+            assert event.type != "error", event
             if event.type == "session.created":
                 break
         assert held() == before + 1
