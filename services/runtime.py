@@ -94,6 +94,10 @@ def _bin(name: str) -> str:
 def _ray_env(cluster: LocalCluster) -> dict[str, str]:
     env = dict(os.environ)
     env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", OMNIRAY_DATA=str(data_dir()))
+    # Every process of the node, not only the replicas (the app's runtime_env): Serve's controller
+    # runs the SLA autoscaling policy, which reads the gateways' load counters from this Redis (as
+    # the chart's pods give it to all their processes).
+    env[redis_config.ENV] = cluster.redis_url
     env.update(SERVE_ENV)
     # HAProxy here reloads in milliseconds: a gateway replica being stopped need not stay up the
     # 30 s a cloud load balancer takes to deregister it. Its own metrics and stats listeners get

@@ -48,3 +48,12 @@ def test_a_seeded_random_module_does_not_repeat_the_ports():
         random.seed(0)
         drawn.append([runtime.free_port() for _ in range(5)])
     assert drawn[0] != drawn[1]
+
+
+def test_every_process_of_the_node_finds_the_runs_redis(tmp_path):
+    """Serve's controller is not a replica (no app runtime_env): it runs the SLA autoscaling policy,
+    which reads the load counters from the run's Redis — `make bench-planner` found it reading none."""
+    from services.common.redis_config import ENV
+
+    cluster = runtime.LocalCluster(tmp_path, 1, 2, 3, 4, redis_port=6390)
+    assert runtime._ray_env(cluster)[ENV] == "redis://127.0.0.1:6390/0"
