@@ -1,6 +1,6 @@
 """`make simulate-planner`: the SLA autoscaling policy against Serve's default on load steps, side by
 side, in the simulator (planner/sim/autoscale.py runs both real policy functions on the simulated
-clock; this is not the real-deployment bench issue 60 asks for, which is not built).
+clock; `make bench-planner`, loadtest/benchmarks/planner_bench.py, runs the real deployment).
 
 - Image step (`cpu-2core-small` / `small`: its measured vision-encoder curve): a trickle of chat,
   then from `--step-s` image requests of 4 tiles at `--image-rps`. The encoder scales.
