@@ -15,9 +15,6 @@ import threading
 import time
 import uuid
 
-import pytest
-import ray
-
 from services.app import SLA_POLICY
 from services.common.redis_config import ENV, async_client, sync_client
 from services.extensions.ray.sla_autoscaling import KEY
@@ -25,19 +22,6 @@ from services.router.session_seats import SessionSeats
 
 CAP = 2
 SLOW_CHUNKS, SLOW_S = 80, 0.2  # a call in flight across the drain: 16 s
-
-
-@pytest.fixture(scope="module")
-def serve_up():
-    from ray import serve
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield serve
-    serve.shutdown()
-    if started:
-        ray.shutdown()
 
 
 def _pool(serve, pool: str, redis_url: str):

@@ -8,24 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-import ray
-
 from services.app import SLA_POLICY
 from services.extensions.ray.sla_autoscaling import KEY
-
-
-@pytest.fixture(scope="module")
-def serve_up():
-    from ray import serve
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield serve
-    serve.shutdown()
-    if started:
-        ray.shutdown()
 
 
 def _replicas(serve) -> int:
