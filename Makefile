@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-gpu-deps profile-stages simulate simulate-planner bench-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-cluster test-gpu-deps profile-stages simulate simulate-planner bench-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -82,7 +82,13 @@ image:
 	docker/build.sh $(ENGINE)
 
 test-image: setup image
-	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m image tests/image
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m "image and not cluster" tests/image
+
+# The image as a multi-node Ray cluster: a head pod and a container per worker pod, joined as KubeRay
+# joins them; placement by pool, KV pages pulled across nodes, a thinker node killed under load
+# (tests/image/test_cluster.py; ~15 min on two cores after the image is built).
+test-cluster: setup image
+	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m cluster tests/image
 
 # The GPU engine's dependency set (pyproject.toml's `gpu` extra: CUDA vLLM and torch, NIXL), installed
 # into a throwaway venv without a device (~9 GB, removed afterwards); the engine extensions and the

@@ -5,6 +5,7 @@ that say what the gateway did; roll a deployment by a change to its config. Used
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -15,10 +16,15 @@ import time
 import urllib.request
 
 import httpx
+import numpy as np
 import psutil
+import websockets.sync.client as ws_client
 
 from services.common import shm
+from services.quota import LOCAL_API_KEY
 from tests.conftest import AUTH
+
+PCM_RATE = 24_000
 
 # Past the profile's decode_resume.wait_s (240 s): a replacement that never comes fails, not hangs.
 RECOVER_S = 300.0
@@ -109,6 +115,37 @@ def rest_stream(http_url: str, model: str, out: Outcome, max_tokens: int, extra:
                     out.started.set()
             lines.append(line)
         out.detail += f" | last: {next((x for x in reversed(lines) if x), None)}"
+
+
+class RealtimeClient:
+    """A realtime session answering in text, its turns a second of tone (no server VAD)."""
+
+    def __init__(self, http_url: str, model: str):
+        url = f"{http_url.replace('http', 'ws', 1)}/v1/realtime?model={model}"
+        self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})
+        self.send({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 2000, "output_modalities": ["text"],
+            "audio": {"input": {"turn_detection": None}}}})  # fmt: skip
+        self.wait("session.updated")
+
+    def send(self, event: dict) -> None:
+        self.conn.send(json.dumps(event))
+
+    def wait(self, kind: str, timeout: float = 60, seen: list | None = None) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            event = json.loads(self.conn.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if seen is not None:
+                seen.append((time.monotonic(), event))
+            if event["type"] == kind:
+                return event
+
+    def turn(self) -> None:
+        t = np.arange(PCM_RATE) / PCM_RATE
+        pcm = (np.sin(2 * np.pi * 180 * t) * 8000).astype("<i2").tobytes()
+        self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
+        self.send({"type": "input_audio_buffer.commit"})
+        self.send({"type": "response.create"})
 
 
 def counter(metrics_url: str, name: str, **labels: str) -> float:

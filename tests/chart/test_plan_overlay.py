@@ -42,3 +42,16 @@ def test_a_plans_overlay_renders_with_its_bounds(tmp_path):
             size["minReplicas"],
             size["maxReplicas"],
         )
+
+
+def test_bounds_reach_a_deployment_the_profile_runs_at_a_fixed_count():
+    """tiny runs Decode and Prefill at one replica each, without autoscaling: bounds that meet set
+    the count; bounds that do not make it autoscale between them (Serve's default policy)."""
+    docs = deploy.render({"profile": "tiny", "replicaBounds": {"Decode": {"min": 2, "max": 2},
+                                                               "Prefill": {"min": 1, "max": 3}}})  # fmt: skip
+    (service,) = [d for d in docs if d["kind"] == "RayService"]
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    by_name = {d["name"]: d for d in app["deployments"]}
+    assert by_name["Decode"]["num_replicas"] == 2 and "autoscaling_config" not in by_name["Decode"]
+    assert "num_replicas" not in by_name["Prefill"]
+    assert by_name["Prefill"]["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}

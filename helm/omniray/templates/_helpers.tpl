@@ -41,8 +41,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- range $app := $serve.applications }}
 {{- range $d := $app.deployments }}
 {{- with (get ($.Values.replicaBounds | default dict) $d.name) }}
+{{- if $d.autoscaling_config }}
 {{- $_ := set $d.autoscaling_config "min_replicas" .min }}
 {{- $_ := set $d.autoscaling_config "max_replicas" .max }}
+{{- else }}
+{{- /* a deployment the profile runs at a fixed count: bounds that meet are that count, others
+  autoscale it by Serve's default policy */}}
+{{- if eq (.min | int) (.max | int) }}
+{{- $_ := set $d "num_replicas" .min }}
+{{- else }}
+{{- $_ := unset $d "num_replicas" }}
+{{- $_ := set $d "autoscaling_config" (dict "min_replicas" .min "max_replicas" .max) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if $.Values.gracefulShutdownSeconds }}
 {{- $_ := set $d "graceful_shutdown_timeout_s" ($.Values.gracefulShutdownSeconds | float64) }}

@@ -11,29 +11,23 @@ resumed."""
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import os
 import threading
 import time
 
 import grpc
 import httpx
-import numpy as np
 import psutil
 import pytest
-import websockets.sync.client as ws_client
 from omni.v1 import common_pb2, omni_pb2, omni_pb2_grpc
 
 from services.gateway.audio.protocol import MAX_SPEECH_CHARS
 from services.models.profile import load_profile
-from services.quota import LOCAL_API_KEY
 from services.realtime.server_events import WHOLE
 from tests.conftest import AUTH, grpc_channel
-from tests.faults import RECOVER_S, Outcome, counter, kill, replica_pid, rest_stream, resumes
+from tests.faults import RECOVER_S, Outcome, RealtimeClient, counter, kill, replica_pid, rest_stream, resumes
 
-PCM_RATE = 24_000
 DETECT_S = 5.0  # the issue's bound: a clean error within 5 s of the replica's death
 
 
@@ -59,39 +53,10 @@ def _grpc_stream(omniray, model_name, out: Outcome) -> None:
         channel.close()
 
 
-class _Realtime:
-    def __init__(self, omniray, model_name):
-        url = f"{omniray.http_url.replace('http', 'ws', 1)}/v1/realtime?model={model_name}"
-        self.conn = ws_client.connect(url, additional_headers={"Authorization": f"Bearer {LOCAL_API_KEY}"})
-        self.send({"type": "session.update", "session": {
-            "type": "realtime", "max_output_tokens": 2000, "output_modalities": ["text"],
-            "audio": {"input": {"turn_detection": None}}}})  # fmt: skip
-        self.wait("session.updated")
-
-    def send(self, event: dict) -> None:
-        self.conn.send(json.dumps(event))
-
-    def wait(self, kind: str, timeout: float = 60, seen: list | None = None) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            event = json.loads(self.conn.recv(timeout=max(0.1, deadline - time.monotonic())))
-            if seen is not None:
-                seen.append((time.monotonic(), event))
-            if event["type"] == kind:
-                return event
-
-    def turn(self) -> None:
-        t = np.arange(PCM_RATE) / PCM_RATE
-        pcm = (np.sin(2 * np.pi * 180 * t) * 8000).astype("<i2").tobytes()
-        self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-        self.send({"type": "input_audio_buffer.commit"})
-        self.send({"type": "response.create"})
-
-
 def test_responses_survive_their_decode_replica(omniray, ray_driver, model_name):
     rest, rpc, grammar, spoken = Outcome(), Outcome(), Outcome(), Outcome()
     before = resumes(omniray.metrics_url)
-    rt = _Realtime(omniray, model_name)
+    rt = RealtimeClient(omniray.http_url, model_name)
     rt.turn()
     rt.wait("response.output_text.delta")
     # 600 digits: still being written when the kill lands
