@@ -16,7 +16,7 @@ export RAY_AUTH_MODE := disabled
 
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup compat protos models run stop test test-fast image test-image test-cluster test-gpu-deps profile-stages simulate simulate-planner bench-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
+.PHONY: setup compat protos models run stop test test-fast image test-image test-cluster test-gpu-deps profile-stages calibrate simulate simulate-planner bench-planner plan bench bench-omni bench-encoder bench-video bench-fairness bench-eviction bench-kv-transfer bench-kv-turn2 bench-preload bench-scheduler bench-speculative bench-voice bench-voice-sweep bench-turn-cost bench-audio bench-long-sessions bench-session-kv loadtest soak lint clean system-deps
 
 setup: $(VENV)/.installed protos compat system-deps
 
@@ -125,6 +125,12 @@ bench-encoder: models
 # Each stage's step cost on this machine through the profile's real models -> configs/hardware/ (planner/).
 profile-stages: models
 	$(PY) -m planner.profile_stages --profile $(PROFILE)
+
+# The simulator against this machine's own benchmarks, each measured beside its prediction in one
+# run (planner/calibrate.py; docs/planner.md#calibration): make bench's req/s at c = 1/4/16 (tiny),
+# make bench-encoder's chat p99 (small). Fails when a figure is off by more than 20%.
+calibrate: models
+	$(PY) -m planner.calibrate
 
 # omniray's policies at fleet scale on a hardware profile (planner/sim; docs/planner.md): baseline vs
 # interaction-aware, and each part alone, at 8/32/128/256 voice sessions, p = 0 and 0.5.

@@ -90,6 +90,26 @@ class Memory(_Strict):
     source: str = ""
 
 
+class Serving(_Strict):
+    """Where cores are few (a CPU machine), the engines' steps share them with the serving path: the
+    gateway, Serve's replicas and proxy, Ray, and a benchmark's client on the same machine. What that
+    path spends outside the engines per request, per engine step and per streamed token, measured
+    from the processes' CPU time (`make calibrate`, planner/calibrate.py); the simulator shares the
+    cores by processor sharing (planner/sim/cores.py)."""
+
+    cores: int = Field(ge=1)
+    request_cpu_s: float = Field(ge=0)  # per request: ingress, routing, the response's start and end
+    step_cpu_s: float = Field(default=0.0, ge=0)  # per engine step that made tokens: its outputs' handling
+    token_cpu_s: float = Field(ge=0)  # per streamed token
+    background_cores: float = Field(default=0.0, ge=0)  # what Ray and idle replicas keep busy meanwhile
+    # The deployed engine's work per step beyond the bare step curve (make profile-stages runs vLLM
+    # without omniray's scheduler hook and KV connector, and its step's hand-off to the replica):
+    # fitted to two closed loops' rates (calibrate.fit_engine)
+    engine_step_s: float = Field(default=0.0, ge=0)
+    engine_request_s: float = Field(default=0.0, ge=0)  # and per running request of the step
+    source: str = ""
+
+
 class HardwareProfile(_Strict):
     name: str
     device: str  # the machine, in words
@@ -98,6 +118,7 @@ class HardwareProfile(_Strict):
     measured_at: str = ""
     stages: StageCosts
     memory: Memory | None = None  # None: the simulator needs it given
+    serving: Serving | None = None  # None: the serving path costs nothing (cores to spare, a GPU node)
 
     def dump(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

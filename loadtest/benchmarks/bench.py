@@ -81,7 +81,7 @@ def chat_bodies(model: str, prompts, audio: bool, voice: str) -> list[dict]:
     return out
 
 
-def _requests_for(c: int, per_level: int) -> int:
+def requests_for(c: int, per_level: int) -> int:
     return max(per_level, 3 * c)
 
 
@@ -106,13 +106,13 @@ def _versus(targets: dict[str, str], bodies: list[dict], levels, per_level, roun
     for url in targets.values():
         for _ in range(2):
             for c in levels:
-                asyncio.run(run_closed_loop(url, bodies[: _requests_for(c, per_level)], c))
+                asyncio.run(run_closed_loop(url, bodies[: requests_for(c, per_level)], c))
     runs: dict[str, dict[int, list]] = {name: {c: [] for c in levels} for name in targets}
     for r in range(rounds):
         order = list(targets) if r % 2 == 0 else list(reversed(targets))
         for c in levels:
             for name in order:
-                s, cpu = _round(targets[name], bodies[: _requests_for(c, per_level)], c, roots)
+                s, cpu = _round(targets[name], bodies[: requests_for(c, per_level)], c, roots)
                 runs[name][c].append({**s, "cpu_s": cpu})
                 print(
                     f"  round {r} c={c:<3} {name:8s} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
@@ -159,7 +159,7 @@ def audio_levels(url: str, bodies: list[dict], levels, per_level, label: str) ->
     asyncio.run(run_closed_loop(url, bodies[:4], 2))  # warm-up
     out = {}
     for c in levels:
-        s = out[c] = measured_level(url, bodies[: _requests_for(c, per_level)], c)
+        s = out[c] = measured_level(url, bodies[: requests_for(c, per_level)], c)
         print(
             f"  {label:11s} c={c:<3} req/s {s['req_per_s']:7.2f}  TTFT p50 {_ms(s['ttft_p50'])} ms"
             f"  TTFP mean {_ms(s['ttfp_mean'])} p90 {_ms(s['ttfp_p90'])} ms  RTF p50 {_ratio(s['rtf_p50'])}"
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in args.levels.split(",")]
     profile = load_profile(args.profile)
     model, voice = profile.served_model_name, profile.pipeline.default_voice
-    n_max = _requests_for(max(levels), args.per_level)
+    n_max = requests_for(max(levels), args.per_level)
     text_bodies = chat_bodies(model, chat_prompts(n_max, seed=0, max_tokens=args.max_tokens), False, voice)
     audio_bodies = chat_bodies(
         model, chat_prompts(n_max, seed=1, max_tokens=args.audio_max_tokens), True, voice

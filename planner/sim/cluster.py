@@ -20,12 +20,13 @@ from ray.serve.config import AutoscalingConfig
 from kv_store.metrics import Recorder
 from planner import costs
 from planner.sim.autoscale import SimSla, StageScaler
+from planner.sim.cores import SharedCores, work
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
 from planner.sim.quota import SimQuota
 from planner.sim.speech import TalkerReplica, frames_per_token
 from planner.sim.voice import VoiceSession, VoiceStats
-from planner.sim.workload import RequestSpec, Workload
+from planner.sim.workload import CLOSED_LOOP, RequestSpec, Workload
 from services.extensions.vllm import engine_metrics
 from services.extensions.vllm.scheduler import UrgencyOrder
 from services.models.profile import Profile, load_profile
@@ -86,13 +87,13 @@ class Deployment(BaseModel):
 
 class Cluster:
     def __init__(self, deployment: Deployment, workload: Workload, env: simpy.Environment | None = None,
-                 redis_url: str | None = None):  # fmt: skip
+                 redis_url: str | None = None, hardware: costs.HardwareProfile | None = None):  # fmt: skip
         self.d, self.w = deployment, workload
         self.env = env or simpy.Environment()
         if workload.quota is not None and redis_url is None:
             raise ValueError("a workload with a quota needs a Redis for its token buckets (redis_url)")
         self.quota = SimQuota(self.env, redis_url, workload.quota) if workload.quota is not None else None
-        self.hw = costs.load(deployment.hardware)
+        self.hw = hardware or costs.load(deployment.hardware)  # given: a profile not on disk (calibration's)
         self.profile: Profile = load_profile(deployment.profile)
         self.rng = random.Random(workload.seed)
         self.counts: Counter = Counter()
@@ -101,6 +102,10 @@ class Cluster:
         self._dirty: set[str] = set()
         self._dry: list[tuple[float, str]] = []  # (when a session's buffer may run dry, session)
         self.admission = AimdAdmission(self.profile.realtime.admission) if deployment.admission else _Open()
+        serving = self.hw.serving
+        self.cores = SharedCores(self.env, serving.cores) if serving is not None else None
+        if self.cores is not None:
+            self.cores.spin(serving.background_cores)  # Ray's processes and idle replicas, always
         self.replicas = [self._replica(i) for i in range(deployment.decode_replicas)]
         self.router = ScorerPipeline.from_config(
             [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
@@ -123,8 +128,11 @@ class Cluster:
         self.encoders = [self._encoder_replica() for _ in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
+        self._clients: list = []  # the closed loop's clients (start)
         self.voice = VoiceStats()
         self.requests: dict[str, list[dict]] = {name: [] for name in workload.requests}
+        if workload.closed_loop is not None:
+            self.requests[CLOSED_LOOP] = []
         self.load: Counter = Counter()  # what the gateways admitted, by kind (load_meter.py's counters)
         self.open_sessions = 0
         self.scalers = {stage: self._scaler(stage, spec) for stage, spec in deployment.scaling.items()}
@@ -177,7 +185,7 @@ class Cluster:
                              clock=lambda: self.env.now)  # fmt: skip
         return EngineReplica(self.env, f"decode-{i}", hw.stages, kv, max_num_seqs=p.engine.max_num_seqs,
                              max_num_batched_tokens=d.max_num_batched_tokens, order=order,
-                             on_step=self._frame)  # fmt: skip
+                             on_step=self._frame, cores=self.cores, serving=hw.serving)  # fmt: skip
 
     def _encoder_replica(self) -> EncoderReplica:
         self.counts["encoders"] += 1
@@ -268,6 +276,20 @@ class Cluster:
         for name, spec in self.w.requests.items():
             if spec.rate > 0:
                 env.process(self._requests(name, spec))
+        if self.w.closed_loop is not None:
+            todo = iter(enumerate(self.w.closed_loop.requests))
+            self._clients = [
+                env.process(self._closed_loop_client(todo)) for _ in range(self.w.closed_loop.concurrency)
+            ]
+
+    def _closed_loop_client(self, todo):
+        """One of `make bench`'s clients: the next request as soon as its last one ended."""
+        for n, (prompt, output) in todo:
+            record = {"arrival": self.env.now, "tiles": 0}
+            self.requests[CLOSED_LOOP].append(record)
+            yield self.env.process(
+                self._serve(f"{CLOSED_LOOP}-{n}", f"t{n % self.w.tenants}", record, prompt, output)
+            )
 
     def _requests(self, name: str, spec: RequestSpec):
         rng = random.Random(f"{self.w.seed}/{name}")
@@ -279,21 +301,31 @@ class Cluster:
             self.env.process(self._request(name, n, spec, rng))
 
     def _request(self, name: str, n: int, spec: RequestSpec, rng: random.Random):
-        env, rid, tenant = self.env, f"{name}-{n}", f"t{n % self.w.tenants}"
-        record = {"arrival": env.now, "tiles": rng.randint(*spec.tiles)}
+        rid, tenant = f"{name}-{n}", f"t{n % self.w.tenants}"
+        record = {"arrival": self.env.now, "tiles": rng.randint(*spec.tiles)}
         self.requests[name].append(record)
         prompt, output = spec.prompt(rng), spec.output(rng)
         if self.quota is not None:
             cost = Cost(text_tokens=prompt + output, image_tiles=record["tiles"])
-            if not (yield env.process(self.quota.admit(tenant, rid, cost, spec.slo_class == "batch"))):
+            if not (yield self.env.process(self.quota.admit(tenant, rid, cost, spec.slo_class == "batch"))):
                 record["refused"] = True
                 return
-            record["admitted"], record["charged"] = env.now, cost
+            record["admitted"], record["charged"] = self.env.now, cost
+        yield self.env.process(self._serve(rid, tenant, record, prompt, output, spec.tokens_per_tile))
+        if self.quota is not None:
+            self.quota.release(tenant, rid)
+
+    def _serve(self, rid: str, tenant: str, record: dict, prompt: int, output: int, tokens_per_tile: int = 0):
+        """An admitted request through the pipeline: the serving path's work per request, its tiles
+        encoded, then the thinker (whose tokens reach it through the serving path's work per step)."""
+        env, serving = self.env, self.hw.serving
         self.load.update(requests=1, text_tokens=prompt + output, image_tiles=record["tiles"])
+        if serving is not None:
+            yield work(env, self.cores, serving.request_cpu_s)
         if record["tiles"]:
             encoder = self._encoder(rid, record["tiles"])
             yield encoder.encode(rid, record["tiles"])
-            prompt += record["tiles"] * spec.tokens_per_tile
+            prompt += record["tiles"] * tokens_per_tile
             record["encoded"] = env.now
         done = env.event()
 
@@ -301,14 +333,12 @@ class Cluster:
             if what == "token" and "ttft" not in record:
                 record["ttft"] = env.now - record["arrival"]
             elif what == "finished":
-                record["e2e"] = env.now - record["arrival"]
                 done.succeed()
 
         request = SimRequest(rid, None, prompt, output, env.now, owner)
         self.route(rid, None).add(request)
         yield done
-        if self.quota is not None:
-            self.quota.release(tenant, rid)
+        record["e2e"], record["end"] = env.now - record["arrival"], env.now
 
     def _encoder(self, rid: str, tiles: int) -> EncoderReplica:
         request = RoutedRequest(request_id=rid, tiles=tiles)
@@ -321,8 +351,11 @@ class Cluster:
 
     def run(self) -> None:
         self.start()
+        until = self.env.timeout(self.w.duration_s)
+        if self._clients:  # a closed loop ends with its last request
+            until = self.env.any_of([until, self.env.all_of(self._clients)])
         try:
-            self.env.run(until=self.w.duration_s)
+            self.env.run(until=until)
         finally:
             if self.quota is not None:
                 self.quota.close()
@@ -364,7 +397,7 @@ class EncoderReplica:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
-            yield self.env.timeout(self.curve.at(len(batch)))
+            yield work(self.env, self.cluster.cores, self.curve.at(len(batch)))
             for rid, _ in batch:
                 left, done = self._left[rid]
                 self._left[rid] = (left - 1, done)

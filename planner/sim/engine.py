@@ -21,11 +21,19 @@ from types import SimpleNamespace
 
 import simpy
 
-from planner.costs import StageCosts
+from planner.costs import Serving, StageCosts
+from planner.sim.cores import SharedCores, work
 from planner.sim.kv import KvPool
 from services.extensions.vllm.scheduler import SESSION_ARG
 
+SPIN_AFTER_S = 1.0  # vLLM's shared-memory queues poll this long after their last message, then sleep
 HELD_IDLE_S = 0.005  # every running request held: the real hook sleeps this long (HELD_IDLE_S)
+
+
+def _tell(told: list) -> None:
+    for r, what in told:
+        if r.owner is not None:
+            r.owner(r, what)
 
 
 class SimRequest:
@@ -58,8 +66,15 @@ class SimRequest:
 class EngineReplica:
     def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, kv: KvPool, *,
                  max_num_seqs: int, max_num_batched_tokens: int, order=None,
-                 on_step: Callable[[float, int], None] | None = None):  # fmt: skip
+                 on_step: Callable[[float, int], None] | None = None,
+                 cores: SharedCores | None = None, serving: Serving | None = None):  # fmt: skip
         self.env, self.name, self.costs, self.kv = env, name, costs, kv
+        # where the serving path shares the machine's cores (Cluster.cores): the engine's steps and
+        # polling threads take their share, and a step's tokens reach their owners once the serving
+        # path has handled them (Serving.step_cpu_s, token_cpu_s)
+        self.cores, self.serving = cores, serving
+        self._polling = 0  # polling threads on the cores now (_poll)
+        self._idle = 0  # counts idle/busy changes: a sleep scheduled before the last one is stale
         self.max_num_active_reqs = max_num_seqs
         self.budget = self.max_num_scheduled_tokens = max_num_batched_tokens
         self.block_size = kv.page_tokens  # the hook counts KV in the pool's unit
@@ -190,7 +205,13 @@ class EngineReplica:
 
     def step_cost(self, decoding: int, prompt_tokens: int) -> float:
         c = self.costs
-        s = c.decode_step.at(decoding) if decoding else 0.0
+        running = decoding + (1 if prompt_tokens else 0)
+        s = (
+            self.serving.engine_step_s + running * self.serving.engine_request_s
+            if self.serving is not None
+            else 0.0
+        )
+        s += c.decode_step.at(decoding) if decoding else 0.0
         if prompt_tokens:
             s += c.prefill.at(prompt_tokens) - (c.prefill.intercept_s if decoding else 0.0)
         return s
@@ -198,8 +219,10 @@ class EngineReplica:
     def _loop(self):
         while True:
             if not self.running and not self.waiting:
+                self._spin_idle()
                 self._wake = self.env.event()
                 yield self._wake
+                self._spin_busy()
                 continue
             held = self.order.before(self) if self.order is not None else []
             decoding, prefill, tokens = self._schedule(held)
@@ -209,7 +232,7 @@ class EngineReplica:
                 continue
             cost = self.step_cost(len(decoding), sum(n for _, n in prefill)) + self._loading
             self._loading = 0.0
-            yield self.env.timeout(cost)
+            yield work(self.env, self.cores, cost)
             self.steps += 1
             self.busy_s += cost
             if self.on_step is not None:
@@ -218,26 +241,55 @@ class EngineReplica:
 
     def _advance(self, decoding: list, prefill: list) -> None:
         now = self.env.now
+        told: list[tuple[SimRequest, str]] = []
         for r, n in prefill:
             if r.status != "running":
                 continue  # aborted during the step
             r.num_computed_tokens += n
             if not r.prefilling:  # the last chunk samples the first token
                 r.first_token_at = r.first_token_at or now
-                self._token(r)
+                self._token(r, told)
         for r, _ in decoding:
             if r.status == "running":
                 r.num_computed_tokens += 1
-                self._token(r)
+                self._token(r, told)
+        if self.serving is None or not told:
+            _tell(told)
+            return
+        tokens = sum(what == "token" for _, what in told)
+        handled = work(self.env, self.cores, self.serving.step_cpu_s + tokens * self.serving.token_cpu_s)
+        handled.callbacks.append(lambda _: _tell(told))
 
-    def _token(self, r: SimRequest) -> None:
+    def _token(self, r: SimRequest, told: list) -> None:
+        """One more output token: the engine's state now; its owner told after the step."""
         r.num_output_tokens += 1
-        done = r.num_output_tokens >= r.max_tokens
-        if r.owner is not None:
-            r.owner(r, "token")
-        if done and r.status == "running":
+        told.append((r, "token"))
+        if r.num_output_tokens >= r.max_tokens and r.status == "running":
             self.running.remove(r)
             self._free(r)
             r.status = "finished"
-            if r.owner is not None:
-                r.owner(r, "finished")
+            told.append((r, "finished"))
+
+    # ---- polling threads (vLLM's engine core and worker on a CPU machine) -------------------------
+
+    def _poll(self, threads: int) -> None:
+        """This engine's polling threads now: 1 while it steps (the engine core, as its worker
+        computes), 2 for SPIN_AFTER_S after its last step, then none."""
+        if self.cores is not None:
+            self.cores.spin(threads - self._polling)
+            self._polling = threads
+
+    def _spin_idle(self) -> None:
+        self._idle += 1
+        if self.steps:
+            self._poll(2)
+            self.env.process(self._sleep_after(self._idle))
+
+    def _spin_busy(self) -> None:
+        self._idle += 1
+        self._poll(1)
+
+    def _sleep_after(self, idle: int):
+        yield self.env.timeout(SPIN_AFTER_S)
+        if self._idle == idle:  # still idle since then
+            self._poll(0)

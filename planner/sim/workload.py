@@ -72,11 +72,23 @@ class RequestSpec(_Strict):
         return min(hi, max(lo, round(math.exp(rng.uniform(math.log(lo), math.log(hi))))))
 
 
+CLOSED_LOOP = "closed_loop"  # its requests' class name in the reports
+
+
+class ClosedLoop(_Strict):
+    """`concurrency` clients sending `requests` back to back, each its next as soon as its last one
+    ended, as `make bench` does (loadtest/clients/client.py `run_closed_loop`)."""
+
+    concurrency: int = Field(ge=1)
+    requests: list[tuple[int, int]]  # (prompt tokens, output tokens), in the order sent
+
+
 class Workload(_Strict):
     voice: VoiceSpec = VoiceSpec()
     requests: dict[str, RequestSpec] = Field(
         default_factory=dict
     )  # class name (chat, image, document) -> spec
+    closed_loop: ClosedLoop | None = None
     tenants: int = Field(default=1, ge=1)  # sessions and requests spread over this many tenants
     # Every tenant's quota (its id aside); None: unmetered. Needs a Redis for the buckets (Cluster).
     quota: TenantSpec | None = None

@@ -16,7 +16,7 @@ from planner.sim import report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
-from planner.sim.workload import Arrivals, RequestSpec, VoiceSpec, Workload
+from planner.sim.workload import CLOSED_LOOP, Arrivals, ClosedLoop, RequestSpec, VoiceSpec, Workload
 
 GPU = "h100-qwen3-omni-published"
 CURVES = costs.load(GPU).stages
@@ -212,3 +212,56 @@ def test_the_quota_services_token_buckets_meter_a_tenant_over_its_budget(redis_u
     # what was charged: at most the minute's budget and one burst (the bucket starts full), and near it
     charged = sum(r["charged"].text_tokens for r in records if "charged" in r)
     assert 0.85 * (budget + budget * 10 / 60) < charged <= budget + budget * 10 / 60
+
+
+def _closed_loop(hardware: costs.HardwareProfile, concurrency: int, requests: list) -> list[dict]:
+    workload = Workload(
+        closed_loop=ClosedLoop(concurrency=concurrency, requests=requests), duration_s=600, warmup_s=0
+    )
+    cluster = Cluster(Deployment(hardware=hardware.name, profile="tiny", kv_tokens=1 << 20, admission=False),
+                      workload, hardware=hardware)  # fmt: skip
+    cluster.run()
+    return cluster.requests[CLOSED_LOOP]
+
+
+def test_a_closed_loop_at_one_is_the_serving_path_then_prefill_then_decode_steps():
+    """With cores to spare, a request is the serving path's work, its prefill, then a decode step a
+    token, and the last token's handling."""
+    cpu = costs.load("cpu-2core-tiny")
+    serving = costs.Serving(cores=8, request_cpu_s=0.02, step_cpu_s=0.001, token_cpu_s=0.0005)
+    records = _closed_loop(cpu.model_copy(update={"serving": serving}), 1, [(100, 10)] * 3)
+    s = cpu.stages
+    one = 0.02 + s.prefill.at(100) + 9 * s.decode_step.at(1) + 0.0015
+    assert [r["e2e"] for r in records] == pytest.approx([one] * 3)
+    assert [r["arrival"] for r in records] == pytest.approx([0, one, 2 * one])  # each after the last
+
+
+@given(
+    concurrency=st.integers(1, 8),
+    cores=st.integers(1, 3),
+    request_ms=st.floats(0, 50),
+    step_ms=st.floats(0, 2),
+    token_ms=st.floats(0, 2),
+)
+@settings(max_examples=25, deadline=None)
+def test_a_closed_loop_finishes_and_its_cores_do_no_more_than_they_can(
+    concurrency, cores, request_ms, step_ms, token_ms
+):
+    """Every request finishes, and the run lasts at least its work (the serving path's and the
+    engine's steps) spread over its cores."""
+    cpu = costs.load("cpu-2core-tiny")
+    requests = [(50 + 17 * i % 200, 5 + i % 20) for i in range(12)]
+    serving = costs.Serving(cores=cores, request_cpu_s=request_ms / 1000, step_cpu_s=step_ms / 1000,
+                            token_cpu_s=token_ms / 1000)  # fmt: skip
+    workload = Workload(
+        closed_loop=ClosedLoop(concurrency=concurrency, requests=requests), duration_s=600, warmup_s=0
+    )
+    cluster = Cluster(Deployment(hardware=cpu.name, profile="tiny", kv_tokens=1 << 20, admission=False),
+                      workload, hardware=cpu.model_copy(update={"serving": serving}))  # fmt: skip
+    cluster.run()
+    records = cluster.requests[CLOSED_LOOP]
+    assert len(records) == len(requests) and all("end" in r for r in records)
+    work = sum(r.busy_s for r in cluster.replicas) + len(requests) * serving.request_cpu_s
+    work += sum(r.steps for r in cluster.replicas) * serving.step_cpu_s
+    work += sum(out for _, out in requests) * serving.token_cpu_s
+    assert max(r["end"] for r in records) >= work / cores - 1e-9

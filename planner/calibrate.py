@@ -1,0 +1,378 @@
+"""`make calibrate`: the simulator (planner/sim) predicts this machine's own benchmarks, and each is
+measured in the same run beside its prediction (issue 60 part 3; docs/planner.md#calibration).
+
+- `make bench`'s text figure: req/s of a closed loop of chat requests at c = 1, 4, 16 against a
+  local deployment (`tiny`; `bench.chat_bodies` over `chat_prompts(seed=0)`, 64 tokens, greedy).
+- `make bench-encoder`'s: chat p99 while a document is encoded, FIFO and the tile scheduler (`small`,
+  one in-process encoder replica; `encoder_hol`).
+
+What the simulator is given: the hardware profile's step curves (`make profile-stages`), each
+request's prompt and output tokens as the server counted them, and — where the cores are few, so the
+serving path shares them with the engine (planner/sim/cores.py) — costs measured on the same
+deployment in runs that are not predicted (`serving_cost`): the request path's CPU per request, per
+engine step and per token from the processes' CPU time at c = 1 (16 and 64 tokens), 2 and 8, the
+background's cores, and the deployed engine's extra work per step and per running request fitted to
+the rates at c = 2 and 8 (the bare curve lacks omniray's scheduler hook, KV connector and output
+hand-off). No predicted figure is fitted to itself. A figure passes within `--tolerance` (±20%) of its measurement.
+
+    python -m planner.calibrate [--profile tiny] [--levels 1,4,16] [--rounds 3] [--no-encoder]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from loadtest import results
+from loadtest.benchmarks import bench, encoder_hol, process_cpu
+from loadtest.clients.client import run_closed_loop
+from loadtest.clients.workload import chat_prompts
+from planner import costs
+from planner.sim.cluster import Cluster, Deployment
+from planner.sim.workload import CLOSED_LOOP, ClosedLoop, Workload
+from services.quota import LOCAL_API_KEY
+
+TOLERANCE = 0.2
+SHORT_TOKENS = (
+    16  # the second c = 1 run, against max_tokens: splits the serving CPU per request and per token
+)
+KV_TOKENS = 1 << 20  # tiny's and small's KV never bounds these workloads (no memory section on CPU)
+
+
+@dataclass
+class Figure:
+    bench: str
+    what: str
+    measured: float  # the median of its rounds
+    predicted: float
+    spread: float | None = None  # how far its rounds lay apart (max / min - 1)
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    def within(self, tolerance: float = TOLERANCE) -> bool:
+        return abs(self.error) <= tolerance
+
+
+# ---- make bench: closed-loop chat ---------------------------------------------------------------
+
+
+def prompt_tokens(url: str, bodies: list[dict]) -> list[int]:
+    """Each body's prompt tokens as the server counts them (its usage), one token asked."""
+    headers = {"Authorization": f"Bearer {LOCAL_API_KEY}"}
+    out = []
+    with httpx.Client(timeout=120, headers=headers) as client:
+        for body in bodies:
+            r = client.post(url, json={**body, "max_tokens": 1, "stream": False})
+            r.raise_for_status()
+            out.append(r.json()["usage"]["prompt_tokens"])
+    return out
+
+
+# The processes a chat request passes through outside the engines (process_cpu's labels); the rest
+# of Ray's and Serve's processes run whether requests come or not (their CPU is per second).
+REQUEST_PATH = ("gateway replica", "decode replica", "client", "haproxy")
+_NOT_OURS = ("other",)  # processes that are neither omniray's, Ray's nor the client's (a shell, an editor)
+
+
+def _is_engine(label: str) -> bool:
+    """A vLLM engine process of the decode replica (`decode/<title>`: its engine core, its worker)."""
+    return label.startswith("decode/")
+
+
+def _round(url: str, bodies: list[dict], c: int) -> dict:
+    """One closed loop: req/s, TTFT p50, mean output tokens, and the CPU seconds spent meanwhile on
+    the request path and in the background."""
+    roots = {os.getpid(): "client"}
+    before = process_cpu.snapshot(roots)
+    res, wall = asyncio.run(run_closed_loop(url, bodies, c))
+    spent = process_cpu.between(before, process_cpu.snapshot(roots))
+    ok = [r for r in res if r.ok]
+    if len(ok) != len(res):
+        raise RuntimeError(
+            f"{len(res) - len(ok)} of {len(res)} requests failed: {[r.error for r in res if not r.ok][:2]}"
+        )
+    return {
+        "req_per_s": len(ok) / wall,
+        "ttft_p50_s": statistics.median(r.ttft for r in ok),
+        "tokens_mean": statistics.fmean(r.completion_tokens for r in ok),
+        "path_cpu_s": sum(spent.get(k, 0.0) for k in REQUEST_PATH),
+        "background_cpu_s": sum(
+            s for k, s in spent.items() if k not in REQUEST_PATH and k not in _NOT_OURS and not _is_engine(k)
+        ),  # fmt: skip
+        "wall_s": wall,
+        "n": len(ok),
+    }
+
+
+# The serving path's cost is fitted to these runs' CPU time and the engine's extra work to the
+# FIT_LEVELS' rates — never to a predicted figure. Each (concurrency, max_tokens).
+COST_RUNS = ((1, SHORT_TOKENS), (1, 64), (2, 64), (8, 64))
+FIT_LEVELS = (2, 8)
+ENGINE_FIT_STEPS, ENGINE_STEP_MAX_S, ENGINE_REQUEST_MAX_S = 14, 0.05, 0.005
+
+
+def measure(url: str, bodies: list[dict], levels: list[int], rounds: int, per_level: int) -> dict:
+    """`make bench`'s closed loops at `levels` and the COST_RUNS, after its warm-up, in `rounds`
+    interleaved rounds (each round runs every one once, so a machine that drifts moves them alike).
+    Returns (c, max_tokens) -> each round's _round."""
+    runs = sorted({(c, 64) for c in levels} | set(COST_RUNS))
+    for _ in range(2):  # each engine makes its CPU kernels per batch shape on first use
+        for c in levels:
+            asyncio.run(run_closed_loop(url, bodies[: bench.requests_for(c, per_level)], c))
+    out: dict = {run: [] for run in runs}
+    for _ in range(rounds):
+        for c, tokens in runs:
+            n = bench.requests_for(c, per_level)
+            out[(c, tokens)].append(_round(url, [{**b, "max_tokens": tokens} for b in bodies[:n]], c))
+    return out
+
+
+def serving_cost(rounds: dict, cores: int) -> costs.Serving:
+    """The request path's CPU per request, per engine step and per token, and the background's
+    cores, from the COST_RUNS (medians over rounds; least squares). A request of T tokens at
+    concurrency c takes about T/c of the engine's steps: CPU per request = request + (T/c)·step +
+    T·token."""
+    rows, cpu, background, wall = [], [], 0.0, 0.0
+    for c, tokens in COST_RUNS:
+        runs = rounds[(c, tokens)]
+        t = statistics.median(r["tokens_mean"] for r in runs)
+        rows.append([1.0, t / c, t])
+        cpu.append(statistics.median(r["path_cpu_s"] / r["n"] for r in runs))
+        background += sum(r["background_cpu_s"] for r in runs)
+        wall += sum(r["wall_s"] for r in runs)
+    solved, *_ = np.linalg.lstsq(np.array(rows), np.array(cpu), rcond=None)
+    request_s, step_s, token_s = (max(0.0, float(x)) for x in solved)
+    return costs.Serving(cores=cores, request_cpu_s=request_s, step_cpu_s=step_s, token_cpu_s=token_s,
+                         background_cores=background / wall,
+                         source="measured: CPU time of the request path's processes at c = 1 (16 and 64 tokens), "
+                                "2 and 8, and of Ray's and the idle replicas' (the background); the engine's extra "
+                                "work fitted to c = 2's and 8's rates")  # fmt: skip
+
+
+def fit_engine(
+    hardware: costs.HardwareProfile, profile: str, runs: list[dict]
+) -> tuple[costs.HardwareProfile, bool]:
+    """The hardware profile with the deployed engine's extra work per step and per running request
+    that make the simulated closed loops of `runs` (a low and a high concurrency: c, requests,
+    req_per_s) run at their measured rates, and whether it does (False: no such work explains both
+    rates — noise apart, the two runs disagree — and the work per step alone is fitted to the high
+    c's rate). Nested bisections: more work per step, fewer req/s at the high
+    c; work moved from the step to its requests, more req/s at the low c."""
+    low, high = sorted(runs, key=lambda r: r["c"])
+
+    def at(step_s: float, request_s: float) -> costs.HardwareProfile:
+        extra = {"engine_step_s": step_s, "engine_request_s": request_s}
+        return hardware.model_copy(update={"serving": hardware.serving.model_copy(update=extra)})
+
+    def rate(hw: costs.HardwareProfile, run: dict) -> float:
+        return predict_chat(hw, profile, run["requests"], [run["c"]], len(run["requests"]))[run["c"]][
+            "req_per_s"
+        ]
+
+    def bisect(hi: float, too_fast) -> float:
+        lo = 0.0
+        for _ in range(ENGINE_FIT_STEPS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if too_fast(mid) else (lo, mid)
+        return (lo + hi) / 2
+
+    def step_for(request_s: float) -> float:
+        return bisect(ENGINE_STEP_MAX_S, lambda a: rate(at(a, request_s), high) > high["req_per_s"])
+
+    def too_little_per_request(request_s: float) -> bool:
+        hw = at(step_for(request_s), request_s)
+        if rate(hw, high) < 0.99 * high["req_per_s"]:  # too much: the high c is slow with no work per step
+            return False
+        return rate(hw, low) < low["req_per_s"]
+
+    request_s = bisect(ENGINE_REQUEST_MAX_S, too_little_per_request)
+    fitted = at(step_for(request_s), request_s)
+    if all(abs(rate(fitted, r) / r["req_per_s"] - 1) < 0.02 for r in runs):
+        return fitted, True
+    return at(step_for(0.0), 0.0), False  # work per step alone, fitted to the high c's rate
+
+
+def predict_chat(hardware: costs.HardwareProfile, profile: str, requests: list[tuple[int, int]], levels: list[int],
+                 per_level: int) -> dict[int, dict]:  # fmt: skip
+    """The same closed loops on the simulated clock: one decode replica, the serving path on the cores."""
+    out = {}
+    for c in levels:
+        todo = requests[: bench.requests_for(c, per_level)]
+        workload = Workload(closed_loop=ClosedLoop(concurrency=c, requests=todo), duration_s=3600, warmup_s=0)
+        cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False),
+                          workload, hardware=hardware)  # fmt: skip
+        cluster.run()
+        records = cluster.requests[CLOSED_LOOP]
+        if not all("end" in r for r in records):
+            raise RuntimeError(f"the simulated closed loop at c = {c} did not finish in an hour")
+        span = max(r["end"] for r in records) - min(r["arrival"] for r in records)
+        out[c] = {
+            "req_per_s": len(records) / span,
+            "ttft_p50_s": statistics.median(r["ttft"] for r in records),
+        }
+    return out
+
+
+def spread(values: list[float]) -> float:
+    """How far a measurement's rounds lie apart: max / min - 1."""
+    return max(values) / min(values) - 1
+
+
+def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, profile: str, levels: list[int],
+         rounds: int, per_level: int, max_tokens: int = 64) -> tuple[list[Figure], dict]:  # fmt: skip
+    """Measure and predict `make bench`'s req/s at each level against the deployment at `url`."""
+    n = bench.requests_for(max(levels + [c for c, _ in COST_RUNS]), per_level)
+    bodies = bench.chat_bodies(model, chat_prompts(n, seed=0, max_tokens=max_tokens), False, voice)
+    prompts = prompt_tokens(url, bodies)
+    runs = measure(url, bodies, levels, rounds, per_level)
+    median = {run: statistics.median(r["req_per_s"] for r in rs) for run, rs in runs.items()}
+    tokens = {run: round(statistics.median(r["tokens_mean"] for r in rs)) for run, rs in runs.items()}
+    fits = [{"c": c, "requests": [(p, tokens[(c, 64)]) for p in prompts[: bench.requests_for(c, per_level)]],
+             "req_per_s": median[(c, 64)]} for c in FIT_LEVELS]  # fmt: skip
+    given, fit_ok = fit_engine(hardware.model_copy(update={"serving": serving_cost(runs, os.cpu_count() or 1)}),
+                               profile, fits)  # fmt: skip
+    figures, predicted = [], {}
+    for c in levels:
+        # each request's output as the server ended it (a real model may stop before max_tokens)
+        requests = [(p, tokens[(c, 64)]) for p in prompts]
+        predicted[c] = predict_chat(given, profile, requests, [c], per_level)[c]
+        figures.append(Figure("make bench", f"req/s at c = {c}", median[(c, 64)], predicted[c]["req_per_s"],
+                              spread([r["req_per_s"] for r in runs[(c, 64)]])))  # fmt: skip
+    measured = {f"c={c},max_tokens={t}": [r["req_per_s"] for r in rs] for (c, t), rs in runs.items()}
+    return figures, {"measured_rounds": measured, "predicted": predicted, "fit_inside_bounds": fit_ok,
+                     "fitted_to": {f["c"]: f["req_per_s"] for f in fits}, "prompt_tokens": prompts,
+                     "serving": given.serving.model_dump()}  # fmt: skip
+
+
+# ---- make bench-encoder: chat p99 behind a document ----------------------------------------------
+
+
+def predict_encoder(hardware: costs.HardwareProfile, profile: str, policy: str, doc_tiles: int, chats: int,
+                    interval_s: float) -> dict:  # fmt: skip
+    """encoder_hol's run on one simulated encoder replica (the real TileScheduler, the profile's
+    batch size and aging; the hardware profile's encoder curve)."""
+    cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False),
+                      Workload(duration_s=3600, warmup_s=0), hardware=hardware)  # fmt: skip
+    env, encoder = cluster.env, cluster.encoders[0]
+    pool = cluster.profile.encoder_pool
+    encoder.scheduler = type(encoder.scheduler)(
+        pool.batch_size, policy, pool.aging_tiles_per_s, clock=lambda: env.now
+    )
+    times: dict[str, float] = {}
+
+    def request(rid: str, tiles: int):
+        start = env.now
+        yield encoder.encode(rid, tiles)
+        times[rid] = env.now - start
+
+    def arrivals():
+        env.process(request("doc", doc_tiles))
+        for i in range(chats):
+            yield env.timeout(interval_s)
+            env.process(request(f"chat{i}", 1))
+
+    env.process(arrivals())
+    env.run(until=3600)
+    chat_s = sorted(v for k, v in times.items() if k != "doc")
+    return {"chat_p99_s": encoder_hol.p99(chat_s), "doc_s": times["doc"]}
+
+
+def _encoder_run(profile: str, doc_tiles: int, chats: int, interval_ms: float) -> dict:
+    """One `make bench-encoder` run, in a process of its own as the target runs it (a second run in
+    the same process meets the first one's threads and caches: its FIFO p99 came out 4x lower)."""
+    argv = ["--profile", profile, "--doc-tiles", str(doc_tiles), "--chats", str(chats),
+            "--chat-interval-ms", str(interval_ms)]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "loadtest.benchmarks.encoder_hol", *argv], capture_output=True,
+                          text=True, timeout=600, check=True)  # fmt: skip
+    print(done.stdout, end="", flush=True)
+    (path,) = re.findall(r"^\[encoder-hol\] wrote (\S+)$", done.stdout, re.M)
+    return json.loads(Path(path).read_text())
+
+
+def encoder(hardware: costs.HardwareProfile, profile: str, rounds: int = 3, doc_tiles: int = 200, chats: int = 40,
+            interval_ms: float = 20.0) -> tuple[list[Figure], dict]:  # fmt: skip
+    """`make bench-encoder`'s chat p99 for both policies, measured (medians of `rounds` runs) and
+    predicted from the hardware profile's encoder curve."""
+    runs = [_encoder_run(profile, doc_tiles, chats, interval_ms) for _ in range(rounds)]
+    figures, predicted = [], {}
+    for policy in encoder_hol.POLICIES:
+        predicted[policy] = predict_encoder(
+            hardware, profile, policy, runs[0]["doc_tiles"], chats, interval_ms / 1000
+        )
+        p99s = [r[policy]["chat_p99_s"] for r in runs]
+        figures.append(Figure("make bench-encoder", f"chat p99, {policy}", statistics.median(p99s),
+                              predicted[policy]["chat_p99_s"], spread(p99s)))  # fmt: skip
+    return figures, {"measured_rounds": runs, "predicted": predicted}
+
+
+# ---- the table -----------------------------------------------------------------------------------
+
+
+def print_table(figures: list[Figure], tolerance: float) -> None:
+    print(
+        f"\n{'bench':20s} {'figure':28s} {'measured':>10s} {'rounds apart':>12s} {'predicted':>10s} {'error':>7s}"
+    )
+    for f in figures:
+        apart = "-" if f.spread is None else f"{f.spread:.0%}"
+        mark = "" if f.within(tolerance) else f"  OUTSIDE ±{tolerance:.0%}"
+        print(
+            f"{f.bench:20s} {f.what:28s} {f.measured:10.3f} {apart:>12s} {f.predicted:10.3f} {f.error:+7.1%}{mark}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from services import runtime
+    from services.models.profile import load_profile
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default="tiny", help="the chat deployment's profile")
+    ap.add_argument("--hardware", default=None, help="its hardware profile (default cpu-2core-<profile>)")
+    ap.add_argument("--levels", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-level", type=int, default=32)
+    ap.add_argument("--encoder-profile", default="small")
+    ap.add_argument("--no-encoder", action="store_true")
+    ap.add_argument("--no-chat", action="store_true")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",")]
+    hardware = costs.load(args.hardware or f"cpu-2core-{args.profile}")
+    profile = load_profile(args.profile)
+    report = results.header(args.profile, levels=levels, rounds=args.rounds, hardware=hardware.name)
+    figures: list[Figure] = []
+    if not args.no_chat:
+        with runtime.temporary(
+            args.profile, prefix="omniray-calibrate-", app_args={"async_chunk": True}
+        ) as cluster:
+            url = f"{cluster.http_url}/v1/chat/completions"
+            figures, report["chat"] = chat(url, profile.served_model_name, profile.pipeline.default_voice, hardware,
+                                           args.profile, levels, args.rounds, args.per_level)  # fmt: skip
+    if not args.no_encoder:
+        more, report["encoder"] = encoder(
+            costs.load(f"cpu-2core-{args.encoder_profile}"), args.encoder_profile, args.rounds
+        )
+        figures += more
+    print_table(figures, args.tolerance)
+    if "chat" in report and not report["chat"]["fit_inside_bounds"]:
+        print("[calibrate] no extra engine work per step and per request explains both fitted rates "
+              f"({report['chat']['fitted_to']} req/s): work per step alone, fitted to the higher")  # fmt: skip
+    report["figures"] = [{**asdict(f), "error": f.error, "within": f.within(args.tolerance)} for f in figures]
+    print(f"\n[calibrate] wrote {results.write('calibrate', args.profile, report)}")
+    return 0 if all(f.within(args.tolerance) for f in figures) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

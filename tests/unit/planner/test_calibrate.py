@@ -1,0 +1,54 @@
+"""Calibration's fitting (planner/calibrate.py), round trip on the simulated clock: closed loops run
+with known extra engine work per step and per request give rates; fit_engine, given only those
+rates at the fitting levels, finds work that reproduces them and predicts the other levels as the
+known work does. And the serving cost's least squares recovers per-request, per-step and per-token
+CPU from runs that obey its model. (`make calibrate` compares against this machine's own runs.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import calibrate, costs
+
+SERVING = costs.Serving(
+    cores=2, request_cpu_s=0.015, step_cpu_s=0.001, token_cpu_s=0.0002, background_cores=0.2
+)
+REQUESTS = [(40 + 13 * i % 150, 16) for i in range(10)]
+
+
+def _rate(hw: costs.HardwareProfile, c: int) -> float:
+    return calibrate.predict_chat(hw, "tiny", REQUESTS, [c], len(REQUESTS))[c]["req_per_s"]
+
+
+def test_fit_engine_recovers_rates_it_was_not_given():
+    base = costs.load("cpu-2core-tiny").model_copy(update={"serving": SERVING})
+    truth = base.model_copy(update={"serving": SERVING.model_copy(update={"engine_step_s": 0.003,
+                                                                           "engine_request_s": 0.0004})})  # fmt: skip
+    runs = [{"c": c, "requests": REQUESTS, "req_per_s": _rate(truth, c)} for c in calibrate.FIT_LEVELS]
+    fitted, inside = calibrate.fit_engine(base, "tiny", runs)
+    assert inside
+    for c in (1, 4, 16):
+        assert _rate(fitted, c) == pytest.approx(_rate(truth, c), rel=0.05)
+
+
+def test_fit_engine_says_when_no_work_explains_the_rates():
+    base = costs.load("cpu-2core-tiny").model_copy(update={"serving": SERVING})
+    runs = [
+        {"c": 2, "requests": REQUESTS, "req_per_s": 1.0},
+        {"c": 8, "requests": REQUESTS, "req_per_s": 500.0},
+    ]
+    assert calibrate.fit_engine(base, "tiny", runs)[1] is False
+
+
+def test_serving_cost_recovers_the_cpu_per_request_step_and_token():
+    def run(c: int, tokens: int) -> dict:
+        n = 10
+        path = n * (SERVING.request_cpu_s + tokens / c * SERVING.step_cpu_s + tokens * SERVING.token_cpu_s)
+        return {"tokens_mean": tokens, "n": n, "path_cpu_s": path, "background_cpu_s": 0.5, "wall_s": 2.5}
+
+    rounds = {(c, t): [run(c, t)] * 3 for c, t in calibrate.COST_RUNS}
+    got = calibrate.serving_cost(rounds, cores=2)
+    assert got.request_cpu_s == pytest.approx(SERVING.request_cpu_s)
+    assert got.step_cpu_s == pytest.approx(SERVING.step_cpu_s)
+    assert got.token_cpu_s == pytest.approx(SERVING.token_cpu_s)
+    assert got.background_cores == pytest.approx(0.2)
