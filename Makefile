@@ -86,7 +86,7 @@ test-image: setup image
 
 # The image as a multi-node Ray cluster: a head pod and a container per worker pod, joined as KubeRay
 # joins them; placement by pool, KV pages pulled across nodes, a thinker node killed under load
-# (tests/image/test_cluster.py; ~15 min on two cores after the image is built).
+# (tests/image/test_cluster.py; 6-8 min on two cores after the image is built).
 test-cluster: setup image
 	OMNIRAY_PYTEST_HARD_EXIT=1 $(PY) -m pytest -q -ra -s -m cluster tests/image
 

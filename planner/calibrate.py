@@ -10,7 +10,7 @@ What the simulator is given: the hardware profile's step curves (`make profile-s
 request's prompt and output tokens as the server counted them, and — where the cores are few, so the
 serving path shares them with the engine (planner/sim/cores.py) — costs measured on the same
 deployment in runs that are not predicted (`serving_cost`): the request path's CPU per request, per
-engine step and per token from the processes' CPU time at c = 1 (16 and 64 tokens), 2 and 8, the
+engine step and per token from the processes' CPU time at c = 1 (16 and 32 tokens), 2 and 8, the
 background's cores, and the deployed engine's extra work per step and per running request fitted to
 the rates at c = 2 and 8 (the bare curve lacks omniray's scheduler hook, KV connector and output
 hand-off). No predicted figure is fitted to itself. A figure passes within `--tolerance` (±20%) of its measurement.
@@ -33,6 +33,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import scipy.optimize
 
 from loadtest import results
 from loadtest.benchmarks import bench, encoder_hol, process_cpu
@@ -44,9 +45,7 @@ from planner.sim.workload import CLOSED_LOOP, ClosedLoop, Workload
 from services.quota import LOCAL_API_KEY
 
 TOLERANCE = 0.2
-SHORT_TOKENS = (
-    16  # the second c = 1 run, against max_tokens: splits the serving CPU per request and per token
-)
+MAX_TOKENS = 64  # make bench's
 KV_TOKENS = 1 << 20  # tiny's and small's KV never bounds these workloads (no memory section on CPU)
 
 
@@ -119,7 +118,9 @@ def _round(url: str, bodies: list[dict], c: int) -> dict:
 
 # The serving path's cost is fitted to these runs' CPU time and the engine's extra work to the
 # FIT_LEVELS' rates — never to a predicted figure. Each (concurrency, max_tokens).
-COST_RUNS = ((1, SHORT_TOKENS), (1, 64), (2, 64), (8, 64))
+# c = 1 at two lengths short of MAX_TOKENS (so the predicted c = 1 run is not among them) splits
+# the CPU per request from that per token.
+COST_RUNS = ((1, 16), (1, 32), (2, MAX_TOKENS), (8, MAX_TOKENS))
 FIT_LEVELS = (2, 8)
 ENGINE_FIT_STEPS, ENGINE_STEP_MAX_S, ENGINE_REQUEST_MAX_S = 14, 0.05, 0.005
 
@@ -128,7 +129,7 @@ def measure(url: str, bodies: list[dict], levels: list[int], rounds: int, per_le
     """`make bench`'s closed loops at `levels` and the COST_RUNS, after its warm-up, in `rounds`
     interleaved rounds (each round runs every one once, so a machine that drifts moves them alike).
     Returns (c, max_tokens) -> each round's _round."""
-    runs = sorted({(c, 64) for c in levels} | set(COST_RUNS))
+    runs = sorted({(c, MAX_TOKENS) for c in levels} | set(COST_RUNS))
     for _ in range(2):  # each engine makes its CPU kernels per batch shape on first use
         for c in levels:
             asyncio.run(run_closed_loop(url, bodies[: bench.requests_for(c, per_level)], c))
@@ -153,11 +154,12 @@ def serving_cost(rounds: dict, cores: int) -> costs.Serving:
         cpu.append(statistics.median(r["path_cpu_s"] / r["n"] for r in runs))
         background += sum(r["background_cpu_s"] for r in runs)
         wall += sum(r["wall_s"] for r in runs)
-    solved, *_ = np.linalg.lstsq(np.array(rows), np.array(cpu), rcond=None)
-    request_s, step_s, token_s = (max(0.0, float(x)) for x in solved)
+    if np.linalg.matrix_rank(np.array(rows)) < 3:  # e.g. the model stopped every reply alike early
+        raise RuntimeError(f"the cost runs cannot tell request, step and token apart: {rows}")
+    request_s, step_s, token_s = (float(x) for x in scipy.optimize.nnls(np.array(rows), np.array(cpu))[0])
     return costs.Serving(cores=cores, request_cpu_s=request_s, step_cpu_s=step_s, token_cpu_s=token_s,
                          background_cores=background / wall,
-                         source="measured: CPU time of the request path's processes at c = 1 (16 and 64 tokens), "
+                         source="measured: CPU time of the request path's processes at c = 1 (16 and 32 tokens), "
                                 "2 and 8, and of Ray's and the idle replicas' (the background); the engine's extra "
                                 "work fitted to c = 2's and 8's rates")  # fmt: skip
 
@@ -232,25 +234,27 @@ def spread(values: list[float]) -> float:
 
 
 def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, profile: str, levels: list[int],
-         rounds: int, per_level: int, max_tokens: int = 64) -> tuple[list[Figure], dict]:  # fmt: skip
+         rounds: int, per_level: int) -> tuple[list[Figure], dict]:  # fmt: skip
     """Measure and predict `make bench`'s req/s at each level against the deployment at `url`."""
+    if fitted := set(levels) & set(FIT_LEVELS):
+        raise ValueError(f"levels {sorted(fitted)} are what the engine's work is fitted to: not predictions")
     n = bench.requests_for(max(levels + [c for c, _ in COST_RUNS]), per_level)
-    bodies = bench.chat_bodies(model, chat_prompts(n, seed=0, max_tokens=max_tokens), False, voice)
+    bodies = bench.chat_bodies(model, chat_prompts(n, seed=0, max_tokens=MAX_TOKENS), False, voice)
     prompts = prompt_tokens(url, bodies)
     runs = measure(url, bodies, levels, rounds, per_level)
     median = {run: statistics.median(r["req_per_s"] for r in rs) for run, rs in runs.items()}
     tokens = {run: round(statistics.median(r["tokens_mean"] for r in rs)) for run, rs in runs.items()}
-    fits = [{"c": c, "requests": [(p, tokens[(c, 64)]) for p in prompts[: bench.requests_for(c, per_level)]],
-             "req_per_s": median[(c, 64)]} for c in FIT_LEVELS]  # fmt: skip
+    fits = [{"c": c, "requests": [(p, tokens[(c, MAX_TOKENS)]) for p in prompts[: bench.requests_for(c, per_level)]],
+             "req_per_s": median[(c, MAX_TOKENS)]} for c in FIT_LEVELS]  # fmt: skip
     given, fit_ok = fit_engine(hardware.model_copy(update={"serving": serving_cost(runs, os.cpu_count() or 1)}),
                                profile, fits)  # fmt: skip
     figures, predicted = [], {}
     for c in levels:
         # each request's output as the server ended it (a real model may stop before max_tokens)
-        requests = [(p, tokens[(c, 64)]) for p in prompts]
+        requests = [(p, tokens[(c, MAX_TOKENS)]) for p in prompts]
         predicted[c] = predict_chat(given, profile, requests, [c], per_level)[c]
-        figures.append(Figure("make bench", f"req/s at c = {c}", median[(c, 64)], predicted[c]["req_per_s"],
-                              spread([r["req_per_s"] for r in runs[(c, 64)]])))  # fmt: skip
+        figures.append(Figure("make bench", f"req/s at c = {c}", median[(c, MAX_TOKENS)], predicted[c]["req_per_s"],
+                              spread([r["req_per_s"] for r in runs[(c, MAX_TOKENS)]])))  # fmt: skip
     measured = {f"c={c},max_tokens={t}": [r["req_per_s"] for r in rs] for (c, t), rs in runs.items()}
     return figures, {"measured_rounds": measured, "predicted": predicted, "fit_inside_bounds": fit_ok,
                      "fitted_to": {f["c"]: f["req_per_s"] for f in fits}, "prompt_tokens": prompts,

@@ -88,7 +88,7 @@ class EngineReplica:
         self.deferred_waiting: set = set()
         self.requires_kv_delivery = False
         self.kv_cache_manager = kv
-        self.steps = self.busy_s = 0.0
+        self.steps = self.busy_s = self.work_s = 0.0  # busy: seconds stepping; work: what the steps cost
         self._loading = 0.0  # host-tier loads the step being scheduled waits for
         self.preempted = 0
         self._wake = env.event()
@@ -203,9 +203,11 @@ class EngineReplica:
         request.pages += max(0, need)
         return True
 
-    def step_cost(self, decoding: int, prompt_tokens: int) -> float:
+    def step_cost(self, decoding: int, prompt_tokens: int, prefilling: int = 0) -> float:
+        """Seconds of work of a step: `decoding` requests a token each, `prompt_tokens` of
+        `prefilling` requests' prompts."""
         c = self.costs
-        running = decoding + (1 if prompt_tokens else 0)
+        running = decoding + prefilling
         s = (
             self.serving.engine_step_s + running * self.serving.engine_request_s
             if self.serving is not None
@@ -230,13 +232,16 @@ class EngineReplica:
             if not decoding and not prefill:
                 yield self.env.timeout(HELD_IDLE_S)
                 continue
-            cost = self.step_cost(len(decoding), sum(n for _, n in prefill)) + self._loading
+            cost = self.step_cost(len(decoding), sum(n for _, n in prefill), len(prefill)) + self._loading
             self._loading = 0.0
+            started = self.env.now
             yield work(self.env, self.cores, cost)
+            took = self.env.now - started  # the work, or longer where the cores are shared
             self.steps += 1
-            self.busy_s += cost
+            self.work_s += cost
+            self.busy_s += took
             if self.on_step is not None:
-                self.on_step(cost, len(decoding))
+                self.on_step(took, len(decoding))
             self._advance(decoding, prefill)
 
     def _advance(self, decoding: list, prefill: list) -> None:
@@ -281,7 +286,7 @@ class EngineReplica:
 
     def _spin_idle(self) -> None:
         self._idle += 1
-        if self.steps:
+        if self.steps and self.cores is not None:
             self._poll(2)
             self.env.process(self._sleep_after(self._idle))
 

@@ -261,7 +261,7 @@ def test_a_closed_loop_finishes_and_its_cores_do_no_more_than_they_can(
     cluster.run()
     records = cluster.requests[CLOSED_LOOP]
     assert len(records) == len(requests) and all("end" in r for r in records)
-    work = sum(r.busy_s for r in cluster.replicas) + len(requests) * serving.request_cpu_s
+    work = sum(r.work_s for r in cluster.replicas) + len(requests) * serving.request_cpu_s
     work += sum(r.steps for r in cluster.replicas) * serving.step_cpu_s
     work += sum(out for _, out in requests) * serving.token_cpu_s
     assert max(r["end"] for r in records) >= work / cores - 1e-9
