@@ -207,17 +207,26 @@ def fit_engine(
     return at(step_for(0.0), 0.0), False  # work per step alone, fitted to the high c's rate
 
 
+def closed_loop(hardware: costs.HardwareProfile, profile: str, concurrency: int,
+                requests: list[tuple[int, int]]) -> Cluster:  # fmt: skip
+    """A closed loop of `requests` at `concurrency`, run on the simulated clock: one decode replica,
+    the serving path on the cores (its records: `cluster.requests[CLOSED_LOOP]`)."""
+    workload = Workload(closed_loop=ClosedLoop(concurrency=concurrency, requests=requests), duration_s=3600,
+                        warmup_s=0)  # fmt: skip
+    cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False),
+                      workload, hardware=hardware)  # fmt: skip
+    cluster.run()
+    return cluster
+
+
 def predict_chat(hardware: costs.HardwareProfile, profile: str, requests: list[tuple[int, int]], levels: list[int],
                  per_level: int) -> dict[int, dict]:  # fmt: skip
-    """The same closed loops on the simulated clock: one decode replica, the serving path on the cores."""
+    """make bench's closed loops at `levels`, simulated: req/s and TTFT p50."""
     out = {}
     for c in levels:
-        todo = requests[: bench.requests_for(c, per_level)]
-        workload = Workload(closed_loop=ClosedLoop(concurrency=c, requests=todo), duration_s=3600, warmup_s=0)
-        cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False),
-                          workload, hardware=hardware)  # fmt: skip
-        cluster.run()
-        records = cluster.requests[CLOSED_LOOP]
+        records = closed_loop(hardware, profile, c, requests[: bench.requests_for(c, per_level)]).requests[
+            CLOSED_LOOP
+        ]
         if not all("end" in r for r in records):
             raise RuntimeError(f"the simulated closed loop at c = {c} did not finish in an hour")
         span = max(r["end"] for r in records) - min(r["arrival"] for r in records)

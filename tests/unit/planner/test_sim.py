@@ -11,12 +11,12 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner import costs
+from planner import calibrate, costs
 from planner.sim import report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
-from planner.sim.workload import CLOSED_LOOP, Arrivals, ClosedLoop, RequestSpec, VoiceSpec, Workload
+from planner.sim.workload import CLOSED_LOOP, Arrivals, RequestSpec, VoiceSpec, Workload
 
 GPU = "h100-qwen3-omni-published"
 CURVES = costs.load(GPU).stages
@@ -215,13 +215,7 @@ def test_the_quota_services_token_buckets_meter_a_tenant_over_its_budget(redis_u
 
 
 def _closed_loop(hardware: costs.HardwareProfile, concurrency: int, requests: list) -> list[dict]:
-    workload = Workload(
-        closed_loop=ClosedLoop(concurrency=concurrency, requests=requests), duration_s=600, warmup_s=0
-    )
-    cluster = Cluster(Deployment(hardware=hardware.name, profile="tiny", kv_tokens=1 << 20, admission=False),
-                      workload, hardware=hardware)  # fmt: skip
-    cluster.run()
-    return cluster.requests[CLOSED_LOOP]
+    return calibrate.closed_loop(hardware, "tiny", concurrency, requests).requests[CLOSED_LOOP]
 
 
 def test_a_closed_loop_at_one_is_the_serving_path_then_prefill_then_decode_steps():
@@ -253,12 +247,9 @@ def test_a_closed_loop_finishes_and_its_cores_do_no_more_than_they_can(
     requests = [(50 + 17 * i % 200, 5 + i % 20) for i in range(12)]
     serving = costs.Serving(cores=cores, request_cpu_s=request_ms / 1000, step_cpu_s=step_ms / 1000,
                             token_cpu_s=token_ms / 1000)  # fmt: skip
-    workload = Workload(
-        closed_loop=ClosedLoop(concurrency=concurrency, requests=requests), duration_s=600, warmup_s=0
+    cluster = calibrate.closed_loop(
+        cpu.model_copy(update={"serving": serving}), "tiny", concurrency, requests
     )
-    cluster = Cluster(Deployment(hardware=cpu.name, profile="tiny", kv_tokens=1 << 20, admission=False),
-                      workload, hardware=cpu.model_copy(update={"serving": serving}))  # fmt: skip
-    cluster.run()
     records = cluster.requests[CLOSED_LOOP]
     assert len(records) == len(requests) and all("end" in r for r in records)
     work = sum(r.work_s for r in cluster.replicas) + len(requests) * serving.request_cpu_s
