@@ -101,7 +101,7 @@ class Gateway:
         async_chunk: bool | None = None,
     ):
         self.profile = Profile.model_validate(profile)
-        handles = StageHandles(video, encoder, prefill, decode, talker, vocoder, realtime_decode)
+        handles = StageHandles.of(video, encoder, prefill, decode, talker, vocoder, realtime_decode)
         prompts = PromptBuilder(str(self.profile.model_path(self.profile.models.thinker)))
         self.quota = quota_service()
         self.pipeline = Pipeline(self.profile, handles, prompts, self.quota, async_chunk=async_chunk)

@@ -14,6 +14,7 @@ from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from services.common.errors import OmniError
+from services.extensions.ray.stage_handle import StageHandle
 from services.pipeline.stage_deadlines import StageStalled
 
 log = logging.getLogger("ray.serve")
@@ -33,16 +34,20 @@ STAGE_GONE = (
 @dataclass
 class StageHandles:
     """The stage deployments; calls go over Serve's gRPC transport (SERVE_ENV: throughput-optimized
-    mode)."""
+    mode), each its own request to Serve's router (StageHandle)."""
 
-    video: DeploymentHandle
-    encoder: DeploymentHandle
-    prefill: DeploymentHandle
-    decode: DeploymentHandle
-    talker: DeploymentHandle
-    vocoder: DeploymentHandle
+    video: StageHandle
+    encoder: StageHandle
+    prefill: StageHandle
+    decode: StageHandle
+    talker: StageHandle
+    vocoder: StageHandle
     # the realtime decode pool, where the profile has one: realtime sessions' turns, pinned
-    realtime_decode: DeploymentHandle | None = None
+    realtime_decode: StageHandle | None = None
+
+    @classmethod
+    def of(cls, *handles: DeploymentHandle | None) -> StageHandles:
+        return cls(*(None if h is None else StageHandle(h) for h in handles))
 
 
 class DecodeDropped(Exception):

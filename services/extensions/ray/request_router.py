@@ -84,6 +84,11 @@ class ScoredRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return replica
 
     async def choose_replicas(self, candidate_replicas, pending_request=None):
+        if pending_request is not None:
+            # Every ranking covers all replicas (no locality tiers to try first): when none of them
+            # takes the request, Serve must back off before asking again, not spin on the event
+            # loop that carries every other call's replies.
+            pending_request.routing_context.should_backoff = True
         if not candidate_replicas:
             return []
         session = pending_request.metadata.session_id if pending_request is not None else ""
