@@ -276,7 +276,11 @@ def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, prof
 def predict_encoder(hardware: costs.HardwareProfile, profile: str, policy: str, doc_tiles: int, chats: int,
                     interval_s: float) -> dict:  # fmt: skip
     """encoder_hol's run on one simulated encoder replica (the real TileScheduler, the profile's
-    batch size and aging; the hardware profile's encoder curve)."""
+    batch size and aging; the hardware profile's encoder curves: each request's tiles cut on a thread
+    of its own, then batched), its threads sharing this machine's cores."""
+    if hardware.serving is None:  # the bench's one process: nothing but the encoder's threads
+        alone = costs.Serving(cores=os.cpu_count() or 1, request_cpu_s=0.0, token_cpu_s=0.0)
+        hardware = hardware.model_copy(update={"serving": alone})
     cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False),
                       Workload(duration_s=3600, warmup_s=0), hardware=hardware)  # fmt: skip
     env, encoder = cluster.env, cluster.encoders[0]

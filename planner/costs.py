@@ -74,6 +74,9 @@ class StageCosts(_Strict):
     prefill: Curve  # one prefill of x prompt tokens (batch 1)
     decode_step: Curve  # one decode step of x running requests
     encoder_batch: Curve | None = None  # one vision-encoder batch of x tiles
+    # cutting and preprocessing one request's x tiles (the encoder stage's thread, before they reach
+    # its batch scheduler: a document's tiles queue behind what arrived while they were cut)
+    encoder_prep: Curve | None = None
     audio_encode: Curve | None = None  # encoding x seconds of audio
     vad: Curve | None = None  # x 32 ms windows of one session's speech detection
     talker_step: Curve | None = None  # one step of a batching talker with x streams

@@ -94,6 +94,30 @@ def vision(profile: Profile, batches: list[int], repeats: int) -> Curve | None:
     return Curve.fit("tiles", points, quadratic=True)  # large batches leave the caches: superlinear on a CPU
 
 
+def vision_prep(profile: Profile, counts: list[int], repeats: int) -> Curve | None:
+    """The encoder stage's work on a request's images before their tiles are batched: pixels to an
+    image, cut into tiles, each preprocessed (Encoder._tiles), for x one-tile images."""
+    spec = profile.models.vision
+    if spec is None:
+        return None
+    from omni.v1 import stages_pb2
+    from PIL import Image
+
+    from services.stages.encoder import cut_tiles
+
+    model = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
+    px = profile.tiling.tile_px
+    grid = stages_pb2.TileGrid(cols=1, rows=1, tile_px=px)
+    rng = np.random.default_rng(2)
+    pixels = [rng.integers(0, 255, (px, px, 3), dtype=np.uint8) for _ in range(max(counts))]
+
+    def prep(n: int) -> None:
+        for p in pixels[:n]:
+            [model.preprocess(t) for t in cut_tiles(Image.fromarray(p), grid)]
+
+    return Curve.fit("tiles", [(n, _median_s(lambda n=n: prep(n), repeats)) for n in counts])
+
+
 def audio(profile: Profile, seconds: list[float], repeats: int) -> Curve | None:
     spec = profile.models.audio
     if spec is None:
@@ -168,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         talker_units=talker_units,
         vocoder_batch=vocoder_batch,
         encoder_batch=vision(profile, encoder_batches, args.repeats),
+        encoder_prep=vision_prep(profile, [1, 8, 32, 64], args.repeats),
         audio_encode=audio(profile, [1.0, 2.0, 4.0, 8.0], args.repeats),
         **dict(zip(("prefill", "decode_step"), thinker(profile, args.prompt_tokens, args.batches, args.repeats),
                    strict=True)),

@@ -371,24 +371,39 @@ class EncoderReplica:
             pool.batch_size, pool.policy, pool.aging_tiles_per_s, clock=lambda: self.env.now
         )
         self.curve = cluster.hw.stages.encoder_batch
+        self.prep = cluster.hw.stages.encoder_prep  # None: tiles reach the scheduler as they arrive
         self._left: dict[str, tuple[int, simpy.Event]] = {}
+        self._preparing = 0
         self._wake = self.env.event()
         self.env.process(self._loop())
 
     @property
     def ongoing(self) -> int:
-        """Requests with tiles still to encode here."""
-        return len(self._left)
+        """Requests with tiles still to cut or encode here."""
+        return len(self._left) + self._preparing
 
     def encode(self, rid: str, tiles: int) -> simpy.Event:
         if self.curve is None:
             raise ValueError(f"hardware profile {self.cluster.hw.name} has no encoder_batch curve")
         done = self.env.event()
+        if self.prep is None:
+            self._submit(rid, tiles, done)
+        else:
+            self.env.process(self._prepared(rid, tiles, done))
+        return done
+
+    def _prepared(self, rid: str, tiles: int, done: simpy.Event):
+        """A request's tiles are cut on a thread of their own (the stage's pool), then batched."""
+        self._preparing += 1
+        yield work(self.env, self.cluster.cores, self.prep.at(tiles))
+        self._preparing -= 1
+        self._submit(rid, tiles, done)
+
+    def _submit(self, rid: str, tiles: int, done: simpy.Event) -> None:
         self._left[rid] = (tiles, done)
         self.scheduler.submit(rid, list(range(tiles)))
         if not self._wake.triggered:
             self._wake.succeed()
-        return done
 
     def _loop(self):
         while True:
