@@ -9,9 +9,9 @@ import time
 from collections.abc import AsyncIterator
 
 from omni.v1 import common_pb2, stages_pb2
-from ray.serve.handle import DeploymentHandle
 
 from services.extensions.ray.metrics import metric
+from services.extensions.ray.stage_handle import StageHandle
 from services.models.profile import Profile
 from services.pipeline.stage_calls import STAGE_GONE, DecodeDropped, StageHandles, stage_calls
 from services.pipeline.stage_deadlines import StageDeadlines, StageStalled
@@ -94,7 +94,7 @@ class Thinking:
                 yield chunk
 
     async def _decode(
-        self, pool: DeploymentHandle, request: stages_pb2.DecodeRequest, session: dict
+        self, pool: StageHandle, request: stages_pb2.DecodeRequest, session: dict
     ) -> AsyncIterator[stages_pb2.DecodeChunk]:
         """Decode, streamed. When the replica serving it dies mid-response, stalls past its deadline
         (StageStalled), or its engine drops the request (DecodeDropped), the response goes on on

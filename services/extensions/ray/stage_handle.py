@@ -29,6 +29,8 @@ class StageHandle:
         return StageHandle(self._handle.options(**kwargs))
 
     def __getattr__(self, method: str) -> StageHandle:
+        if method.startswith("_"):  # not a stage method: copy's and pickle's probes, or no _handle yet
+            raise AttributeError(method)
         return StageHandle(getattr(self._handle, method))
 
     def remote(self, *args: Any, **kwargs: Any):
