@@ -77,29 +77,15 @@ def thinker(
     return Curve.fit("prompt tokens", prefill, quadratic=True), Curve.fit("running requests", decode)
 
 
-def vision(profile: Profile, batches: list[int], repeats: int) -> Curve | None:
+def vision(
+    profile: Profile, batches: list[int], counts: list[int], repeats: int
+) -> tuple[Curve | None, Curve | None]:
+    """The vision encoder's batches of n tiles, and the stage's work on a request's images before
+    their tiles are batched (pixels to an image, cut, each tile preprocessed: Encoder._tiles) for
+    n one-tile images; one model load for both."""
     spec = profile.models.vision
     if spec is None:
-        return None
-    from PIL import Image
-
-    model = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
-    px = profile.tiling.tile_px
-    rng = np.random.default_rng(1)
-    tiles = [
-        model.preprocess(Image.fromarray((rng.random((px, px, 3)) * 255).astype(np.uint8)))
-        for _ in range(max(batches))
-    ]
-    points = [(n, _median_s(lambda n=n: model.encode_tiles(tiles[:n]), repeats)) for n in batches]
-    return Curve.fit("tiles", points, quadratic=True)  # large batches leave the caches: superlinear on a CPU
-
-
-def vision_prep(profile: Profile, counts: list[int], repeats: int) -> Curve | None:
-    """The encoder stage's work on a request's images before their tiles are batched: pixels to an
-    image, cut into tiles, each preprocessed (Encoder._tiles), for x one-tile images."""
-    spec = profile.models.vision
-    if spec is None:
-        return None
+        return None, None
     from omni.v1 import stages_pb2
     from PIL import Image
 
@@ -107,15 +93,19 @@ def vision_prep(profile: Profile, counts: list[int], repeats: int) -> Curve | No
 
     model = adapter_module(spec.adapter).load(profile.model_path(spec), spec.options)
     px = profile.tiling.tile_px
+    rng = np.random.default_rng(1)
+    pixels = [rng.integers(0, 255, (px, px, 3), dtype=np.uint8) for _ in range(max(*batches, *counts))]
+    tiles = [model.preprocess(Image.fromarray(p)) for p in pixels[: max(batches)]]
+    points = [(n, _median_s(lambda n=n: model.encode_tiles(tiles[:n]), repeats)) for n in batches]
+    # large batches leave the caches: superlinear on a CPU
+    batch = Curve.fit("tiles", points, quadratic=True)
     grid = stages_pb2.TileGrid(cols=1, rows=1, tile_px=px)
-    rng = np.random.default_rng(2)
-    pixels = [rng.integers(0, 255, (px, px, 3), dtype=np.uint8) for _ in range(max(counts))]
 
     def prep(n: int) -> None:
         for p in pixels[:n]:
             [model.preprocess(t) for t in cut_tiles(Image.fromarray(p), grid)]
 
-    return Curve.fit("tiles", [(n, _median_s(lambda n=n: prep(n), repeats)) for n in counts])
+    return batch, Curve.fit("tiles", [(n, _median_s(lambda n=n: prep(n), repeats)) for n in counts])
 
 
 def audio(profile: Profile, seconds: list[float], repeats: int) -> Curve | None:
@@ -187,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     encoder_batches = [b for b in args.batches if b <= profile.encoder_pool.batch_size]
     talker_units, vocoder_batch = speech(profile, args.repeats)
+    encoder_batch, encoder_prep = vision(profile, encoder_batches, [1, 8, 32, 64], args.repeats)
     stages = StageCosts(
         vad=vad(args.repeats),
         talker_units=talker_units,
         vocoder_batch=vocoder_batch,
-        encoder_batch=vision(profile, encoder_batches, args.repeats),
-        encoder_prep=vision_prep(profile, [1, 8, 32, 64], args.repeats),
+        encoder_batch=encoder_batch,
+        encoder_prep=encoder_prep,
         audio_encode=audio(profile, [1.0, 2.0, 4.0, 8.0], args.repeats),
         **dict(zip(("prefill", "decode_step"), thinker(profile, args.prompt_tokens, args.batches, args.repeats),
                    strict=True)),
