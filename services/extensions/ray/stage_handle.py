@@ -1,11 +1,14 @@
-"""A stage deployment's handle whose every call is a request of its own to Serve's router."""
+"""A stage deployment's handle whose every call is a request of its own to Serve's router, and is
+cancelled with the client request it was made for."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import uuid
 from typing import Any
 
+from ray.serve import context as serve_context
 from ray.serve.context import _get_serve_request_context, _serve_request_context
 from ray.serve.handle import DeploymentHandle
 
@@ -19,8 +22,8 @@ class StageHandle:
     request in flight to one stage at once (a realtime turn's transcription beside its response's
     encoding, on one WebSocket) would share the id: the second would never be handed a replica and
     would wait out its deadline. Each call here gets an id of its own; the request id that logs
-    carry is kept. Serve then no longer cancels the call with its client's request: the pipeline
-    cancels its own calls when their reader goes (services/pipeline/stage_deadlines.py)."""
+    carry is kept, and the call is filed as a child of the client's request (`_follow`), so that
+    Serve still cancels it when that request is cancelled (its client went)."""
 
     def __init__(self, handle: DeploymentHandle):
         self._handle = handle
@@ -34,10 +37,38 @@ class StageHandle:
         return StageHandle(getattr(self._handle, method))
 
     def remote(self, *args: Any, **kwargs: Any):
-        ctx = _get_serve_request_context()
-        own = dataclasses.replace(ctx, _internal_request_id=uuid.uuid4().hex)
+        parent = _get_serve_request_context()
+        own = dataclasses.replace(parent, _internal_request_id=uuid.uuid4().hex)
         token = _serve_request_context.set(own)  # read by remote() itself, then restored
         try:
-            return self._handle.remote(*args, **kwargs)
+            response = self._handle.remote(*args, **kwargs)
         finally:
             _serve_request_context.reset(token)
+        if parent._internal_request_id:  # made while serving a request
+            _follow(parent._internal_request_id, response)
+        return response
+
+
+def _follow(parent_id: str, response: Any) -> None:
+    """File a stage call among its client request's in-flight children: when Serve cancels that
+    request (its client went: `Replica._on_request_cancelled`), it cancels the call too, wherever
+    the pipeline holds it. The entry goes when the call ends; Serve's map is touched only on this
+    event loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # a call from a replica's sync method: Ray cancels its task's children itself
+        return
+    child_id = uuid.uuid4().hex
+    serve_context._add_in_flight_request(parent_id, child_id, response)  # Serve calls .cancel()
+
+    def gone(_: Any = None) -> None:
+        if not loop.is_closed():  # the replica is not shutting down
+            loop.call_soon_threadsafe(serve_context._remove_in_flight_request, parent_id, child_id)
+
+    def assigned(future: Any) -> None:  # the router's answer: a replica's result, or none
+        if future.cancelled() or future.exception() is not None:
+            gone()
+        else:
+            future.result().add_done_callback(gone)
+
+    response._replica_result_future.add_done_callback(assigned)
