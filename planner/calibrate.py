@@ -5,6 +5,9 @@ measured in the same run beside its prediction (issue 60 part 3; docs/planner.md
   local deployment (`tiny`; `bench.chat_bodies` over `chat_prompts(seed=0)`, 64 tokens, greedy).
 - `make bench-encoder`'s: chat p99 while a document is encoded, FIFO and the tile scheduler (`small`,
   one in-process encoder replica; `encoder_hol`).
+- `make bench-voice`'s: P90 TTFP at p = 0 and 0.5 and wasted tokens a turn at p = 0.5, 8 sessions,
+  both policy sets (`tiny`; `voice_bench`, one run of its alternating blocks); the simulator runs
+  the same sessions with the serving path's costs the chat runs measured.
 
 What the simulator is given: the hardware profile's step curves (`make profile-stages`), each
 request's prompt and output tokens as the server counted them, and — where the cores are few, so the
@@ -15,7 +18,7 @@ background's cores, and the deployed engine's extra work per step and per runnin
 the rates at c = 2 and 8 (the bare curve lacks omniray's scheduler hook, KV connector and output
 hand-off). No predicted figure is fitted to itself. A figure passes within `--tolerance` (±20%) of its measurement.
 
-    python -m planner.calibrate [--profile tiny] [--levels 1,4,16] [--rounds 3] [--no-encoder]
+    python -m planner.calibrate [--profile tiny] [--levels 1,4,16] [--rounds 3] [--no-encoder] [--no-voice]
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ import numpy as np
 import scipy.optimize
 
 from loadtest import results
-from loadtest.benchmarks import bench, encoder_hol, process_cpu
+from loadtest.benchmarks import bench, encoder_hol, process_cpu, voice_bench
 from loadtest.clients.client import run_closed_loop
+from loadtest.clients.speech import RATE, SENTENCES, speech
 from loadtest.clients.workload import chat_prompts
 from planner import costs
-from planner.sim.cluster import Cluster, Deployment
-from planner.sim.workload import CLOSED_LOOP, ClosedLoop, Workload
+from planner.sim import report as sim_report
+from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
+from planner.sim.workload import CLOSED_LOOP, ClosedLoop, VoiceSpec, Workload
+from services.pipeline.text_chunker import BOUNDARIES
 from services.quota import LOCAL_API_KEY
 
 TOLERANCE = 0.2
@@ -338,6 +344,75 @@ def encoder(hardware: costs.HardwareProfile, profile: str, rounds: int = 3, doc_
 # ---- the table -----------------------------------------------------------------------------------
 
 
+# ---- make bench-voice: P90 TTFP and wasted tokens, 8 sessions, both policy sets ------------------
+
+VOICE_POLICIES = {"baseline": BASELINE, "interaction": INTERACTION}  # voice_bench.POLICY_SETS'
+UNIT_MS = 20.0  # the tiny talker's speech unit
+
+
+def reply_text(profile) -> tuple[float, float]:
+    """A random-weight thinker's replies (it samples its vocabulary nearly uniformly): the share of
+    its tokens that end a clause as the TextChunker sees it, and their mean length in characters."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(profile.model_path(profile.models.thinker))
+    texts = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    ends = sum(1 for t in texts if t.rstrip() and t.rstrip()[-1] in BOUNDARIES)
+    return ends / len(texts), sum(len(t) for t in texts) / len(texts)
+
+
+def voice_spec(profile, sessions: int, p: float) -> VoiceSpec:
+    """voice_bench's sessions as the simulator's workload: its espeak-ng sentences' lengths, its
+    staggered starts, the thinker's reply text, the talker's audio per character."""
+    clause_p, chars = reply_text(profile)
+    seconds = [len(speech(s)) / 2 / RATE for s in SENTENCES]
+    units_per_char = getattr(profile.models.talker.options, "units_per_char", 1)
+    return VoiceSpec(sessions=sessions, ramp_s=0.2 * sessions, barge_p=p, speech_s=(min(seconds), max(seconds)),
+                     ms_per_token=chars * units_per_char * UNIT_MS, clause_p=clause_p, chars_per_token=chars)  # fmt: skip
+
+
+def predict_voice(hardware: costs.HardwareProfile, profile: str, policy: str, spec: VoiceSpec,
+                  duration_s: float) -> dict:  # fmt: skip
+    """A voice_bench cell on the simulated clock: one decode replica, the profile's talker."""
+    workload = Workload(voice=spec, duration_s=duration_s, warmup_s=0)
+    cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False,
+                                 policies=VOICE_POLICIES[policy]), workload, hardware=hardware)  # fmt: skip
+    cluster.run()
+    return sim_report.voice(cluster)
+
+
+def _voice_run(profile: str, sessions: int, turns: int, blocks: int) -> dict:
+    """One `make bench-voice` run, in a process of its own as the target runs it."""
+    argv = ["--profile", profile, "--sessions", str(sessions), "--turns", str(turns), "--blocks", str(blocks)]
+    done = subprocess.run([sys.executable, "-m", "loadtest.benchmarks.voice_bench", *argv], capture_output=True,
+                          text=True, check=True, timeout=3600)  # fmt: skip
+    (path,) = re.findall(r"^saved (\S+)$", done.stdout, re.M)
+    return json.loads(Path(path).read_text())
+
+
+def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turns: int = 8, blocks: int = 2,
+          run: dict | None = None) -> tuple[list[Figure], dict]:  # fmt: skip
+    """`make bench-voice`'s figures, measured (one run, or `run`: one made before) and predicted."""
+    from services.models.profile import load_profile
+
+    run = run or _voice_run(profile, sessions, turns, blocks)
+    figures, predicted = [], {}
+    for p in (0.0, 0.5):
+        spec = voice_spec(load_profile(profile), sessions, p)
+        for policy in voice_bench.POLICY_SETS:
+            measured = run["runs"][f"{policy}@c={sessions},p={p}"]
+            got = predicted[f"{policy}@p={p}"] = predict_voice(
+                hardware, profile, policy, spec, measured["wall_s"]
+            )
+            figures.append(Figure("make bench-voice", f"TTFP P90, {policy}, p = {p}", measured["ttfp_p90_s"],
+                                  got["ttfp_p90_s"]))  # fmt: skip
+            if p:  # the cells' turns differ in number: tokens a turn
+                figures.append(Figure("make bench-voice", f"wasted tokens a turn, {policy}, p = {p}",
+                                      measured["wasted_tokens"] / max(1, measured["turns"]),
+                                      got["wasted_tokens"] / max(1, got["turns"])))  # fmt: skip
+    return figures, {"measured": run, "predicted": predicted, "workload": spec.model_dump()}
+
+
 def print_table(figures: list[Figure], tolerance: float) -> None:
     print(
         f"\n{'bench':20s} {'figure':28s} {'measured':>10s} {'rounds apart':>12s} {'predicted':>10s} {'error':>7s}"
@@ -363,6 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-profile", default="small")
     ap.add_argument("--no-encoder", action="store_true")
     ap.add_argument("--no-chat", action="store_true")
+    ap.add_argument("--no-voice", action="store_true")
+    ap.add_argument("--voice-turns", type=int, default=8)
+    ap.add_argument("--voice-run", type=Path, help="a voice_bench result to predict instead of a new run")
+    ap.add_argument("--serving-from", type=Path,
+                    help="with --no-chat: the serving path's costs of an earlier calibrate run's JSON")  # fmt: skip
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",")]
@@ -381,6 +461,15 @@ def main(argv: list[str] | None = None) -> int:
         more, report["encoder"] = encoder(
             costs.load(f"cpu-2core-{args.encoder_profile}"), args.encoder_profile, args.rounds
         )
+        figures += more
+    if not args.no_voice:
+        # the serving path's costs as this run's chat runs (or an earlier run's) measured them
+        chat_report = report.get("chat") or (json.loads(args.serving_from.read_text())["chat"] if args.serving_from
+                                             else None)  # fmt: skip
+        given = hardware.model_copy(update={"serving": costs.Serving(**chat_report["serving"])}) if (
+            chat_report) else hardware  # fmt: skip
+        run = json.loads(args.voice_run.read_text()) if args.voice_run else None
+        more, report["voice"] = voice(given, args.profile, turns=args.voice_turns, run=run)
         figures += more
     print_table(figures, args.tolerance)
     if "chat" in report and not report["chat"]["fit_inside_bounds"]:

@@ -24,7 +24,7 @@ from planner.sim.cores import SharedCores, work
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
 from planner.sim.quota import SimQuota
-from planner.sim.speech import TalkerReplica, frames_per_token
+from planner.sim.speech import TalkerReplica, TextTalkerReplica, frames_per_token
 from planner.sim.voice import VoiceSession, VoiceStats
 from planner.sim.workload import CLOSED_LOOP, RequestSpec, Workload
 from services.extensions.vllm import engine_metrics
@@ -110,21 +110,7 @@ class Cluster:
         self.router = ScorerPipeline.from_config(
             [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
         )
-        policy = self._urgency()
-        talker = self.profile.models.talker
-        max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
-        self.talkers = [
-            TalkerReplica(
-                self.env,
-                f"talker-{i}",
-                self.hw.stages,
-                policy,
-                lambda: self.views,
-                max_streams,
-                frames_per_token(workload.voice.ms_per_token),
-            )  # fmt: skip
-            for i in range(deployment.talker_replicas)
-        ]
+        self.talkers = [self._talker_replica(i) for i in range(deployment.talker_replicas)]
         self.encoders = [self._encoder_replica() for _ in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
@@ -191,12 +177,23 @@ class Cluster:
         self.counts["encoders"] += 1
         return EncoderReplica(self, f"encoder-{self.counts['encoders']}")
 
-    def _talker(self) -> TalkerReplica:
+    def _talker(self) -> TalkerReplica | TextTalkerReplica:
         self.counts["talkers"] += 1
-        talker = self.profile.models.talker
+        return self._talker_replica(self.counts["talkers"])
+
+    def _talker_replica(self, i: int) -> TalkerReplica | TextTalkerReplica:
+        """The profile's talker: a text talker voices the reply's text pieces (where the hardware
+        profile has its cost), a token talker batches codec frames."""
+        talker, name, voice = self.profile.models.talker, f"talker-{i}", self.w.voice
+        if talker is not None and not self.profile.token_talker() and self.hw.stages.talker_units is not None:
+            pipe = self.profile.pipeline
+            chunking = (pipe.chunk_min_tokens, pipe.chunk_max_tokens) if pipe.async_chunk else (10**9, 10**9)
+            units = getattr(talker.options, "units_per_char", 1) * voice.chars_per_token
+            return TextTalkerReplica(self.env, name, self.hw.stages, self.cores, chunking, voice.clause_p, units,
+                                     getattr(talker.options, "chunk_units", 10**9), random.Random(self.w.seed + i))  # fmt: skip
         max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
-        return TalkerReplica(self.env, f"talker-{self.counts['talkers']}", self.hw.stages, self._urgency(), lambda: self.views,
-                             max_streams, frames_per_token(self.w.voice.ms_per_token))  # fmt: skip
+        return TalkerReplica(self.env, name, self.hw.stages, self._urgency(), lambda: self.views, max_streams,
+                             frames_per_token(voice.ms_per_token))  # fmt: skip
 
     def _urgency(self) -> urgency.UrgencyPolicy:
         pol = self.d.policies
@@ -261,7 +258,7 @@ class Cluster:
         curve = self.hw.stages.audio_encode
         return curve.at(speech_s) if curve is not None else 0.0
 
-    def talker(self) -> TalkerReplica:
+    def talker(self) -> TalkerReplica | TextTalkerReplica:
         """A new reply's talker: the one with the fewest streams."""
         return min(self.talkers, key=lambda t: len(t.streams))
 

@@ -1,19 +1,23 @@
-"""The speech stages on the simulated clock: a talker replica that batches streams — each step makes
-one codec frame for each of up to `max_streams` streams, the most urgent first by the speech stages'
-own ordering (`most_urgent_first`, services/stages/urgency_gate.py, with the deployment's urgency
-policy and the session board) — and the vocoder as the delay its batch curve gives. A reply token's
-audio reaches the client when its frames are made and vocoded.
+"""The speech stages on the simulated clock. A token talker (Qwen3-Omni's) batches streams — each
+step makes one codec frame for each of up to `max_streams` streams, the most urgent first by the
+speech stages' own ordering (`most_urgent_first`, services/stages/urgency_gate.py, with the
+deployment's urgency policy and the session board) — and the vocoder is the delay its batch curve
+gives: a reply token's audio reaches the client when its frames are made and vocoded. A text talker
+(`tiny`'s and `small`'s) voices text pieces, cut from the reply as the gateway's TextChunker cuts
+them: a piece's tokens reach the client together, once it is cut, talked and vocoded.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import random
 from collections.abc import Callable
 
 import simpy
 
 from planner.costs import StageCosts
+from planner.sim.cores import SharedCores, work
 from services.policies.urgency.base import UrgencyPolicy
 from services.stages.urgency_gate import most_urgent_first
 
@@ -54,6 +58,9 @@ class TalkerReplica:
         """The reply was cut: what it had not voiced is never made."""
         self.streams.pop(sid, None)
 
+    def end(self, sid: str) -> None:
+        """The reply's last token was given (a token talker has nothing held back)."""
+
     def _loop(self):
         env, c = self.env, self.costs
         while True:
@@ -83,6 +90,85 @@ class TalkerReplica:
                     s.frames = self.frames_per_token
                 else:
                     del self.streams[s.sid]
+
+
+class TextTalkerReplica:
+    """A text talker and its vocoder: each reply's tokens are cut into pieces as the gateway's
+    TextChunker cuts them (a piece closes at a clause boundary once it holds `min_tokens`, or at
+    `max_tokens`; a token ends a clause with probability `clause_p`), and the reply's last piece at
+    its end. A reply's pieces are voiced in order, one at a time (the gateway's one talker stream per
+    piece): the talker's units for the piece's text (`talker_units`), then its vocoder chunks
+    (`vocoder_batch` of one), on the machine's cores where they are shared."""
+
+    def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, cores: SharedCores | None,
+                 chunking: tuple[int, int], clause_p: float, units_per_token: float, chunk_units: int,
+                 rng: random.Random):  # fmt: skip
+        self.env, self.name, self.costs, self.cores = env, name, costs, cores
+        (self.min_tokens, self.max_tokens), self.clause_p = chunking, clause_p
+        self.units_per_token, self.chunk_units, self.rng = units_per_token, chunk_units, rng
+        self.streams: dict[str, _Reply] = {}
+        self.busy_s = 0.0
+
+    def token(self, sid: str, audio: Callable[[], None]) -> None:
+        reply = self.streams.get(sid)
+        if reply is None:
+            reply = self.streams[sid] = _Reply(self.env.event())
+            self.env.process(self._voice(sid, reply))
+        reply.open.append(audio)
+        n = len(reply.open)
+        if n >= self.max_tokens or (n >= self.min_tokens and self.rng.random() < self.clause_p):
+            self._close(reply)
+
+    def end(self, sid: str) -> None:
+        if (reply := self.streams.get(sid)) is not None:
+            if reply.open:
+                self._close(reply)
+            reply.ended = True
+            self._wake(reply)
+
+    def drop(self, sid: str) -> None:
+        self.streams.pop(sid, None)
+
+    def _close(self, reply: _Reply) -> None:
+        reply.pieces.append(reply.open)
+        reply.open = []
+        self._wake(reply)
+
+    @staticmethod
+    def _wake(reply: _Reply) -> None:
+        if not reply.ready.triggered:
+            reply.ready.succeed()
+
+    def _voice(self, sid: str, reply: _Reply):
+        c = self.costs
+        while self.streams.get(sid) is reply:
+            if not reply.pieces:
+                if reply.ended:
+                    del self.streams[sid]
+                    return
+                reply.ready = self.env.event()
+                yield reply.ready
+                continue
+            piece = reply.pieces.popleft()
+            units = len(piece) * self.units_per_token
+            cost = c.talker_units.at(units) if c.talker_units is not None else 0.0
+            if c.vocoder_batch is not None:
+                cost += math.ceil(units / self.chunk_units) * c.vocoder_batch.at(1)
+            yield work(self.env, self.cores, cost)
+            self.busy_s += cost
+            if self.streams.get(sid) is reply:  # else cut while it was voiced
+                for audio in piece:
+                    audio()
+
+
+class _Reply:
+    __slots__ = ("ready", "open", "pieces", "ended")
+
+    def __init__(self, ready: simpy.Event):
+        self.ready = ready  # a piece to voice, or the end
+        self.open: list = []  # the tokens of the piece not yet closed
+        self.pieces: collections.deque = collections.deque()  # closed, not yet voiced
+        self.ended = False
 
 
 def _call(audio: Callable[[], None]):

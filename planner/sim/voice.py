@@ -129,6 +129,7 @@ class VoiceSession:
             self.talker.token(self.sid, lambda: self._audio(request))
         elif what == "finished":
             self.final = request.num_output_tokens  # its audio ends the reply
+            self.talker.end(self.sid)
 
     def _audio(self, request: SimRequest) -> None:
         if request is not self.request:

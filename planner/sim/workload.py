@@ -47,6 +47,10 @@ class VoiceSpec(_Strict):
     system_tokens: int = Field(default=256, ge=1)  # the conversation's start
     context_tokens: int = Field(default=16384, ge=256)  # the conversation window: older turns drop out
     ms_per_token: float = Field(default=150.0, gt=0)  # audio per reply token
+    # a text talker's pieces (planner/sim/speech.py TextTalkerReplica): a reply token ends a clause
+    # with this probability (prose: about one in ten; a random-weight thinker: its vocabulary's share)
+    clause_p: float = Field(default=0.1, ge=0, le=1)
+    chars_per_token: float = Field(default=4.0, gt=0)  # of a reply's text (the talker's units follow)
     vad_silence_s: float = Field(default=0.3, ge=0)  # silence before server VAD ends a turn (not in TTFP)
 
 

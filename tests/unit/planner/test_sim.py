@@ -16,6 +16,7 @@ from planner.sim import report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
 from planner.sim.engine import EngineReplica, SimRequest
 from planner.sim.kv import KvPool
+from planner.sim.speech import TextTalkerReplica
 from planner.sim.workload import CLOSED_LOOP, Arrivals, RequestSpec, VoiceSpec, Workload
 
 GPU = "h100-qwen3-omni-published"
@@ -256,3 +257,28 @@ def test_a_closed_loop_finishes_and_its_cores_do_no_more_than_they_can(
     work += sum(r.steps for r in cluster.replicas) * serving.step_cpu_s
     work += sum(out for _, out in requests) * serving.token_cpu_s
     assert max(r["end"] for r in records) >= work / cores - 1e-9
+
+
+@pytest.mark.parametrize("clause_p", [0.0, 1.0])
+def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p):
+    """`tiny`'s text talker voices the reply in pieces as the TextChunker cuts them (4 tokens at a
+    clause end, else 24): no audio before the first piece is cut, then its tokens' audio together."""
+    env = simpy.Environment()
+    costs_tiny = costs.load("cpu-2core-tiny").stages
+    talker = TextTalkerReplica(env, "t", costs_tiny, None, (4, 24), clause_p, 9.0, 25, random.Random(0))
+    heard: list[tuple[float, int]] = []
+
+    def reply():
+        for i in range(30):
+            talker.token("s", lambda i=i: heard.append((env.now, i)))
+            yield env.timeout(0.01)  # a decode step
+        talker.end("s")
+
+    env.process(reply())
+    env.run(until=10)
+    first_piece = 4 if clause_p else 24
+    assert [i for _, i in heard] == list(range(30))  # every token voiced, in order
+    first = [t for t, i in heard if i < first_piece]
+    assert len(set(first)) == 1 and first[0] >= (first_piece - 1) * 0.01  # together, once cut
+    assert heard[first_piece][0] > first[0]  # the next piece comes later
+    assert "s" not in talker.streams  # its reply ended: nothing held
