@@ -392,8 +392,17 @@ def _voice_run(profile: str, sessions: int, turns: int, blocks: int) -> dict:
 
 def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turns: int = 8, blocks: int = 2,
           run: dict | None = None) -> tuple[list[Figure], dict]:  # fmt: skip
-    """`make bench-voice`'s figures, measured (one run, or `run`: one made before) and predicted."""
+    """`make bench-voice`'s figures, measured (one run, or `run`: one made before) and predicted.
+    The bench keeps every policy set's deployment up for the whole run: the idle one's background
+    (Ray's processes, its replicas and vLLM's polling) adds to the one serving."""
     from services.models.profile import load_profile
+
+    if hardware.serving is not None:
+        sets = len(voice_bench.POLICY_SETS)
+        serving = hardware.serving.model_copy(
+            update={"background_cores": sets * hardware.serving.background_cores}
+        )
+        hardware = hardware.model_copy(update={"serving": serving})
 
     run = run or _voice_run(profile, sessions, turns, blocks)
     figures, predicted = [], {}

@@ -254,9 +254,12 @@ class Cluster:
 
     # ---- the speech stages ---------------------------------------------------------------------------
 
-    def audio_encode_s(self, speech_s: float) -> float:
-        curve = self.hw.stages.audio_encode
-        return curve.at(speech_s) if curve is not None else 0.0
+    def audio_encoded(self, speech_s: float) -> simpy.Event:
+        """A committed turn through the gateway (the serving path's work per request, where the
+        cores are shared) and its audio encoded."""
+        curve, serving = self.hw.stages.audio_encode, self.hw.serving
+        cpu_s = (curve.at(speech_s) if curve is not None else 0.0) + (serving.request_cpu_s if serving else 0.0)
+        return work(self.env, self.cores, cpu_s)
 
     def talker(self) -> TalkerReplica | TextTalkerReplica:
         """A new reply's talker: the one with the fewest streams."""

@@ -97,7 +97,7 @@ class VoiceSession:
         env, spec, c = self.env, self.spec, self.cluster
         turn = self.turn = Turn(start=env.now)
         self.stats.turns.append(turn)
-        yield env.timeout(c.audio_encode_s(speech_s))
+        yield c.audio_encoded(speech_s)
         self.context += int(speech_s * spec.audio_tokens_per_s)
         if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
             self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1
