@@ -190,7 +190,8 @@ class Cluster:
             chunking = (pipe.chunk_min_tokens, pipe.chunk_max_tokens) if pipe.async_chunk else (10**9, 10**9)
             units = getattr(talker.options, "units_per_char", 1) * voice.chars_per_token
             return TextTalkerReplica(self.env, name, self.hw.stages, self.cores, chunking, voice.clause_p, units,
-                                     getattr(talker.options, "chunk_units", 10**9), random.Random(self.w.seed + i))  # fmt: skip
+                                     getattr(talker.options, "chunk_units", 10**9), random.Random(self.w.seed + i),
+                                     self.profile.engine.stream_interval)  # fmt: skip
         max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
         return TalkerReplica(self.env, name, self.hw.stages, self._urgency(), lambda: self.views, max_streams,
                              frames_per_token(voice.ms_per_token))  # fmt: skip
@@ -258,7 +259,9 @@ class Cluster:
         """A committed turn through the gateway (the serving path's work per request, where the
         cores are shared) and its audio encoded."""
         curve, serving = self.hw.stages.audio_encode, self.hw.serving
-        cpu_s = (curve.at(speech_s) if curve is not None else 0.0) + (serving.request_cpu_s if serving else 0.0)
+        cpu_s = (curve.at(speech_s) if curve is not None else 0.0) + (
+            serving.request_cpu_s if serving else 0.0
+        )
         return work(self.env, self.cores, cpu_s)
 
     def talker(self) -> TalkerReplica | TextTalkerReplica:

@@ -95,17 +95,22 @@ class TalkerReplica:
 class TextTalkerReplica:
     """A text talker and its vocoder: each reply's tokens are cut into pieces as the gateway's
     TextChunker cuts them (a piece closes at a clause boundary once it holds `min_tokens`, or at
-    `max_tokens`; a token ends a clause with probability `clause_p`), and the reply's last piece at
-    its end. A reply's pieces are voiced in order, one at a time (the gateway's one talker stream per
+    `max_tokens`; a token ends a clause with probability `clause_p`; the chunker sees the tokens
+    `every` at a time, as the engine streams them), and the reply's last piece at its end. A reply's pieces are voiced in order, one at a time (the gateway's one talker stream per
     piece): the talker's units for the piece's text (`talker_units`), then its vocoder chunks
     (`vocoder_batch` of one), on the machine's cores where they are shared."""
 
     def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, cores: SharedCores | None,
                  chunking: tuple[int, int], clause_p: float, units_per_token: float, chunk_units: int,
-                 rng: random.Random):  # fmt: skip
+                 rng: random.Random, every: int = 1):  # fmt: skip
         self.env, self.name, self.costs, self.cores = env, name, costs, cores
         (self.min_tokens, self.max_tokens), self.clause_p = chunking, clause_p
-        self.units_per_token, self.chunk_units, self.rng = units_per_token, chunk_units, rng
+        self.units_per_token, self.chunk_units, self.rng, self.every = (
+            units_per_token,
+            chunk_units,
+            rng,
+            every,
+        )
         self.streams: dict[str, _Reply] = {}
         self.busy_s = 0.0
 
@@ -116,6 +121,9 @@ class TextTalkerReplica:
             self.env.process(self._voice(sid, reply))
         reply.open.append(audio)
         n = len(reply.open)
+        reply.given += 1
+        if reply.given % self.every:
+            return  # the chunker has not seen it yet
         if n >= self.max_tokens or (n >= self.min_tokens and self.rng.random() < self.clause_p):
             self._close(reply)
 
@@ -162,13 +170,14 @@ class TextTalkerReplica:
 
 
 class _Reply:
-    __slots__ = ("ready", "open", "pieces", "ended")
+    __slots__ = ("ready", "open", "pieces", "ended", "given")
 
     def __init__(self, ready: simpy.Event):
         self.ready = ready  # a piece to voice, or the end
         self.open: list = []  # the tokens of the piece not yet closed
         self.pieces: collections.deque = collections.deque()  # closed, not yet voiced
         self.ended = False
+        self.given = 0  # tokens of the reply so far
 
 
 def _call(audio: Callable[[], None]):

@@ -259,13 +259,14 @@ def test_a_closed_loop_finishes_and_its_cores_do_no_more_than_they_can(
     assert max(r["end"] for r in records) >= work / cores - 1e-9
 
 
-@pytest.mark.parametrize("clause_p", [0.0, 1.0])
-def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p):
+@pytest.mark.parametrize(("clause_p", "every", "first_piece"), [(0.0, 1, 24), (1.0, 1, 4), (1.0, 8, 8)])
+def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p, every, first_piece):
     """`tiny`'s text talker voices the reply in pieces as the TextChunker cuts them (4 tokens at a
-    clause end, else 24): no audio before the first piece is cut, then its tokens' audio together."""
+    clause end, else 24; it sees the tokens `every` at a time, as the engine streams them): no audio
+    before the first piece is cut, then its tokens' audio together."""
     env = simpy.Environment()
     costs_tiny = costs.load("cpu-2core-tiny").stages
-    talker = TextTalkerReplica(env, "t", costs_tiny, None, (4, 24), clause_p, 9.0, 25, random.Random(0))
+    talker = TextTalkerReplica(env, "t", costs_tiny, None, (4, 24), clause_p, 9.0, 25, random.Random(0), every)
     heard: list[tuple[float, int]] = []
 
     def reply():
@@ -276,7 +277,6 @@ def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p):
 
     env.process(reply())
     env.run(until=10)
-    first_piece = 4 if clause_p else 24
     assert [i for _, i in heard] == list(range(30))  # every token voiced, in order
     first = [t for t, i in heard if i < first_piece]
     assert len(set(first)) == 1 and first[0] >= (first_piece - 1) * 0.01  # together, once cut
