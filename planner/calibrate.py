@@ -405,9 +405,9 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
         hardware = hardware.model_copy(update={"serving": serving})
 
     run = run or _voice_run(profile, sessions, turns, blocks)
-    figures, predicted = [], {}
+    figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), sessions, 0.0)
     for p in (0.0, 0.5):
-        spec = voice_spec(load_profile(profile), sessions, p)
+        spec = sessions_spec.model_copy(update={"barge_p": p})
         for policy in voice_bench.POLICY_SETS:
             measured = run["runs"][f"{policy}@c={sessions},p={p}"]
             got = predicted[f"{policy}@p={p}"] = predict_voice(

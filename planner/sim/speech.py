@@ -96,8 +96,9 @@ class TextTalkerReplica:
     """A text talker and its vocoder: each reply's tokens are cut into pieces as the gateway's
     TextChunker cuts them (a piece closes at a clause boundary once it holds `min_tokens`, or at
     `max_tokens`; a token ends a clause with probability `clause_p`; the chunker sees the tokens
-    `every` at a time, as the engine streams them), and the reply's last piece at its end. A reply's pieces are voiced in order, one at a time (the gateway's one talker stream per
-    piece): the talker's units for the piece's text (`talker_units`), then its vocoder chunks
+    `every` at a time, as the engine streams them), and the reply's last piece at its end. A
+    reply's pieces are voiced in order, one at a time (the gateway's one talker stream per piece):
+    the talker's units for the piece's text (`talker_units`), then its vocoder chunks
     (`vocoder_batch` of one), on the machine's cores where they are shared."""
 
     def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, cores: SharedCores | None,
@@ -105,12 +106,8 @@ class TextTalkerReplica:
                  rng: random.Random, every: int = 1):  # fmt: skip
         self.env, self.name, self.costs, self.cores = env, name, costs, cores
         (self.min_tokens, self.max_tokens), self.clause_p = chunking, clause_p
-        self.units_per_token, self.chunk_units, self.rng, self.every = (
-            units_per_token,
-            chunk_units,
-            rng,
-            every,
-        )
+        self.units_per_token, self.chunk_units = units_per_token, chunk_units
+        self.rng, self.every = rng, every
         self.streams: dict[str, _Reply] = {}
         self.busy_s = 0.0
 

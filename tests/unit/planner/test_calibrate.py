@@ -72,3 +72,17 @@ def test_chats_that_arrive_while_a_documents_tiles_are_cut_are_encoded_before_it
     # chats from 1.1 s on arrive after the document's tiles were cut (1 s): behind them
     late = calibrate.predict_encoder(with_prep, "small", "fifo", doc_tiles=100, chats=15, interval_s=0.1)
     assert late["chat_p99_s"] > 0.5 * (late["doc_s"] - 1.0), late
+
+
+def test_a_voice_cell_on_tiny_waits_for_its_text_talkers_first_piece():
+    """`make bench-voice`'s cell as make calibrate predicts it: on `tiny` (a text talker; pieces of
+    24 tokens unless a clause ends at 8 or 16) first audio comes after the first piece's decode
+    steps, and the interaction-aware set's pacing wastes fewer tokens a turn when users barge in."""
+    hw = costs.load("cpu-2core-tiny").model_copy(update={"serving": SERVING})
+    spec = calibrate.VoiceSpec(sessions=8, ramp_s=1.6, barge_p=0.5, speech_s=(2.0, 2.3), ms_per_token=182,
+                               clause_p=0.0166, chars_per_token=4.54)  # fmt: skip
+    base, live = (calibrate.predict_voice(hw, "tiny", policy, spec, 240.0) for policy in ("baseline", "interaction"))
+    first_piece_s = 24 * hw.stages.decode_step.at(1)
+    assert base["ttfp_p90_s"] > first_piece_s and live["ttfp_p90_s"] > first_piece_s
+    assert base["barge_ins"] >= 10 and live["barge_ins"] >= 10
+    assert live["wasted_tokens"] / live["turns"] < base["wasted_tokens"] / base["turns"]
