@@ -81,7 +81,9 @@ def test_a_voice_cell_on_tiny_waits_for_its_text_talkers_first_piece():
     hw = costs.load("cpu-2core-tiny").model_copy(update={"serving": SERVING})
     spec = calibrate.VoiceSpec(sessions=8, ramp_s=1.6, barge_p=0.5, speech_s=(2.0, 2.3), ms_per_token=182,
                                clause_p=0.0166, chars_per_token=4.54)  # fmt: skip
-    base, live = (calibrate.predict_voice(hw, "tiny", policy, spec, 240.0) for policy in ("baseline", "interaction"))
+    base, live = (
+        calibrate.predict_voice(hw, "tiny", policy, spec, 240.0) for policy in ("baseline", "interaction")
+    )
     first_piece_s = 24 * hw.stages.decode_step.at(1)
     assert base["ttfp_p90_s"] > first_piece_s and live["ttfp_p90_s"] > first_piece_s
     assert base["barge_ins"] >= 10 and live["barge_ins"] >= 10

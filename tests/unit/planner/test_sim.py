@@ -266,7 +266,9 @@ def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p, every, f
     before the first piece is cut, then its tokens' audio together."""
     env = simpy.Environment()
     costs_tiny = costs.load("cpu-2core-tiny").stages
-    talker = TextTalkerReplica(env, "t", costs_tiny, None, (4, 24), clause_p, 9.0, 25, random.Random(0), every)
+    talker = TextTalkerReplica(
+        env, "t", costs_tiny, None, (4, 24), clause_p, 9.0, 25, random.Random(0), every
+    )
     heard: list[tuple[float, int]] = []
 
     def reply():
