@@ -9,7 +9,6 @@ import uuid
 from typing import Any
 
 from ray.serve import context as serve_context
-from ray.serve.context import _get_serve_request_context, _serve_request_context
 from ray.serve.handle import DeploymentHandle
 
 
@@ -37,13 +36,13 @@ class StageHandle:
         return StageHandle(getattr(self._handle, method))
 
     def remote(self, *args: Any, **kwargs: Any):
-        parent = _get_serve_request_context()
+        parent = serve_context._get_serve_request_context()
         own = dataclasses.replace(parent, _internal_request_id=uuid.uuid4().hex)
-        token = _serve_request_context.set(own)  # read by remote() itself, then restored
+        token = serve_context._serve_request_context.set(own)  # read by remote() itself, then restored
         try:
             response = self._handle.remote(*args, **kwargs)
         finally:
-            _serve_request_context.reset(token)
+            serve_context._serve_request_context.reset(token)
         if parent._internal_request_id:  # made while serving a request
             _follow(parent._internal_request_id, response)
         return response
@@ -56,7 +55,7 @@ def _follow(parent_id: str, response: Any) -> None:
     event loop."""
     try:
         loop = asyncio.get_running_loop()
-    except RuntimeError:  # a call from a replica's sync method: Ray cancels its task's children itself
+    except RuntimeError:  # no event loop to take it out on (not a gateway's call): not filed
         return
     child_id = uuid.uuid4().hex
     serve_context._add_in_flight_request(parent_id, child_id, response)  # Serve calls .cancel()
