@@ -47,6 +47,7 @@ from planner import costs
 from planner.sim import report as sim_report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
 from planner.sim.workload import CLOSED_LOOP, ClosedLoop, VoiceSpec, Workload
+from services.models.tiny.vocoder import SAMPLE_RATE, SAMPLES_PER_UNIT
 from services.pipeline.text_chunker import BOUNDARIES
 from services.quota import LOCAL_API_KEY
 
@@ -341,13 +342,10 @@ def encoder(hardware: costs.HardwareProfile, profile: str, rounds: int = 3, doc_
     return figures, {"measured_rounds": runs, "predicted": predicted}
 
 
-# ---- the table -----------------------------------------------------------------------------------
-
-
 # ---- make bench-voice: P90 TTFP and wasted tokens, 8 sessions, both policy sets ------------------
 
 VOICE_POLICIES = {"baseline": BASELINE, "interaction": INTERACTION}  # voice_bench.POLICY_SETS'
-UNIT_MS = 20.0  # the tiny talker's speech unit
+UNIT_MS = 1000 * SAMPLES_PER_UNIT / SAMPLE_RATE  # the tiny talker's speech unit (its vocoder's)
 
 
 def reply_text(profile) -> tuple[float, float]:
@@ -422,6 +420,9 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
     return figures, {"measured": run, "predicted": predicted, "workload": spec.model_dump()}
 
 
+# ---- the table -----------------------------------------------------------------------------------
+
+
 def print_table(figures: list[Figure], tolerance: float) -> None:
     print(
         f"\n{'bench':20s} {'figure':28s} {'measured':>10s} {'rounds apart':>12s} {'predicted':>10s} {'error':>7s}"
@@ -473,10 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         figures += more
     if not args.no_voice:
         # the serving path's costs as this run's chat runs (or an earlier run's) measured them
-        chat_report = report.get("chat") or (json.loads(args.serving_from.read_text())["chat"] if args.serving_from
-                                             else None)  # fmt: skip
-        given = hardware.model_copy(update={"serving": costs.Serving(**chat_report["serving"])}) if (
-            chat_report) else hardware  # fmt: skip
+        chat_report = report.get("chat")
+        if chat_report is None and args.serving_from:
+            chat_report = json.loads(args.serving_from.read_text())["chat"]
+        given = hardware
+        if chat_report is not None:
+            given = hardware.model_copy(update={"serving": costs.Serving(**chat_report["serving"])})
         run = json.loads(args.voice_run.read_text()) if args.voice_run else None
         more, report["voice"] = voice(given, args.profile, turns=args.voice_turns, run=run)
         figures += more

@@ -110,7 +110,7 @@ class Cluster:
         self.router = ScorerPipeline.from_config(
             [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
         )
-        self.talkers = [self._talker_replica(i) for i in range(deployment.talker_replicas)]
+        self.talkers = [self._talker() for _ in range(deployment.talker_replicas)]
         self.encoders = [self._encoder_replica() for _ in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
@@ -178,12 +178,10 @@ class Cluster:
         return EncoderReplica(self, f"encoder-{self.counts['encoders']}")
 
     def _talker(self) -> TalkerReplica | TextTalkerReplica:
+        """A new talker replica of the profile's talker: a text talker voices the reply's text pieces
+        (where the hardware profile has its cost), a token talker batches codec frames."""
         self.counts["talkers"] += 1
-        return self._talker_replica(self.counts["talkers"])
-
-    def _talker_replica(self, i: int) -> TalkerReplica | TextTalkerReplica:
-        """The profile's talker: a text talker voices the reply's text pieces (where the hardware
-        profile has its cost), a token talker batches codec frames."""
+        i = self.counts["talkers"]
         talker, name, voice = self.profile.models.talker, f"talker-{i}", self.w.voice
         if talker is not None and not self.profile.token_talker() and self.hw.stages.talker_units is not None:
             pipe = self.profile.pipeline
