@@ -8,6 +8,7 @@ import base64
 import contextlib
 import io
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -43,6 +44,39 @@ ENCODER_AUTOSCALING = {
         "metrics_interval_s": 0.5,
     }
 }
+
+
+# How services/common/errors.py logs an internal error: the id a client's 500 quotes.
+SERVER_ERROR = re.compile(r"\[err_[0-9a-f]{16}\]")
+
+
+def server_errors(ray_temp_dir: str, limit: int = 3, lines_after: int = 40) -> str:
+    """A local run's last logged internal errors, each with the lines after it (its traceback):
+    what a failed test's 500 quotes, read before the run's logs are removed."""
+    found = []
+    for f in sorted(Path(ray_temp_dir, "session_latest", "logs").rglob("*")):
+        if f.suffix in (".log", ".err", ".out") and f.is_file():
+            lines = f.read_text(errors="replace").splitlines()
+            found += [f"{f.name}:\n" + "\n".join(lines[i : i + lines_after]) for i, line in enumerate(lines)
+                      if SERVER_ERROR.search(line)]  # fmt: skip
+    return "\n\n".join(found[-limit:])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used a local run gets the run's logged internal errors in its report."""
+    from services.runtime import LocalCluster
+
+    report = yield
+    if report.failed and call.when == "call":
+        for value in item.funcargs.values():
+            if (
+                isinstance(value, LocalCluster)
+                and value.ray_temp_dir
+                and (errors := server_errors(value.ray_temp_dir))
+            ):
+                report.sections.append(("omniray internal errors", errors))
+    return report
 
 
 @contextlib.contextmanager
