@@ -47,6 +47,7 @@ from planner import costs
 from planner.sim import report as sim_report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
 from planner.sim.workload import CLOSED_LOOP, ClosedLoop, VoiceSpec, Workload
+from services.models.profile import load_profile
 from services.models.tiny.vocoder import SAMPLE_RATE, SAMPLES_PER_UNIT
 from services.pipeline.text_chunker import BOUNDARIES
 from services.quota import LOCAL_API_KEY
@@ -90,6 +91,7 @@ def prompt_tokens(url: str, bodies: list[dict]) -> list[int]:
 # The processes a chat request passes through outside the engines (process_cpu's labels); the rest
 # of Ray's and Serve's processes run whether requests come or not (their CPU is per second).
 REQUEST_PATH = ("gateway replica", "decode replica", "client", "haproxy")
+SPEECH_STAGES = ("talker replica", "vocoder replica")  # a spoken reply's pieces pass these too
 _NOT_OURS = ("other",)  # processes that are neither omniray's, Ray's nor the client's (a shell, an editor)
 
 
@@ -115,8 +117,11 @@ def _round(url: str, bodies: list[dict], c: int) -> dict:
         "ttft_p50_s": statistics.median(r.ttft for r in ok),
         "tokens_mean": statistics.fmean(r.completion_tokens for r in ok),
         "path_cpu_s": sum(spent.get(k, 0.0) for k in REQUEST_PATH),
+        "speech_cpu_s": sum(spent.get(k, 0.0) for k in SPEECH_STAGES),
         "background_cpu_s": sum(
-            s for k, s in spent.items() if k not in REQUEST_PATH and k not in _NOT_OURS and not _is_engine(k)
+            s
+            for k, s in spent.items()
+            if k not in REQUEST_PATH + SPEECH_STAGES and k not in _NOT_OURS and not _is_engine(k)
         ),  # fmt: skip
         "wall_s": wall,
         "n": len(ok),
@@ -129,30 +134,42 @@ def _round(url: str, bodies: list[dict], c: int) -> dict:
 # the CPU per request from that per token.
 COST_RUNS = ((1, 16), (1, 32), (2, MAX_TOKENS), (8, MAX_TOKENS))
 FIT_LEVELS = (2, 8)
+# The same requests answered in speech too (text and audio, as make bench's --audio asks): the CPU
+# they spend beyond what the text runs' fit predicts is the speech path's, per voiced token.
+SPEECH_RUN = ("speech", 4, MAX_TOKENS)
 ENGINE_FIT_STEPS, ENGINE_STEP_MAX_S, ENGINE_REQUEST_MAX_S = 14, 0.05, 0.005
 
 
-def measure(url: str, bodies: list[dict], levels: list[int], rounds: int, per_level: int) -> dict:
-    """`make bench`'s closed loops at `levels` and the COST_RUNS, after its warm-up, in `rounds`
-    interleaved rounds (each round runs every one once, so a machine that drifts moves them alike).
-    Returns (c, max_tokens) -> each round's _round."""
+def measure(url: str, bodies: list[dict], levels: list[int], rounds: int, per_level: int,
+            spoken: list[dict]) -> dict:  # fmt: skip
+    """`make bench`'s closed loops at `levels`, the COST_RUNS and the SPEECH_RUN (`spoken`: the
+    bodies asking for audio too), after its warm-up, in `rounds` interleaved rounds (each round runs
+    every one once, so a machine that drifts moves them alike). Returns (c, max_tokens) or
+    SPEECH_RUN -> each round's _round."""
     runs = sorted({(c, MAX_TOKENS) for c in levels} | set(COST_RUNS))
+    _, speech_c, speech_tokens = SPEECH_RUN
     for _ in range(2):  # each engine makes its CPU kernels per batch shape on first use
         for c in levels:
             asyncio.run(run_closed_loop(url, bodies[: bench.requests_for(c, per_level)], c))
-    out: dict = {run: [] for run in runs}
+    asyncio.run(run_closed_loop(url, spoken[:speech_c], speech_c))
+    out: dict = {run: [] for run in [*runs, SPEECH_RUN]}
     for _ in range(rounds):
         for c, tokens in runs:
             n = bench.requests_for(c, per_level)
             out[(c, tokens)].append(_round(url, [{**b, "max_tokens": tokens} for b in bodies[:n]], c))
+        n = bench.requests_for(speech_c, per_level)
+        out[SPEECH_RUN].append(
+            _round(url, [{**b, "max_tokens": speech_tokens} for b in spoken[:n]], speech_c)
+        )
     return out
 
 
-def serving_cost(rounds: dict, cores: int) -> costs.Serving:
+def serving_cost(rounds: dict, cores: int, speech_model_s: float) -> costs.Serving:
     """The request path's CPU per request, per engine step and per token, and the background's
     cores, from the COST_RUNS (medians over rounds; least squares). A request of T tokens at
     concurrency c takes about T/c of the engine's steps: CPU per request = request + (T/c)·step +
-    T·token."""
+    T·token. The SPEECH_RUN's CPU beyond that, less the speech models' steps (`speech_model_s` a
+    token), is the speech path's per voiced token."""
     rows, cpu, background, wall = [], [], 0.0, 0.0
     for c, tokens in COST_RUNS:
         runs = rounds[(c, tokens)]
@@ -164,11 +181,32 @@ def serving_cost(rounds: dict, cores: int) -> costs.Serving:
     if np.linalg.matrix_rank(np.array(rows)) < 3:  # e.g. the model stopped every reply alike early
         raise RuntimeError(f"the cost runs cannot tell request, step and token apart: {rows}")
     request_s, step_s, token_s = (float(x) for x in scipy.optimize.nnls(np.array(rows), np.array(cpu))[0])
+    # the spoken run: its CPU per voiced token beyond the text path's and the speech models' steps
+    _, c, _ = SPEECH_RUN
+    speech = []
+    for r in rounds[SPEECH_RUN]:
+        t = r["tokens_mean"]
+        text_s = request_s + t / c * step_s + t * token_s
+        speech.append(((r["path_cpu_s"] + r["speech_cpu_s"]) / r["n"] - text_s) / t - speech_model_s)
     return costs.Serving(cores=cores, request_cpu_s=request_s, step_cpu_s=step_s, token_cpu_s=token_s,
-                         background_cores=background / wall,
+                         background_cores=background / wall, speech_token_cpu_s=max(0.0, statistics.median(speech)),
                          source="measured: CPU time of the request path's processes at c = 1 (16 and 32 tokens), "
-                                "2 and 8, and of Ray's and the idle replicas' (the background); the engine's extra "
-                                "work fitted to c = 2's and 8's rates")  # fmt: skip
+                                "2 and 8, and of Ray's and the idle replicas' (the background); the speech path's "
+                                "from a spoken run at c = 4; the engine's extra work fitted to c = 2's and 8's "
+                                "rates")  # fmt: skip
+
+
+def speech_model_s(hardware: costs.HardwareProfile, profile) -> float:
+    """What the talker's and vocoder's model steps take per voiced token of the thinker's reply text
+    (the hardware profile's curves; 0 where the profile has no text talker)."""
+    stages, talker = hardware.stages, profile.models.talker
+    if talker is None or stages.talker_units is None:
+        return 0.0
+    _, chars = reply_text(profile)
+    units = getattr(talker.options, "units_per_char", 1) * chars
+    chunk = getattr(talker.options, "chunk_units", 10**9)
+    vocoded = stages.vocoder_batch.at(1) * units / chunk if stages.vocoder_batch is not None else 0.0
+    return stages.talker_units.slope_s * units + vocoded
 
 
 def fit_engine(
@@ -244,6 +282,12 @@ def predict_chat(hardware: costs.HardwareProfile, profile: str, requests: list[t
     return out
 
 
+def _run_name(run: tuple) -> str:
+    """A run's key in the report: c=..,max_tokens=.. (the SPEECH_RUN's: speech,c=..,max_tokens=..)."""
+    *kind, c, tokens = run
+    return ",".join([*kind, f"c={c}", f"max_tokens={tokens}"])
+
+
 def spread(values: list[float]) -> float:
     """How far a measurement's rounds lie apart: max / min - 1."""
     return max(values) / min(values) - 1
@@ -255,15 +299,16 @@ def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, prof
     if fitted := set(levels) & set(FIT_LEVELS):
         raise ValueError(f"levels {sorted(fitted)} are what the engine's work is fitted to: not predictions")
     n = bench.requests_for(max(levels + [c for c, _ in COST_RUNS]), per_level)
-    bodies = bench.chat_bodies(model, chat_prompts(n, seed=0, max_tokens=MAX_TOKENS), False, voice)
+    asked = chat_prompts(n, seed=0, max_tokens=MAX_TOKENS)
+    bodies = bench.chat_bodies(model, asked, False, voice)
     prompts = prompt_tokens(url, bodies)
-    runs = measure(url, bodies, levels, rounds, per_level)
+    runs = measure(url, bodies, levels, rounds, per_level, bench.chat_bodies(model, asked, True, voice))
     median = {run: statistics.median(r["req_per_s"] for r in rs) for run, rs in runs.items()}
     tokens = {run: round(statistics.median(r["tokens_mean"] for r in rs)) for run, rs in runs.items()}
     fits = [{"c": c, "requests": [(p, tokens[(c, MAX_TOKENS)]) for p in prompts[: bench.requests_for(c, per_level)]],
              "req_per_s": median[(c, MAX_TOKENS)]} for c in FIT_LEVELS]  # fmt: skip
-    given, fit_ok = fit_engine(hardware.model_copy(update={"serving": serving_cost(runs, os.cpu_count() or 1)}),
-                               profile, fits)  # fmt: skip
+    serving = serving_cost(runs, os.cpu_count() or 1, speech_model_s(hardware, load_profile(profile)))
+    given, fit_ok = fit_engine(hardware.model_copy(update={"serving": serving}), profile, fits)
     figures, predicted = [], {}
     for c in levels:
         # each request's output as the server ended it (a real model may stop before max_tokens)
@@ -271,7 +316,7 @@ def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, prof
         predicted[c] = predict_chat(given, profile, requests, [c], per_level)[c]
         figures.append(Figure("make bench", f"req/s at c = {c}", median[(c, MAX_TOKENS)], predicted[c]["req_per_s"],
                               spread([r["req_per_s"] for r in runs[(c, MAX_TOKENS)]])))  # fmt: skip
-    measured = {f"c={c},max_tokens={t}": [r["req_per_s"] for r in rs] for (c, t), rs in runs.items()}
+    measured = {_run_name(run): [r["req_per_s"] for r in rs] for run, rs in runs.items()}
     return figures, {"measured_rounds": measured, "predicted": predicted, "fit_inside_bounds": fit_ok,
                      "fitted_to": {f["c"]: f["req_per_s"] for f in fits}, "prompt_tokens": prompts,
                      "serving": given.serving.model_dump()}  # fmt: skip
@@ -392,17 +437,19 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
           run: dict | None = None) -> tuple[list[Figure], dict]:  # fmt: skip
     """`make bench-voice`'s figures, measured (one run, or `run`: one made before) and predicted.
     The bench keeps every policy set's deployment up for the whole run: the idle one's background
-    (Ray's processes, its replicas and vLLM's polling) adds to the one serving."""
-    from services.models.profile import load_profile
-
+    (Ray's processes, its replicas and vLLM's polling) adds to the one serving. A realtime session's
+    own cost while open is measured from the run's CPU time (session_cores)."""
+    run = run or _voice_run(profile, sessions, turns, blocks)
     if hardware.serving is not None:
         sets = len(voice_bench.POLICY_SETS)
-        serving = hardware.serving.model_copy(
-            update={"background_cores": sets * hardware.serving.background_cores}
+        per_session = session_cores(
+            run, hardware.serving, speech_model_s(hardware, load_profile(profile)), sessions
         )
+        serving = hardware.serving.model_copy(
+            update={"background_cores": sets * hardware.serving.background_cores, "session_cores": per_session}
+        )  # fmt: skip
         hardware = hardware.model_copy(update={"serving": serving})
 
-    run = run or _voice_run(profile, sessions, turns, blocks)
     figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), sessions, 0.0)
     for p in (0.0, 0.5):
         spec = sessions_spec.model_copy(update={"barge_p": p})
@@ -417,7 +464,26 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
                 figures.append(Figure("make bench-voice", f"wasted tokens a turn, {policy}, p = {p}",
                                       measured["wasted_tokens"] / max(1, measured["turns"]),
                                       got["wasted_tokens"] / max(1, got["turns"])))  # fmt: skip
-    return figures, {"measured": run, "predicted": predicted, "workload": spec.model_dump()}
+    return figures, {"measured": run, "predicted": predicted, "workload": spec.model_dump(),
+                     "serving": hardware.serving.model_dump() if hardware.serving else None}  # fmt: skip
+
+
+def session_cores(run: dict, serving: costs.Serving, speech_model_s: float, sessions: int) -> float:
+    """The cores an open realtime session keeps busy beyond what the simulator charges its turns,
+    engine steps and voiced tokens (`serving`, `speech_model_s` a token): over a voice_bench run's
+    cells, the CPU time of each set's request path and speech stages and of the bench's client, less
+    those charges, per session-second. 0 for a run made before the bench recorded CPU time."""
+    spent = charged = session_s = 0.0
+    for cell_name, cell in run["runs"].items():
+        if "cpu_s" not in cell:
+            return 0.0
+        policy = cell_name.split("@", 1)[0]
+        spent += cell["cpu_s"].get("client", 0.0)
+        spent += sum(cell["cpu_s"].get(f"{policy}: {k}", 0.0) for k in REQUEST_PATH + SPEECH_STAGES)
+        charged += (cell["turns"] * serving.request_cpu_s + cell["frames"] * serving.step_cpu_s
+                    + cell["generated_tokens"] * (serving.token_cpu_s + serving.speech_token_cpu_s + speech_model_s))  # fmt: skip
+        session_s += sessions * cell["wall_s"]
+    return max(0.0, spent - charged) / session_s
 
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -437,7 +503,6 @@ def print_table(figures: list[Figure], tolerance: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from services import runtime
-    from services.models.profile import load_profile
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="tiny", help="the chat deployment's profile")

@@ -110,6 +110,14 @@ class Serving(_Strict):
     # fitted to two closed loops' rates (calibrate.fit_engine)
     engine_step_s: float = Field(default=0.0, ge=0)
     engine_request_s: float = Field(default=0.0, ge=0)  # and per running request of the step
+    # per voiced token, what the speech path spends beyond the talker's and vocoder's model steps (the
+    # stage curves): their replicas' handling of each piece and the gateway's audio back to the client;
+    # measured from a spoken chat run's CPU time (calibrate.SPEECH_RUN)
+    speech_token_cpu_s: float = Field(default=0.0, ge=0)
+    # per open realtime session, the cores it keeps busy whatever it says or hears beyond the above:
+    # its audio streamed in (the server's VAD), its playback reports, its events out and the client's
+    # own work; measured from a voice run's CPU time (calibrate.session_cores)
+    session_cores: float = Field(default=0.0, ge=0)
     source: str = ""
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from services.runtime import RUN_ID_ENV
+
 # Serve replicas carry their deployment in the process title (ray::ServeReplica:<app>:<deployment>).
 _REPLICA = "ray::ServeReplica:"
 
@@ -20,9 +22,11 @@ class Snapshot:
     label: dict[int, str]
 
 
-def snapshot(roots: dict[int, str] | None = None) -> Snapshot:
-    """`roots`: pid -> label of process trees to name after their root (e.g. vLLM's server)."""
-    roots = roots or {}
+def snapshot(roots: dict[int, str] | None = None, runs: dict[str, str] | None = None) -> Snapshot:
+    """`roots`: pid -> label of process trees to name after their root (e.g. vLLM's server).
+    `runs`: run id -> name of local runs on this machine at once (services/runtime.py tags each of
+    their processes with OMNIRAY_RUN_ID): their processes' labels start with the run's name."""
+    roots, runs = roots or {}, runs or {}
     procs = {}
     for p in psutil.process_iter(["pid", "ppid", "name", "cmdline", "cpu_times"]):
         info = p.info
@@ -30,7 +34,19 @@ def snapshot(roots: dict[int, str] | None = None) -> Snapshot:
             continue
         procs[info["pid"]] = info
     cpu = {pid: i["cpu_times"].user + i["cpu_times"].system for pid, i in procs.items()}
-    return Snapshot(cpu, {pid: _label(pid, procs, roots) for pid in procs})
+    labels = {pid: _label(pid, procs, roots) for pid in procs}
+    if runs:
+        for pid in procs:
+            if (run := runs.get(_run_id(pid))) is not None:
+                labels[pid] = f"{run}: {labels[pid]}"
+    return Snapshot(cpu, labels)
+
+
+def _run_id(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).environ().get(RUN_ID_ENV)
+    except (psutil.Error, OSError):  # gone meanwhile, or another user's
+        return None
 
 
 def _title(info: dict) -> str:

@@ -37,12 +37,14 @@ import base64
 import contextlib
 import json
 import math
+import os
 import random
 import statistics
 import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,7 @@ import websockets
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import results
+from loadtest.benchmarks import process_cpu
 from loadtest.benchmarks.profiles import derive, widen_thinker
 from loadtest.clients.realtime_client import RATE, RealtimeClient
 from loadtest.clients.speech import SENTENCES, speech
@@ -256,6 +259,7 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
 # Where a turn's time goes, per cell (the deployment's own histograms, sum and count differenced):
 # the speech stages' urgency-gate waits and the engines' step periods.
 WATCHED = ("omniray_stage_urgency_wait_seconds", "omniray_scheduler_frame_seconds")
+FRAMES = "omniray_scheduler_frame_seconds_count{}"
 
 
 def scrape(metrics_url: str) -> dict[str, float]:
@@ -377,21 +381,24 @@ def main() -> None:
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
         # Every set's deployment is up for the whole run; the cells' blocks alternate between them
         # (A B B A …), so that a drift of this machine's speed lands on both sets alike.
-        urls, metrics = {}, {}
+        urls, metrics, runs, client = {}, {}, {}, {os.getpid(): "client"}
         for name in args.sets:
             scheduler, eviction = POLICY_SETS[name]
             path = profile_file(args, scheduler, eviction, Path(tmp))
             cluster = stack.enter_context(runtime.temporary(str(path), prefix=f"omniray-voice-{name}-"))
             urls[name] = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
             metrics[name] = cluster.metrics_url
+            runs[cluster.run_id] = name
         for sessions, p in cells:
             sample = tuple(durations)  # barge-ins of this cell cut at the same draws in every set
             stats: dict[str, list[SessionStats]] = {name: [] for name in args.sets}
             walls, deltas = dict.fromkeys(args.sets, 0.0), {name: {} for name in args.sets}
+            cpu: dict[str, Counter[str]] = {name: Counter() for name in args.sets}
             for block, turns in enumerate(blocks(args.turns, args.blocks)):
                 for name in args.sets if block % 2 == 0 else args.sets[::-1]:
-                    before = scrape(metrics[name])
+                    before, cpu_before = scrape(metrics[name]), process_cpu.snapshot(client, runs)
                     out, wall = run_block(urls[name], utterances, args, sessions, p, turns, sample, durations)
+                    cpu[name].update(process_cpu.between(cpu_before, process_cpu.snapshot(client, runs)))
                     after = scrape(metrics[name])
                     for key, value in after.items():
                         deltas[name][key] = deltas[name].get(key, 0.0) + value - before.get(key, 0.0)
@@ -404,6 +411,11 @@ def main() -> None:
                 cell = f"{name}@c={sessions},p={p}"
                 report["runs"][cell] = r = summarize(stats[name], walls[name])
                 r["stage_means_ms"] = means_ms({}, deltas[name])
+                r["frames"] = deltas[name].get(FRAMES, 0.0)
+                # CPU seconds of each process while this set's blocks ran: the set's own under their
+                # role's name, the other sets' deployments (idle meanwhile) under theirs, this
+                # process's sessions as the client
+                r["cpu_s"] = {label: round(seconds, 2) for label, seconds in cpu[name].most_common()}
                 print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
                       f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
     if len(args.sets) == len(POLICY_SETS):

@@ -187,9 +187,10 @@ class Cluster:
             pipe = self.profile.pipeline
             chunking = (pipe.chunk_min_tokens, pipe.chunk_max_tokens) if pipe.async_chunk else (10**9, 10**9)
             units = getattr(talker.options, "units_per_char", 1) * voice.chars_per_token
+            serving_s = self.hw.serving.speech_token_cpu_s if self.hw.serving is not None else 0.0
             return TextTalkerReplica(self.env, name, self.hw.stages, self.cores, chunking, voice.clause_p, units,
                                      getattr(talker.options, "chunk_units", 10**9), random.Random(self.w.seed + i),
-                                     self.profile.engine.stream_interval)  # fmt: skip
+                                     self.profile.engine.stream_interval, serving_s)  # fmt: skip
         max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
         return TalkerReplica(self.env, name, self.hw.stages, self._urgency(), lambda: self.views, max_streams,
                              frames_per_token(voice.ms_per_token))  # fmt: skip
@@ -261,6 +262,13 @@ class Cluster:
             serving.request_cpu_s if serving else 0.0
         )
         return work(self.env, self.cores, cpu_s)
+
+    def session(self, delta: int) -> None:
+        """A realtime session opened (+1) or closed (-1): while open it keeps part of a core busy
+        (Serving.session_cores), where the cores are shared."""
+        self.open_sessions += delta
+        if self.cores is not None and self.hw.serving.session_cores:
+            self.cores.spin(delta * self.hw.serving.session_cores)
 
     def talker(self) -> TalkerReplica | TextTalkerReplica:
         """A new reply's talker: the one with the fewest streams."""

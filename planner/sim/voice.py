@@ -75,7 +75,7 @@ class VoiceSession:
             yield env.timeout(5.0)
         self.monitor.open(self.sid)
         c.published(self.sid)
-        c.open_sessions += 1
+        c.session(+1)
         barged = False
         try:
             while True:
@@ -91,7 +91,7 @@ class VoiceSession:
                     yield env.timeout(max(0.0, self.play_end - env.now) + self.rng.uniform(*spec.gap_s))
         finally:
             c.admission.release()
-            c.open_sessions -= 1
+            c.session(-1)
 
     def _reply(self, speech_s: float):
         env, spec, c = self.env, self.spec, self.cluster

@@ -2,7 +2,7 @@
 with known extra engine work per step and per request give rates; fit_engine, given only those
 rates at the fitting levels, finds work that reproduces them and predicts the other levels as the
 known work does. And the serving cost's least squares recovers per-request, per-step and per-token
-CPU from runs that obey its model. (`make calibrate` compares against this machine's own runs.)"""
+CPU, and the speech path's per voiced token, from runs that obey its model. (`make calibrate` compares against this machine's own runs.)"""
 
 from __future__ import annotations
 
@@ -40,17 +40,24 @@ def test_fit_engine_says_when_no_work_explains_the_rates():
     assert calibrate.fit_engine(base, "tiny", runs)[1] is False
 
 
-def test_serving_cost_recovers_the_cpu_per_request_step_and_token():
-    def run(c: int, tokens: int) -> dict:
+def test_serving_cost_recovers_the_cpu_per_request_step_and_token_and_the_speech_paths():
+    speech_model_s, speech_s = 0.0008, 0.0015  # a voiced token: the speech models' steps, and the rest
+
+    def run(c: int, tokens: int, spoken: bool = False) -> dict:
         n = 10
         path = n * (SERVING.request_cpu_s + tokens / c * SERVING.step_cpu_s + tokens * SERVING.token_cpu_s)
-        return {"tokens_mean": tokens, "n": n, "path_cpu_s": path, "background_cpu_s": 0.5, "wall_s": 2.5}
+        speech = n * tokens * (speech_model_s + speech_s) if spoken else 0.0
+        return {"tokens_mean": tokens, "n": n, "path_cpu_s": path + 0.4 * speech, "speech_cpu_s": 0.6 * speech,
+                "background_cpu_s": 0.5, "wall_s": 2.5}  # fmt: skip
 
     rounds = {(c, t): [run(c, t)] * 3 for c, t in calibrate.COST_RUNS}
-    got = calibrate.serving_cost(rounds, cores=2)
+    _, c, t = calibrate.SPEECH_RUN
+    rounds[calibrate.SPEECH_RUN] = [run(c, t, spoken=True)] * 3
+    got = calibrate.serving_cost(rounds, cores=2, speech_model_s=speech_model_s)
     assert got.request_cpu_s == pytest.approx(SERVING.request_cpu_s)
     assert got.step_cpu_s == pytest.approx(SERVING.step_cpu_s)
     assert got.token_cpu_s == pytest.approx(SERVING.token_cpu_s)
+    assert got.speech_token_cpu_s == pytest.approx(speech_s)
     assert got.background_cores == pytest.approx(0.2)
 
 
@@ -88,3 +95,19 @@ def test_a_voice_cell_on_tiny_waits_for_its_text_talkers_first_piece():
     assert base["ttfp_p90_s"] > first_piece_s and live["ttfp_p90_s"] > first_piece_s
     assert base["barge_ins"] >= 10 and live["barge_ins"] >= 10
     assert live["wasted_tokens"] / live["turns"] < base["wasted_tokens"] / base["turns"]
+
+
+def test_a_realtime_sessions_own_cost_is_what_its_cells_spent_beyond_the_charges():
+    """Per session-second: the set's request path, speech stages and the bench's client, less what
+    the simulator charges the cells' turns, steps and voiced tokens; the other set's processes and
+    Ray's are left out (the background has them)."""
+    cell = {"turns": 10, "frames": 1000, "generated_tokens": 500, "wall_s": 50.0}
+    charged = 10 * SERVING.request_cpu_s + 1000 * SERVING.step_cpu_s + 500 * (SERVING.token_cpu_s + 0.001)
+    run = {"runs": {
+        "baseline@c=4,p=0.0": {**cell, "cpu_s": {"baseline: gateway replica": charged + 2.0, "client": 1.0,
+                                                 "interaction: gateway replica": 7.0, "ray: gcs": 3.0}},
+        "interaction@c=4,p=0.0": {**cell, "cpu_s": {"interaction: vocoder replica": charged, "client": 1.0}},
+    }}  # fmt: skip
+    assert calibrate.session_cores(run, SERVING, 0.001, sessions=4) == pytest.approx(4.0 / (2 * 4 * 50.0))
+    del run["runs"]["interaction@c=4,p=0.0"]["cpu_s"]  # a run from before the bench recorded it
+    assert calibrate.session_cores(run, SERVING, 0.001, sessions=4) == 0.0

@@ -284,3 +284,20 @@ def test_a_text_talkers_first_audio_waits_for_its_first_piece(clause_p, every, f
     assert len(set(first)) == 1 and first[0] >= (first_piece - 1) * 0.01  # together, once cut
     assert heard[first_piece][0] > first[0]  # the next piece comes later
     assert "s" not in talker.streams  # its reply ended: nothing held
+
+
+def test_a_text_talkers_piece_costs_the_speech_paths_serving_per_token_too():
+    """A piece's audio reaches the client after its model steps and the speech path's handling of
+    each of its tokens (Serving.speech_token_cpu_s: the replicas' and the gateway's)."""
+
+    def first_audio(serving_s: float) -> float:
+        env = simpy.Environment()
+        talker = TextTalkerReplica(env, "t", costs.load("cpu-2core-tiny").stages, None, (4, 24), 0.0, 9.0, 25,
+                                   random.Random(0), 1, serving_s)  # fmt: skip
+        heard: list[float] = []
+        for _ in range(24):  # one whole piece, at once
+            talker.token("s", lambda: heard.append(env.now))
+        env.run(until=10)
+        return heard[0]
+
+    assert first_audio(0.002) == pytest.approx(first_audio(0.0) + 24 * 0.002)
