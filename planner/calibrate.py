@@ -46,6 +46,7 @@ from loadtest.clients.workload import chat_prompts
 from planner import costs
 from planner.sim import report as sim_report
 from planner.sim.cluster import BASELINE, INTERACTION, Cluster, Deployment
+from planner.sim.speech import piece_steps_s
 from planner.sim.workload import CLOSED_LOOP, ClosedLoop, VoiceSpec, Workload
 from services.models.profile import load_profile
 from services.models.tiny.vocoder import SAMPLE_RATE, SAMPLES_PER_UNIT
@@ -196,17 +197,17 @@ def serving_cost(rounds: dict, cores: int, speech_model_s: float) -> costs.Servi
                                 "rates")  # fmt: skip
 
 
-def speech_model_s(hardware: costs.HardwareProfile, profile) -> float:
-    """What the talker's and vocoder's model steps take per voiced token of the thinker's reply text
-    (the hardware profile's curves; 0 where the profile has no text talker)."""
-    stages, talker = hardware.stages, profile.models.talker
-    if talker is None or stages.talker_units is None:
+def speech_steps_per_token(hardware: costs.HardwareProfile, profile) -> float:
+    """What the talker's and vocoder's model steps take per voiced token, as the simulated text talker
+    charges them (`piece_steps_s`) for the longest piece, which a random-weight thinker's replies are
+    made of (a clause end is rare); 0 where the profile has no text talker."""
+    talker = profile.models.talker
+    if talker is None or hardware.stages.talker_units is None:
         return 0.0
     _, chars = reply_text(profile)
-    units = getattr(talker.options, "units_per_char", 1) * chars
-    chunk = getattr(talker.options, "chunk_units", 10**9)
-    vocoded = stages.vocoder_batch.at(1) * units / chunk if stages.vocoder_batch is not None else 0.0
-    return stages.talker_units.slope_s * units + vocoded
+    tokens = profile.pipeline.chunk_max_tokens
+    units = tokens * getattr(talker.options, "units_per_char", 1) * chars
+    return piece_steps_s(hardware.stages, units, getattr(talker.options, "chunk_units", 10**9)) / tokens
 
 
 def fit_engine(
@@ -307,7 +308,7 @@ def chat(url: str, model: str, voice: str, hardware: costs.HardwareProfile, prof
     tokens = {run: round(statistics.median(r["tokens_mean"] for r in rs)) for run, rs in runs.items()}
     fits = [{"c": c, "requests": [(p, tokens[(c, MAX_TOKENS)]) for p in prompts[: bench.requests_for(c, per_level)]],
              "req_per_s": median[(c, MAX_TOKENS)]} for c in FIT_LEVELS]  # fmt: skip
-    serving = serving_cost(runs, os.cpu_count() or 1, speech_model_s(hardware, load_profile(profile)))
+    serving = serving_cost(runs, os.cpu_count() or 1, speech_steps_per_token(hardware, load_profile(profile)))
     given, fit_ok = fit_engine(hardware.model_copy(update={"serving": serving}), profile, fits)
     figures, predicted = [], {}
     for c in levels:
@@ -443,7 +444,7 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
     if hardware.serving is not None:
         sets = len(voice_bench.POLICY_SETS)
         per_session = session_cores(
-            run, hardware.serving, speech_model_s(hardware, load_profile(profile)), sessions
+            run, hardware.serving, speech_steps_per_token(hardware, load_profile(profile))
         )
         serving = hardware.serving.model_copy(
             update={"background_cores": sets * hardware.serving.background_cores, "session_cores": per_session}
@@ -468,22 +469,25 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
                      "serving": hardware.serving.model_dump() if hardware.serving else None}  # fmt: skip
 
 
-def session_cores(run: dict, serving: costs.Serving, speech_model_s: float, sessions: int) -> float:
+def session_cores(run: dict, serving: costs.Serving, speech_model_s: float) -> float:
     """The cores an open realtime session keeps busy beyond what the simulator charges its turns,
     engine steps and voiced tokens (`serving`, `speech_model_s` a token): over a voice_bench run's
-    cells, the CPU time of each set's request path and speech stages and of the bench's client, less
-    those charges, per session-second. 0 for a run made before the bench recorded CPU time."""
+    cells, the CPU time of each set's request path, speech stages and Redis and of the bench's
+    client, less those charges, per session-second. 0 for a run made before the bench recorded CPU
+    time."""
     spent = charged = session_s = 0.0
     for cell_name, cell in run["runs"].items():
         if "cpu_s" not in cell:
             return 0.0
-        policy = cell_name.split("@", 1)[0]
+        policy, sessions = re.fullmatch(r"(\w+)@c=(\d+),p=.*", cell_name).groups()
         spent += cell["cpu_s"].get("client", 0.0)
-        spent += sum(cell["cpu_s"].get(f"{policy}: {k}", 0.0) for k in REQUEST_PATH + SPEECH_STAGES)
+        spent += sum(
+            cell["cpu_s"].get(f"{policy}: {k}", 0.0) for k in (*REQUEST_PATH, *SPEECH_STAGES, "redis")
+        )
         charged += (cell["turns"] * serving.request_cpu_s + cell["frames"] * serving.step_cpu_s
                     + cell["generated_tokens"] * (serving.token_cpu_s + serving.speech_token_cpu_s + speech_model_s))  # fmt: skip
-        session_s += sessions * cell["wall_s"]
-    return max(0.0, spent - charged) / session_s
+        session_s += int(sessions) * cell["wall_s"]
+    return max(0.0, spent - charged) / session_s if session_s else 0.0
 
 
 # ---- the table -----------------------------------------------------------------------------------

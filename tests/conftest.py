@@ -55,20 +55,25 @@ def server_errors(ray_temp_dir: str, limit: int = 3, lines_after: int = 40) -> s
     what a failed test's 500 quotes, read before the run's logs are removed."""
     found = []
     for f in sorted(Path(ray_temp_dir, "session_latest", "logs").rglob("*")):
-        if f.suffix in (".log", ".err", ".out") and f.is_file():
+        if f.suffix not in (".log", ".err", ".out"):
+            continue
+        try:
             lines = f.read_text(errors="replace").splitlines()
-            found += [f"{f.name}:\n" + "\n".join(lines[i : i + lines_after]) for i, line in enumerate(lines)
-                      if SERVER_ERROR.search(line)]  # fmt: skip
+        except OSError:  # a directory, or rotated away meanwhile
+            continue
+        found += [f"{f.name}:\n" + "\n".join(lines[i : i + lines_after]) for i, line in enumerate(lines)
+                  if SERVER_ERROR.search(line)]  # fmt: skip
     return "\n\n".join(found[-limit:])
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed test that used a local run gets the run's logged internal errors in its report."""
-    from services.runtime import LocalCluster
-
+    """A failed test that used a local run gets the run's logged internal errors in its report (a
+    run shared by a package's tests has its earlier tests' too)."""
     report = yield
     if report.failed and call.when == "call":
+        from services.runtime import LocalCluster
+
         for value in item.funcargs.values():
             if (
                 isinstance(value, LocalCluster)

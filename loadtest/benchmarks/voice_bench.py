@@ -381,7 +381,7 @@ def main() -> None:
         durations: list[float] = []  # whole replies' audio (s), from the p = 0 runs: where barge-ins cut
         # Every set's deployment is up for the whole run; the cells' blocks alternate between them
         # (A B B A …), so that a drift of this machine's speed lands on both sets alike.
-        urls, metrics, runs, client = {}, {}, {}, {os.getpid(): "client"}
+        urls, metrics, runs, roots = {}, {}, {}, {os.getpid(): "client"}
         for name in args.sets:
             scheduler, eviction = POLICY_SETS[name]
             path = profile_file(args, scheduler, eviction, Path(tmp))
@@ -389,6 +389,7 @@ def main() -> None:
             urls[name] = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
             metrics[name] = cluster.metrics_url
             runs[cluster.run_id] = name
+            roots[cluster.redis_pid] = f"{name}: redis"  # started by this process, not tagged with the run
         for sessions, p in cells:
             sample = tuple(durations)  # barge-ins of this cell cut at the same draws in every set
             stats: dict[str, list[SessionStats]] = {name: [] for name in args.sets}
@@ -396,9 +397,9 @@ def main() -> None:
             cpu: dict[str, Counter[str]] = {name: Counter() for name in args.sets}
             for block, turns in enumerate(blocks(args.turns, args.blocks)):
                 for name in args.sets if block % 2 == 0 else args.sets[::-1]:
-                    before, cpu_before = scrape(metrics[name]), process_cpu.snapshot(client, runs)
+                    before, cpu_before = scrape(metrics[name]), process_cpu.snapshot(roots, runs)
                     out, wall = run_block(urls[name], utterances, args, sessions, p, turns, sample, durations)
-                    cpu[name].update(process_cpu.between(cpu_before, process_cpu.snapshot(client, runs)))
+                    cpu[name].update(process_cpu.between(cpu_before, process_cpu.snapshot(roots, runs)))
                     after = scrape(metrics[name])
                     for key, value in after.items():
                         deltas[name][key] = deltas[name].get(key, 0.0) + value - before.get(key, 0.0)
@@ -414,7 +415,7 @@ def main() -> None:
                 r["frames"] = deltas[name].get(FRAMES, 0.0)
                 # CPU seconds of each process while this set's blocks ran: the set's own under their
                 # role's name, the other sets' deployments (idle meanwhile) under theirs, this
-                # process's sessions as the client
+                # process's sessions as the client, each set's Redis as its own
                 r["cpu_s"] = {label: round(seconds, 2) for label, seconds in cpu[name].most_common()}
                 print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
                       f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip

@@ -187,10 +187,10 @@ class Cluster:
             pipe = self.profile.pipeline
             chunking = (pipe.chunk_min_tokens, pipe.chunk_max_tokens) if pipe.async_chunk else (10**9, 10**9)
             units = getattr(talker.options, "units_per_char", 1) * voice.chars_per_token
-            serving_s = self.hw.serving.speech_token_cpu_s if self.hw.serving is not None else 0.0
+            speech_s = self.hw.serving.speech_token_cpu_s if self.hw.serving is not None else 0.0
             return TextTalkerReplica(self.env, name, self.hw.stages, self.cores, chunking, voice.clause_p, units,
                                      getattr(talker.options, "chunk_units", 10**9), random.Random(self.w.seed + i),
-                                     self.profile.engine.stream_interval, serving_s)  # fmt: skip
+                                     self.profile.engine.stream_interval, speech_s)  # fmt: skip
         max_streams = getattr(talker.options, "max_streams", 1) if talker is not None else 1
         return TalkerReplica(self.env, name, self.hw.stages, self._urgency(), lambda: self.views, max_streams,
                              frames_per_token(voice.ms_per_token))  # fmt: skip

@@ -103,9 +103,9 @@ class TextTalkerReplica:
 
     def __init__(self, env: simpy.Environment, name: str, costs: StageCosts, cores: SharedCores | None,
                  chunking: tuple[int, int], clause_p: float, units_per_token: float, chunk_units: int,
-                 rng: random.Random, every: int = 1, serving_s_per_token: float = 0.0):  # fmt: skip
+                 rng: random.Random, every: int = 1, speech_token_cpu_s: float = 0.0):  # fmt: skip
         self.env, self.name, self.costs, self.cores = env, name, costs, cores
-        self.serving_s_per_token = serving_s_per_token  # Serving.speech_token_cpu_s
+        self.speech_token_cpu_s = speech_token_cpu_s  # Serving's: the speech path beyond the model steps
         (self.min_tokens, self.max_tokens), self.clause_p = chunking, clause_p
         self.units_per_token, self.chunk_units = units_per_token, chunk_units
         self.rng, self.every = rng, every
@@ -156,16 +156,22 @@ class TextTalkerReplica:
                 yield reply.ready
                 continue
             piece = reply.pieces.popleft()
-            units = len(piece) * self.units_per_token
-            cost = c.talker_units.at(units) if c.talker_units is not None else 0.0
-            if c.vocoder_batch is not None:
-                cost += math.ceil(units / self.chunk_units) * c.vocoder_batch.at(1)
-            cost += len(piece) * self.serving_s_per_token
+            cost = piece_steps_s(c, len(piece) * self.units_per_token, self.chunk_units)
+            cost += len(piece) * self.speech_token_cpu_s
             yield work(self.env, self.cores, cost)
             self.busy_s += cost
             if self.streams.get(sid) is reply:  # else cut while it was voiced
                 for audio in piece:
                     audio()
+
+
+def piece_steps_s(costs: StageCosts, units: float, chunk_units: int) -> float:
+    """The talker's and vocoder's model steps for a text piece of `units` speech units: the talker's
+    units, then its vocoder chunks of `chunk_units`, one at a time."""
+    s = costs.talker_units.at(units) if costs.talker_units is not None else 0.0
+    if costs.vocoder_batch is not None:
+        s += math.ceil(units / chunk_units) * costs.vocoder_batch.at(1)
+    return s
 
 
 class _Reply:

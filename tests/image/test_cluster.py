@@ -6,8 +6,8 @@ group at two pods and Decode at two replicas (`replicaBounds`, the overlay `make
 two thinker nodes each hold a Decode and one of them the Prefill. On it:
 
 - every stage's replicas run on nodes of its pool, the gateway on the head, Decode one per thinker node;
-- a long prompt prefilled on one thinker node and decoded on the other is not recomputed: the decode
-  engine pulls its pages from the prefill engine's pool over NIXL, across the nodes;
+- a long prompt prefilled on one thinker node and decoded on the other is loaded, not recomputed: the
+  decode engine pulls its pages from the prefill engine's pool over NIXL, across the nodes;
 - the thinker node without the Prefill is killed (`docker kill`: every process of the pod at once)
   while streamed answers and a realtime session's turn are being decoded: every answer finishes with
   every token asked for (resumed on the surviving node), the session's next turn is served there,
@@ -162,9 +162,10 @@ def test_kv_pages_cross_nodes_over_nixl(cluster):
     """The thinker node without the Prefill decodes long prompts from pages pulled over NIXL from
     the prefill engine's pool on the other node, not recomputed.
 
-    A load whose wait passes its bound (a Redis call 0.5 s, a NIXL read 5 s) falls back to recomputing
-    by design; on two cores shared by five pods such a wait is timing, not a defect, so the test asks
-    that loads were made whole from the other node and reports any recompute with its reason."""
+    A lookup or load whose wait passes its bound (a Redis call 0.5 s, a NIXL read 5 s) falls back to
+    computing the prompt by design; on two cores shared by five pods such a wait is timing, not a
+    defect, so the test asks that loads were made whole from the other node and reports any fallback
+    (a recompute with its reason, a lookup that failed) and where the pages were found."""
     placement = _placement()
     (prefill_node,) = placement["Prefill"]
     (remote,) = [n for n in placement["Decode"] if n != prefill_node]
@@ -182,6 +183,7 @@ def test_kv_pages_cross_nodes_over_nixl(cluster):
                 f"lookup {result}": counter(metrics, "omniray_kv_lookups_total", result=result)
                 for result in ("peer", "miss", "failed")
             },
+            "lookup errors": counter(metrics, "omniray_kv_errors_total", op="lookup"),
         }
 
     before = totals()

@@ -98,16 +98,17 @@ def test_a_voice_cell_on_tiny_waits_for_its_text_talkers_first_piece():
 
 
 def test_a_realtime_sessions_own_cost_is_what_its_cells_spent_beyond_the_charges():
-    """Per session-second: the set's request path, speech stages and the bench's client, less what
-    the simulator charges the cells' turns, steps and voiced tokens; the other set's processes and
-    Ray's are left out (the background has them)."""
+    """Per session-second: the set's request path, speech stages, Redis and the bench's client, less
+    what the simulator charges the cells' turns, steps and voiced tokens; the other set's processes
+    and Ray's are left out (the background has them)."""
     cell = {"turns": 10, "frames": 1000, "generated_tokens": 500, "wall_s": 50.0}
     charged = 10 * SERVING.request_cpu_s + 1000 * SERVING.step_cpu_s + 500 * (SERVING.token_cpu_s + 0.001)
     run = {"runs": {
         "baseline@c=4,p=0.0": {**cell, "cpu_s": {"baseline: gateway replica": charged + 2.0, "client": 1.0,
                                                  "interaction: gateway replica": 7.0, "ray: gcs": 3.0}},
-        "interaction@c=4,p=0.0": {**cell, "cpu_s": {"interaction: vocoder replica": charged, "client": 1.0}},
+        "interaction@c=4,p=0.0": {**cell, "cpu_s": {"interaction: vocoder replica": charged - 0.5, "client": 1.0,
+                                                    "interaction: redis": 0.5, "baseline: redis": 9.0}},
     }}  # fmt: skip
-    assert calibrate.session_cores(run, SERVING, 0.001, sessions=4) == pytest.approx(4.0 / (2 * 4 * 50.0))
+    assert calibrate.session_cores(run, SERVING, 0.001) == pytest.approx(4.0 / (2 * 4 * 50.0))
     del run["runs"]["interaction@c=4,p=0.0"]["cpu_s"]  # a run from before the bench recorded it
-    assert calibrate.session_cores(run, SERVING, 0.001, sessions=4) == 0.0
+    assert calibrate.session_cores(run, SERVING, 0.001) == 0.0

@@ -290,10 +290,10 @@ def test_a_text_talkers_piece_costs_the_speech_paths_serving_per_token_too():
     """A piece's audio reaches the client after its model steps and the speech path's handling of
     each of its tokens (Serving.speech_token_cpu_s: the replicas' and the gateway's)."""
 
-    def first_audio(serving_s: float) -> float:
+    def first_audio(speech_s: float) -> float:
         env = simpy.Environment()
         talker = TextTalkerReplica(env, "t", costs.load("cpu-2core-tiny").stages, None, (4, 24), 0.0, 9.0, 25,
-                                   random.Random(0), 1, serving_s)  # fmt: skip
+                                   random.Random(0), 1, speech_s)  # fmt: skip
         heard: list[float] = []
         for _ in range(24):  # one whole piece, at once
             talker.token("s", lambda: heard.append(env.now))
