@@ -28,25 +28,18 @@ def snapshot(roots: dict[int, str] | None = None, runs: dict[str, str] | None = 
     their processes with OMNIRAY_RUN_ID): their processes' labels start with the run's name."""
     roots, runs = roots or {}, runs or {}
     procs = {}
-    for p in psutil.process_iter(["pid", "ppid", "name", "cmdline", "cpu_times"]):
+    attrs = ["pid", "ppid", "name", "cmdline", "cpu_times"] + (["environ"] if runs else [])
+    for p in psutil.process_iter(attrs):  # what cannot be read (another user's) comes as None
         info = p.info
         if info["cpu_times"] is None:
             continue
         procs[info["pid"]] = info
     cpu = {pid: i["cpu_times"].user + i["cpu_times"].system for pid, i in procs.items()}
     labels = {pid: _label(pid, procs, roots) for pid in procs}
-    if runs:
-        for pid in procs:
-            if (run := runs.get(_run_id(pid))) is not None:
-                labels[pid] = f"{run}: {labels[pid]}"
+    for pid, info in procs.items():
+        if (run := runs.get((info.get("environ") or {}).get(RUN_ID_ENV))) is not None:
+            labels[pid] = f"{run}: {labels[pid]}"
     return Snapshot(cpu, labels)
-
-
-def _run_id(pid: int) -> str | None:
-    try:
-        return psutil.Process(pid).environ().get(RUN_ID_ENV)
-    except (psutil.Error, OSError):  # gone meanwhile, or another user's
-        return None
 
 
 def _title(info: dict) -> str:
