@@ -55,6 +55,7 @@ from services.quota import LOCAL_API_KEY
 
 TOLERANCE = 0.2
 MAX_TOKENS = 64  # make bench's
+SIM_BOUND = 4  # a simulated voice cell ends with its last block, or after this many times its measured wall
 KV_TOKENS = 1 << 20  # tiny's and small's KV never bounds these workloads (no memory section on CPU)
 
 
@@ -405,19 +406,53 @@ def reply_text(profile) -> tuple[float, float]:
     return ends / len(texts), sum(len(t) for t in texts) / len(texts)
 
 
-def voice_spec(profile, sessions: int, p: float) -> VoiceSpec:
-    """voice_bench's sessions as the simulator's workload: its espeak-ng sentences' lengths, its
-    staggered starts, the thinker's reply text, the talker's audio per character."""
+def sentence_seconds() -> list[float]:
+    """voice_bench's utterances (its espeak-ng sentences), in seconds."""
+    return [len(speech(s)) / 2 / RATE for s in SENTENCES]
+
+
+def prompt_shape(run: dict) -> tuple[float, float] | None:
+    """A realtime turn's prompt as the server counted it, from a voice run's first turns (a
+    session's first prompt is the template and its audio alone): (tokens before the audio, audio
+    tokens per second of speech), fitted by least squares over the sentences' lengths; None for a
+    run that did not record prompts (or one sentence's length alone)."""
+    sessions, seconds = run["args"]["sessions"], sentence_seconds()
+    points = []
+    for cell in run["runs"].values():
+        for k, turns in enumerate(cell.get("prompt_tokens_by_turn", [])):
+            if turns:
+                turn, tokens = min(turns)  # session k % sessions of its block: sentence (k % sessions + turn)
+                points.append((seconds[(k % sessions + turn) % len(seconds)], tokens))
+    if len({x for x, _ in points}) < 2:
+        return None
+    curve = costs.Curve.fit("speech seconds", points)
+    return curve.intercept_s, curve.slope_s
+
+
+def voice_spec(profile, run: dict, p: float) -> VoiceSpec:
+    """A voice_bench run's sessions as the simulator's workload: its espeak-ng sentences' lengths,
+    its staggered starts, its blocks of fresh sessions with their turns, the prompts the server
+    counted, the thinker's reply text, the talker's audio per character."""
+    args = run["args"]
+    sizes = {count for _, count in voice_bench.blocks(args["turns"], args["blocks"])}
+    if len(sizes) != 1:
+        raise ValueError(f"{args['turns']} turns in {args['blocks']} blocks: blocks of unequal turns")
     clause_p, chars = reply_text(profile)
-    seconds = [len(speech(s)) / 2 / RATE for s in SENTENCES]
+    seconds = sentence_seconds()
     units_per_char = getattr(profile.models.talker.options, "units_per_char", 1)
-    return VoiceSpec(sessions=sessions, ramp_s=0.2 * sessions, barge_p=p, speech_s=(min(seconds), max(seconds)),
-                     ms_per_token=chars * units_per_char * UNIT_MS, clause_p=clause_p, chars_per_token=chars)  # fmt: skip
+    shape = {}
+    if (fitted := prompt_shape(run)) is not None:
+        shape = {"system_tokens": max(1, round(fitted[0])), "audio_tokens_per_s": max(fitted[1], 1e-3)}
+    return VoiceSpec(sessions=args["sessions"], ramp_s=0.2 * args["sessions"], barge_p=p,
+                     speech_s=(min(seconds), max(seconds)), turns=sizes.pop(),
+                     blocks=min(args["blocks"], args["turns"]), ms_per_token=chars * units_per_char * UNIT_MS,
+                     clause_p=clause_p, chars_per_token=chars, **shape)  # fmt: skip
 
 
 def predict_voice(hardware: costs.HardwareProfile, profile: str, policy: str, spec: VoiceSpec,
                   duration_s: float) -> dict:  # fmt: skip
-    """A voice_bench cell on the simulated clock: one decode replica, the profile's talker."""
+    """A voice_bench cell on the simulated clock: one decode replica, the profile's talker; it
+    ends with its sessions' last block (or at `duration_s`)."""
     workload = Workload(voice=spec, duration_s=duration_s, warmup_s=0)
     cluster = Cluster(Deployment(hardware=hardware.name, profile=profile, kv_tokens=KV_TOKENS, admission=False,
                                  policies=VOICE_POLICIES[policy]), workload, hardware=hardware)  # fmt: skip
@@ -451,13 +486,13 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
         )  # fmt: skip
         hardware = hardware.model_copy(update={"serving": serving})
 
-    figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), sessions, 0.0)
+    figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), run, 0.0)
     for p in (0.0, 0.5):
         spec = sessions_spec.model_copy(update={"barge_p": p})
         for policy in voice_bench.POLICY_SETS:
             measured = run["runs"][f"{policy}@c={sessions},p={p}"]
             got = predicted[f"{policy}@p={p}"] = predict_voice(
-                hardware, profile, policy, spec, measured["wall_s"]
+                hardware, profile, policy, spec, SIM_BOUND * measured["wall_s"]
             )
             figures.append(Figure("make bench-voice", f"TTFP P90, {policy}, p = {p}", measured["ttfp_p90_s"],
                                   got["ttfp_p90_s"]))  # fmt: skip

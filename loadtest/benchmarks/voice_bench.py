@@ -69,6 +69,9 @@ class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
     ttfp_at: list[float] = field(default_factory=list)  # when each first audio came (time.monotonic())
     created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
+    # (turn, prompt tokens) of each response (its response.done's usage): where a turn's prompt
+    # crosses the profile's `disagg_min_prompt_tokens`, it is prefilled on the prefill stage
+    prompt_tokens: list[tuple[int, int]] = field(default_factory=list)
     played_s: float = 0.0
     stalled_s: float = 0.0
     wasted: int = 0
@@ -122,6 +125,8 @@ class Client:
         elif kind == "response.done":
             self.response_done = True
             r = event["response"]
+            if prompt := (r.get("usage") or {}).get("input_tokens"):
+                self.stats.prompt_tokens.append((self.turn, prompt))
             if r["status"] in WHOLE:  # the whole reply was generated
                 if self.audio_ms:  # its audio's length (an empty reply has none to cut)
                     self.durations.append(self.audio_ms / 1000)
@@ -256,9 +261,12 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
     return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
 
 
-# Where a turn's time goes, per cell (the deployment's own histograms, sum and count differenced):
-# the speech stages' urgency-gate waits and the engines' step periods.
-WATCHED = ("omniray_stage_urgency_wait_seconds", "omniray_scheduler_frame_seconds")
+# Where a turn's time goes, per cell (the deployment's own metrics, differenced): the speech stages'
+# urgency-gate waits, the engines' step periods, the stage calls (a remote prefill among them), the
+# KV store's reloads (a prefilled prompt's pages reaching decode: kind pd) and the loads it gave up.
+WATCHED = ("omniray_stage_urgency_wait_seconds", "omniray_scheduler_frame_seconds", "omniray_stage_latency_seconds",
+           "omniray_kv_reload_seconds", "omniray_kv_fallback_recompute_total")  # fmt: skip
+LABELS = ("stage", "op", "kind", "reason")  # kept in a metric's key
 FRAMES = "omniray_scheduler_frame_seconds_count{}"
 
 
@@ -267,11 +275,12 @@ def scrape(metrics_url: str) -> dict[str, float]:
         text = resp.read().decode()
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name.removeprefix("ray_") not in WATCHED:  # Ray exports them as ray_omniray_*
+        # Ray exports them as ray_omniray_*; a counter's family is named without its _total
+        if family.name.removeprefix("ray_") not in {name.removesuffix("_total") for name in WATCHED}:
             continue
         for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k == "stage")
+            if sample.name.endswith(("_sum", "_count", "_total")):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k in LABELS)
                 key = f"{sample.name.removeprefix('ray_')}{{{labels}}}"
                 out[key] = out.get(key, 0.0) + sample.value
     return out
@@ -333,6 +342,7 @@ def summarize(out: list[SessionStats], wall: float) -> dict:
         "created_p90_s": p90([x for s in out for x in s.created_s]),
         "wall_s": wall,
         "ttfp_by_turn_s": [[round(x, 3) for x in s.ttfp_s] for s in out],  # per session, in turn order
+        "prompt_tokens_by_turn": [s.prompt_tokens for s in out],  # per session: (turn, prompt tokens)
         "wasted_tokens": sum(s.wasted for s in out),
         "generated_tokens": sum(s.generated for s in out),
         "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),
@@ -412,6 +422,8 @@ def main() -> None:
                 cell = f"{name}@c={sessions},p={p}"
                 report["runs"][cell] = r = summarize(stats[name], walls[name])
                 r["stage_means_ms"] = means_ms({}, deltas[name])
+                r["counts"] = {key: round(n) for key, n in sorted(deltas[name].items())
+                               if key.split("{")[0].endswith(("_count", "_total")) and n}  # fmt: skip
                 r["frames"] = deltas[name].get(FRAMES, 0.0)
                 # CPU seconds of each process while this set's blocks ran: the set's own under their
                 # role's name, the other sets' deployments (idle meanwhile) under theirs, this

@@ -115,6 +115,7 @@ class Cluster:
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()
         self._clients: list = []  # the closed loop's clients (start)
+        self._voice: simpy.Process | None = None  # the voice sessions' blocks (start)
         self.voice = VoiceStats()
         self.requests: dict[str, list[dict]] = {name: [] for name in workload.requests}
         if workload.closed_loop is not None:
@@ -278,10 +279,8 @@ class Cluster:
 
     def start(self) -> None:
         v, env = self.w.voice, self.env
-        for i in range(v.sessions):
-            sid = f"t{i % self.w.tenants}/s{i}"
-            session = VoiceSession(self, sid, v, random.Random(f"{self.w.seed}/{sid}"), self.voice)
-            env.process(_after(env, v.start_s + v.ramp_s * i / max(1, v.sessions), session.run()))
+        if v.sessions:
+            self._voice = env.process(self._voice_blocks())
         for name, spec in self.w.requests.items():
             if spec.rate > 0:
                 env.process(self._requests(name, spec))
@@ -290,6 +289,20 @@ class Cluster:
             self._clients = [
                 env.process(self._closed_loop_client(todo)) for _ in range(self.w.closed_loop.concurrency)
             ]
+
+    def _voice_blocks(self):
+        """The voice sessions, opening over the ramp; with a number of turns, block after block of
+        fresh ones (each once the last block's have all ended)."""
+        v, env = self.w.voice, self.env
+        yield env.timeout(v.start_s)
+        for block in range(v.blocks if v.turns is not None else 1):
+            runs = []
+            for i in range(v.sessions):
+                n = block * v.sessions + i
+                sid = f"t{n % self.w.tenants}/s{n}"
+                session = VoiceSession(self, sid, v, random.Random(f"{self.w.seed}/{sid}"), self.voice)
+                runs.append(env.process(_after(env, v.ramp_s * i / max(1, v.sessions), session.run())))
+            yield env.all_of(runs)
 
     def _closed_loop_client(self, todo):
         """One of `make bench`'s clients: the next request as soon as its last one ended."""
@@ -363,6 +376,8 @@ class Cluster:
         until = self.env.timeout(self.w.duration_s)
         if self._clients:  # a closed loop ends with its last request
             until = self.env.any_of([until, self.env.all_of(self._clients)])
+        elif self.w.voice.turns is not None and self._voice is not None:  # sessions of a number of turns
+            until = self.env.any_of([until, self._voice])
         try:
             self.env.run(until=until)
         finally:

@@ -9,7 +9,8 @@ it generates is audio (`ms_per_token`) that reaches the client after the speech 
 client plays it at real time, stalling when its buffer runs dry. With probability `barge_p` the
 user talks over the reply at LiveServe's cut point (first audio plus a sample of whole replies'
 audio durations); a cut past the reply's end is no barge-in. Otherwise the user waits for playback
-to end, then a reply gap, and speaks again.
+to end, then a reply gap, and speaks again — for the run, or for the spec's `turns` (its last reply
+heard whole, as `make bench-voice`'s sessions do).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ GAP_MS = 100  # a longer stall makes a response discontinuous (WORKLOADS.md)
 class Turn:
     """One reply, as measured at the client."""
 
+    session: str
     start: float  # speech_stopped (simulated seconds)
     ttfp_s: float | None = None
     generated: int = 0
@@ -63,6 +65,7 @@ class VoiceSession:
         self.done: simpy.Event | None = None
         self.cut: simpy.Event | None = None
         self.final: int | None = None  # the reply's tokens, once the engine finished it
+        self.turns: list[Turn] = []  # this session's
 
     @property
     def chain(self) -> str:
@@ -78,7 +81,7 @@ class VoiceSession:
         c.session(+1)
         barged = False
         try:
-            while True:
+            while spec.turns is None or len(self.turns) < spec.turns:
                 speech = self.rng.uniform(*spec.speech_s)
                 if not barged:  # a barge-in started this speech already
                     self.monitor.speech_started(self.sid)
@@ -95,7 +98,8 @@ class VoiceSession:
 
     def _reply(self, speech_s: float):
         env, spec, c = self.env, self.spec, self.cluster
-        turn = self.turn = Turn(start=env.now)
+        turn = self.turn = Turn(self.sid, start=env.now)
+        self.turns.append(turn)
         self.stats.turns.append(turn)
         yield c.audio_encoded(speech_s)
         self.context += int(speech_s * spec.audio_tokens_per_s)
@@ -138,7 +142,8 @@ class VoiceSession:
         if turn.ttfp_s is None:
             turn.ttfp_s = now - turn.start
             self.play_end = now
-            if self.rng.random() < self.spec.barge_p:
+            last = len(self.turns) == self.spec.turns  # the session ends after it: heard whole
+            if not last and self.rng.random() < self.spec.barge_p:
                 heard = reply_length(self.rng, *self.spec.reply_tokens) * self.spec.ms_per_token / 1000
                 self.env.process(self._barge(request, now + heard))
         elif now > self.play_end:

@@ -52,6 +52,11 @@ class VoiceSpec(_Strict):
     clause_p: float = Field(default=0.1, ge=0, le=1)
     chars_per_token: float = Field(default=4.0, gt=0)  # of a reply's text (the talker's units follow)
     vad_silence_s: float = Field(default=0.3, ge=0)  # silence before server VAD ends a turn (not in TTFP)
+    # A session's turns (None: it talks until the run ends); its last reply is heard whole. With
+    # turns, sessions come in `blocks` of `sessions` fresh ones, each block once the last has ended
+    # (make bench-voice's cells), and the run ends with the last block.
+    turns: int | None = Field(default=None, ge=1)
+    blocks: int = Field(default=1, ge=1)
 
 
 class RequestSpec(_Strict):

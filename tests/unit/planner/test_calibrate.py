@@ -112,3 +112,15 @@ def test_a_realtime_sessions_own_cost_is_what_its_cells_spent_beyond_the_charges
     assert calibrate.session_cores(run, SERVING, 0.001) == pytest.approx(4.0 / (2 * 4 * 50.0))
     del run["runs"]["interaction@c=4,p=0.0"]["cpu_s"]  # a run from before the bench recorded it
     assert calibrate.session_cores(run, SERVING, 0.001) == 0.0
+
+
+def test_a_turns_prompt_shape_is_fitted_to_the_sessions_first_prompts():
+    """A session's first prompt is the template and its audio: the fit over the sentences' lengths
+    recovers both (session k of a block starts at sentence k + its first turn)."""
+    seconds = calibrate.sentence_seconds()
+    rows = [[(turn, 9 + 25 * seconds[(k % 4 + turn) % len(seconds)]), (turn + 1, 900)]
+            for k, turn in enumerate([0, 0, 0, 0, 2, 2, 2, 2])]  # fmt: skip
+    run = {"args": {"sessions": 4}, "runs": {"baseline@c=4,p=0.0": {"prompt_tokens_by_turn": rows}}}
+    head, rate = calibrate.prompt_shape(run)
+    assert head == pytest.approx(9) and rate == pytest.approx(25)
+    assert calibrate.prompt_shape({"args": {"sessions": 4}, "runs": {"baseline@c=4,p=0.0": {}}}) is None

@@ -151,6 +151,34 @@ def test_the_interaction_aware_set_paces_replies_so_barge_ins_waste_less():
     assert live["continuity"] > 0.95
 
 
+def test_sessions_of_a_number_of_turns_come_in_blocks_and_their_last_reply_is_heard_whole():
+    """make bench-voice's cell: `blocks` of fresh sessions, each block once the last has ended; a
+    session's last reply is never talked over; the run ends with the last block."""
+    cluster = Cluster(
+        Deployment(hardware=GPU, profile="qwen3-omni", policies=BASELINE, admission=False),
+        Workload(voice=VoiceSpec(sessions=3, barge_p=1.0, ramp_s=1, turns=3, blocks=2), duration_s=3600,
+                 warmup_s=0),  # fmt: skip
+    )
+    opened, most = cluster.session, []
+
+    def session(delta: int) -> None:
+        opened(delta)
+        most.append(cluster.open_sessions)
+
+    cluster.session = session
+    cluster.run()
+    turns = cluster.voice.turns
+    assert len(turns) == 2 * 3 * 3 and cluster.env.now < 3600
+    sessions = {t.session for t in turns}
+    assert len(sessions) == 2 * 3  # fresh ones in each block
+    for sid in sessions:
+        *before, last = [t for t in turns if t.session == sid]
+        assert last.heard_whole and not last.barged
+        assert all(t.barged or t.heard_whole for t in before)
+    assert sum(t.barged for t in turns) >= 3  # p = 1: every earlier turn unless the cut fell past its end
+    assert max(most) == 3 and most.count(0) == 2  # one block at a time, each closed before the next
+
+
 def test_a_run_is_determined_by_its_seed():
     a, b = (
         report.voice(_voice(INTERACTION, sessions=8, seed=3)),
