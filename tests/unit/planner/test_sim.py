@@ -156,8 +156,9 @@ def test_sessions_of_a_number_of_turns_come_in_blocks_and_their_last_reply_is_he
     session's last reply is never talked over; the run ends with the last block."""
     cluster = Cluster(
         Deployment(hardware=GPU, profile="qwen3-omni", policies=BASELINE, admission=False),
-        Workload(voice=VoiceSpec(sessions=3, barge_p=1.0, ramp_s=1, turns=3, blocks=2), duration_s=3600,
-                 warmup_s=0),  # fmt: skip
+        Workload(
+            voice=VoiceSpec(sessions=3, barge_p=1.0, ramp_s=1, turns=3, blocks=2), duration_s=3600, warmup_s=0
+        ),
     )
     opened, most = cluster.session, []
 
