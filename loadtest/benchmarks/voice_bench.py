@@ -69,6 +69,9 @@ class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
     ttfp_at: list[float] = field(default_factory=list)  # when each first audio came (time.monotonic())
     created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
+    # speech_stopped → the reply's first transcript text (its first piece written), per TTFP: what of
+    # a slow first audio is the thinker's and what the speech stages' after it
+    text_s: list[float | None] = field(default_factory=list)
     # (turn, prompt tokens) of each response (its response.done's usage): where a turn's prompt
     # crosses the profile's `disagg_min_prompt_tokens`, it is prefilled on the prefill stage
     prompt_tokens: list[tuple[int, int]] = field(default_factory=list)
@@ -221,6 +224,13 @@ class Client:
                     continue
                 t_audio = self.rt.at(first)
                 self.stats.ttfp_s.append(t_audio - t_stop)
+                text = self.rt.find(
+                    lambda e, rid=rid: (
+                        e["type"] == "response.output_audio_transcript.delta" and e["response_id"] == rid
+                    ),
+                    created,
+                )
+                self.stats.text_s.append(round(self.rt.at(text) - t_stop, 3) if text is not None else None)
                 self.stats.ttfp_at.append(t_audio)
                 self.stats.created_s.append(t_created - t_stop)
                 if self._play(barge_at):
@@ -328,6 +338,7 @@ def blocks(turns: int, n: int) -> list[tuple[int, int]]:
 def summarize(out: list[SessionStats], wall: float) -> dict:
     """A cell's figures from its sessions' stats (every block's) and its wall time."""
     ttfp = sorted(x for s in out for x in s.ttfp_s)
+    text = [x for s in out for x in s.text_s if x is not None]
     played = sum(s.played_s for s in out)
 
     def p90(values: list[float]) -> float | None:
@@ -338,11 +349,13 @@ def summarize(out: list[SessionStats], wall: float) -> dict:
         "ttfp_p50_s": statistics.median(ttfp) if ttfp else None,
         "ttfp_p90_s": p90(ttfp),
         "ttfp_max_s": max(ttfp, default=None),
+        "text_p50_s": statistics.median(text) if text else None,
         # where a slow first audio comes from: before the response starts, or after
         "created_p90_s": p90([x for s in out for x in s.created_s]),
         "wall_s": wall,
         "ttfp_by_turn_s": [[round(x, 3) for x in s.ttfp_s] for s in out],  # per session, in turn order
         "prompt_tokens_by_turn": [s.prompt_tokens for s in out],  # per session: (turn, prompt tokens)
+        "text_by_turn_s": [s.text_s for s in out],  # per session, beside ttfp_by_turn_s
         "wasted_tokens": sum(s.wasted for s in out),
         "generated_tokens": sum(s.generated for s in out),
         "continuity": 1 - sum(s.stalled_s for s in out) / max(played + sum(s.stalled_s for s in out), 1e-9),

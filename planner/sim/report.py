@@ -31,6 +31,8 @@ def voice(cluster) -> dict:
         "barge_ins": sum(t.barged for t in turns),
         "ttfp_p50_s": quantile(ttfp, 0.5),
         "ttfp_p90_s": quantile(ttfp, 0.9),
+        # the first token's share of it (make bench-voice records the first transcript text's)
+        "ttft_p50_s": quantile([t.ttft_s for t in turns if t.ttft_s is not None], 0.5),
         "continuity": 1 - stalled / max(played + stalled, 1e-9),
         "continuous_share": len(continuous) / max(1, len(heard)),
         "generated_tokens": generated,

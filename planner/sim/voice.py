@@ -34,6 +34,7 @@ class Turn:
     session: str
     start: float  # speech_stopped (simulated seconds)
     ttfp_s: float | None = None
+    ttft_s: float | None = None  # the reply's first token (its first audio waits for its piece's)
     generated: int = 0
     wasted: int = 0
     barged: bool = False
@@ -130,6 +131,8 @@ class VoiceSession:
             return  # a reply already cut
         if what == "token":
             self.turn.generated += 1
+            if self.turn.ttft_s is None:
+                self.turn.ttft_s = self.env.now - self.turn.start
             self.talker.token(self.sid, lambda: self._audio(request))
         elif what == "finished":
             self.final = request.num_output_tokens  # its audio ends the reply

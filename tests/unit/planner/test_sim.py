@@ -175,6 +175,7 @@ def test_sessions_of_a_number_of_turns_come_in_blocks_and_their_last_reply_is_he
     for sid in sessions:
         *before, last = [t for t in turns if t.session == sid]
         assert last.heard_whole and not last.barged
+        assert all(0 < t.ttft_s < t.ttfp_s for t in (*before, last))  # its first token, then its audio
         assert all(t.barged or t.heard_whole for t in before)
     assert sum(t.barged for t in turns) >= 3  # p = 1: every earlier turn unless the cut fell past its end
     assert max(most) == 3 and most.count(0) == 2  # one block at a time, each closed before the next
