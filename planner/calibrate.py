@@ -391,7 +391,7 @@ def encoder(hardware: costs.HardwareProfile, profile: str, rounds: int = 3, doc_
 
 # ---- make bench-voice: P90 TTFP and wasted tokens, 8 sessions, both policy sets ------------------
 
-VOICE_POLICIES = {"baseline": BASELINE, "interaction": INTERACTION}  # voice_bench.POLICY_SETS'
+VOICE_POLICIES = {"baseline": BASELINE, "interaction": INTERACTION}  # voice_bench.DEFAULT_SETS
 UNIT_MS = 1000 * SAMPLES_PER_UNIT / SAMPLE_RATE  # the tiny talker's speech unit (its vocoder's)
 
 
@@ -477,7 +477,7 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
     own cost while open is measured from the run's CPU time (session_cores)."""
     run = run or _voice_run(profile, sessions, turns, blocks)
     if hardware.serving is not None:
-        sets = len(voice_bench.POLICY_SETS)
+        sets = len(run["args"]["sets"])
         per_session = session_cores(
             run, hardware.serving, speech_steps_per_token(hardware, load_profile(profile))
         )
@@ -489,7 +489,7 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
     figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), run, 0.0)
     for p in (0.0, 0.5):
         spec = sessions_spec.model_copy(update={"barge_p": p})
-        for policy in voice_bench.POLICY_SETS:
+        for policy in VOICE_POLICIES:
             measured = run["runs"][f"{policy}@c={sessions},p={p}"]
             got = predicted[f"{policy}@p={p}"] = predict_voice(
                 hardware, profile, policy, spec, SIM_BOUND * measured["wall_s"]

@@ -1,6 +1,8 @@
 """`make bench-voice`: the same N concurrent voice sessions against two policy sets on the same
-engine in one run — baseline (FCFS scheduler + LRU eviction) vs interaction-aware (LiveServe urgency
-+ next-use eviction fed by the session board) — at barge-in probability 0 and 0.5.
+engine in one run — baseline (FCFS scheduler + LRU eviction, no preload) vs interaction-aware
+(LiveServe urgency + next-use eviction and speech-triggered preload fed by the session board) — at
+barge-in probability 0 and 0.5. `--sets` runs others beside the baseline: each part of the
+interaction-aware set alone (`+scheduling`, `+eviction`, `+preload`: LiveServe's ablation).
 
 Each session is a real-time WebSocket client: it speaks (espeak-ng speech at real-time pace, then
 silence; server VAD ends the turn), plays the reply's audio at real time (reporting playback with
@@ -61,7 +63,17 @@ from services import runtime
 from services.realtime.server_events import TRY_AGAIN_LATER, WHOLE
 
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
-POLICY_SETS = {"baseline": ("fcfs", "lru"), "interaction": ("liveserve", "next_use")}
+# (scheduler: services/policies/urgency, KV eviction: kv_store/eviction, speech-triggered preload:
+# kv_store/follower.py): the baseline, LiveServe's whole set, and each of its parts alone on the
+# baseline (LiveServe's ablation; planner/simulate.py's sets of the same names)
+POLICY_SETS = {
+    "baseline": ("fcfs", "lru", False),
+    "interaction": ("liveserve", "next_use", True),
+    "+scheduling": ("liveserve", "lru", False),
+    "+eviction": ("fcfs", "next_use", False),
+    "+preload": ("fcfs", "lru", True),
+}
+DEFAULT_SETS = ["baseline", "interaction"]
 
 
 @dataclass
@@ -255,10 +267,13 @@ def silent_end(turn: int, response: dict) -> tuple[int, str, str, int]:
     return turn, str(response.get("status")), str(why), int(tokens)
 
 
-def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
+def profile_file(args, name: str, tmp: Path) -> Path:
+    scheduler, eviction, preload = POLICY_SETS[name]
+
     def edit(data: dict) -> None:
         data.setdefault("realtime", {}).setdefault("scheduler", {})["policy"] = scheduler
         data.setdefault("kv_store", {})["policy"] = eviction
+        data["kv_store"].setdefault("follower", {})["preload"] = preload
         # measure the policies, not refusals: realtime admission's limit stays at 256 sessions
         data["realtime"]["admission"] = {"initial": 256, "min": 256, "max": 256}
         if args.hidden:
@@ -268,7 +283,7 @@ def profile_file(args, scheduler: str, eviction: str, tmp: Path) -> Path:
         if args.chunk_max_tokens:
             data["pipeline"]["chunk_max_tokens"] = args.chunk_max_tokens
 
-    return derive(args.profile, tmp, f"{args.profile}-{scheduler}-{eviction}", edit)
+    return derive(args.profile, tmp, f"{args.profile}-{name.lstrip('+')}", edit)
 
 
 # Where a turn's time goes, per cell (the deployment's own metrics, differenced): the speech stages'
@@ -389,8 +404,9 @@ def main() -> None:
     ap.add_argument("--min-tokens", type=int, default=REPLY_TOKENS[0], help="shortest reply (tokens)")
     ap.add_argument("--max-tokens", type=int, default=REPLY_TOKENS[1], help="longest reply (tokens)")
     ap.add_argument("--barge", type=float, nargs="+", default=[0.0, 0.5])
-    ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=list(POLICY_SETS),
-                    help="policy sets to run (ratios need both)")  # fmt: skip
+    ap.add_argument("--sets", nargs="+", choices=list(POLICY_SETS), default=DEFAULT_SETS,
+                    help="policy sets to run, each a deployment up for the whole run (ratios: each against "
+                         "the baseline)")  # fmt: skip
     ap.add_argument("--sweep", type=int, nargs="+", default=[],
                     help="session counts for the useful-RPS sweep (p = 0) instead of --sessions/--barge")  # fmt: skip
     ap.add_argument("--slo-s", type=float, default=1.0, help="P90 TTFP objective of the sweep (s)")
@@ -406,8 +422,7 @@ def main() -> None:
         # (A B B A …), so that a drift of this machine's speed lands on both sets alike.
         urls, metrics, runs, roots = {}, {}, {}, {os.getpid(): "client"}
         for name in args.sets:
-            scheduler, eviction = POLICY_SETS[name]
-            path = profile_file(args, scheduler, eviction, Path(tmp))
+            path = profile_file(args, name, Path(tmp))
             cluster = stack.enter_context(runtime.temporary(str(path), prefix=f"omniray-voice-{name}-"))
             urls[name] = f"{cluster.http_url.replace('http', 'ws', 1)}/v1/realtime"
             metrics[name] = cluster.metrics_url
@@ -444,28 +459,32 @@ def main() -> None:
                 r["cpu_s"] = {label: round(seconds, 2) for label, seconds in cpu[name].most_common()}
                 print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
                       f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
-    if len(args.sets) == len(POLICY_SETS):
-        report["ratios"] = useful_rps(report["runs"], args) if args.sweep else ratios(report["runs"], cells)
+    if args.sweep:
+        report["ratios"] = useful_rps(report["runs"], args)
+    elif "baseline" in args.sets and len(args.sets) > 1:
+        report["ratios"] = ratios(report["runs"], cells, [name for name in args.sets if name != "baseline"])
     print(f"saved {results.write('voice', args.profile, report)}")
 
 
-def ratios(runs: dict, cells: list) -> dict:
-    """Interaction-aware against the baseline, per cell of the same sessions and p."""
+def ratios(runs: dict, cells: list, against: list[str]) -> dict:
+    """Each set in `against` (the interaction-aware set, or one of its parts) against the baseline, per
+    cell of the same sessions and p: {"<set> c=<n>,p=<p>": ratios}."""
     out = {}
-    for sessions, p in cells:
-        b, i = runs[f"baseline@c={sessions},p={p}"], runs[f"interaction@c={sessions},p={p}"]
-        if not (b["turns"] and i["turns"] and b["heard_rps"]):
-            print(f"p={p}: no ratios (a run answered no turn)")
-            continue
-        r = {
-            "ttfp_p90 baseline/interaction": b["ttfp_p90_s"] / i["ttfp_p90_s"],
-            "continuous interaction-baseline": i["continuous_share"] - b["continuous_share"],
-            "heard_rps interaction/baseline": i["heard_rps"] / b["heard_rps"],
-        }
-        if b["wasted_tokens"]:
-            r["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
-        out[f"c={sessions},p={p}"] = r
-        print(f"c={sessions} p={p}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
+    for name in against:
+        for sessions, p in cells:
+            b, i = runs[f"baseline@c={sessions},p={p}"], runs[f"{name}@c={sessions},p={p}"]
+            if not (b["turns"] and i["turns"] and b["heard_rps"]):
+                print(f"{name} p={p}: no ratios (a run answered no turn)")
+                continue
+            r = {
+                f"ttfp_p90 baseline/{name}": b["ttfp_p90_s"] / i["ttfp_p90_s"],
+                f"continuous {name}-baseline": i["continuous_share"] - b["continuous_share"],
+                f"heard_rps {name}/baseline": i["heard_rps"] / b["heard_rps"],
+            }
+            if b["wasted_tokens"]:
+                r["wasted reduction"] = 1 - i["wasted_tokens"] / b["wasted_tokens"]
+            out[f"{name} c={sessions},p={p}"] = r
+            print(f"{name} c={sessions} p={p}: " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()))
     return out
 
 
@@ -474,7 +493,7 @@ def useful_rps(runs: dict, args) -> dict:
     continuous with P90 TTFP within the objective (WORKLOADS.md), and the responses heard whole per
     second there."""
     out = {}
-    for name in POLICY_SETS:
+    for name in args.sets:
         ok = [c for c in args.sweep if (r := runs[f"{name}@c={c},p=0.0"])["turns"] and not r["refused"]
               and r["continuous_share"] >= 0.9 and r["ttfp_p90_s"] <= args.slo_s]  # fmt: skip
         best = max(ok, default=None)

@@ -12,13 +12,17 @@ import time
 from types import SimpleNamespace
 
 import websockets.sync.server as ws_server
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from loadtest.benchmarks.voice_bench import (
+    POLICY_SETS,
     Client,
     blocks,
     means_ms,
+    profile_file,
+    ratios,
     reply_length,
     scrape,
     silent_end,
@@ -55,7 +59,7 @@ def test_useful_rps_is_the_rate_at_the_most_sessions_within_the_objective():
         "interaction@c=16,p=0.0": cell(0.7, 0.8, 0.3),  # too many stalls
         "interaction@c=24,p=0.0": cell(0.9, 0.95, 0.5),  # a gap below does not stop the sweep
     }
-    args = SimpleNamespace(sweep=[8, 16, 24], slo_s=1.0)
+    args = SimpleNamespace(sweep=[8, 16, 24], slo_s=1.0, sets=["baseline", "interaction"])
     assert useful_rps(runs, args) == {
         "baseline": {"sessions": 16, "useful_rps": 0.3},
         "interaction": {"sessions": 24, "useful_rps": 0.5},
@@ -65,6 +69,33 @@ def test_useful_rps_is_the_rate_at_the_most_sessions_within_the_objective():
     runs["baseline@c=8,p=0.0"] = cell(1.5, 1.0, 0.2)
     runs["baseline@c=16,p=0.0"] = cell(1.5, 1.0, 0.3)
     assert useful_rps(runs, args)["baseline"] == {"sessions": None, "useful_rps": 0.0}
+
+
+def test_each_policy_set_is_a_profile_with_its_scheduler_eviction_and_preload(tmp_path):
+    """The baseline has no part of LiveServe's set (preload included: the store's follower preloads
+    whatever the eviction policy); each ablation set adds one."""
+    args = SimpleNamespace(profile="tiny", hidden=0, max_num_seqs=0, chunk_max_tokens=0)
+    seen = {}
+    for name in POLICY_SETS:
+        data = yaml.safe_load(profile_file(args, name, tmp_path).read_text())
+        kv = data["kv_store"]
+        seen[name] = (data["realtime"]["scheduler"]["policy"], kv["policy"], kv["follower"]["preload"])
+    assert seen == POLICY_SETS
+    assert seen["baseline"] == ("fcfs", "lru", False)
+    assert seen["interaction"] == ("liveserve", "next_use", True)
+
+
+def test_ratios_put_each_set_against_the_baseline():
+    def cell(p90, wasted):
+        return {"turns": 32, "ttfp_p90_s": p90, "continuous_share": 1.0, "heard_rps": 0.2,
+                "wasted_tokens": wasted}  # fmt: skip
+
+    runs = {"baseline@c=8,p=0.5": cell(0.9, 100), "+scheduling@c=8,p=0.5": cell(0.6, 40),
+            "+preload@c=8,p=0.5": cell(0.9, 100)}  # fmt: skip
+    out = ratios(runs, [(8, 0.5)], ["+scheduling", "+preload"])
+    assert out["+scheduling c=8,p=0.5"]["ttfp_p90 baseline/+scheduling"] == 1.5
+    assert out["+scheduling c=8,p=0.5"]["wasted reduction"] == 0.6
+    assert out["+preload c=8,p=0.5"]["wasted reduction"] == 0.0
 
 
 EXPOSITION = """# HELP ray_omniray_stage_urgency_wait_seconds Time a step waited.
