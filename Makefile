@@ -177,8 +177,10 @@ bench-preload: setup
 SESSIONS ?= 8
 TURNS ?= 12
 BLOCKS ?= 4
+# LiveServe's ablation: SETS="baseline +scheduling" (or +eviction, +preload), each set a deployment
+SETS ?= baseline interaction
 bench-voice: models
-	$(PY) -m loadtest.benchmarks.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS) --blocks $(BLOCKS)
+	$(PY) -m loadtest.benchmarks.voice_bench --profile $(PROFILE) --sessions $(SESSIONS) --turns $(TURNS) --blocks $(BLOCKS) --sets $(SETS)
 
 bench-voice-sweep: models
 	$(PY) -m loadtest.benchmarks.voice_bench --profile $(PROFILE) --sweep 8 16 24 32 --turns 4 --blocks 2
