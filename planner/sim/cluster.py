@@ -111,6 +111,8 @@ class Cluster:
             [{"name": "session_affinity", "weight": 2.0}, {"name": "queue_length", "weight": 1.0}]
         )
         self.talkers = [self._talker() for _ in range(deployment.talker_replicas)]
+        ahead = self.profile.realtime.speculative_prefill
+        self.ahead_chunk_s = ahead.chunk_ms / 1000 if ahead.enabled else None  # prefill while users speak
         self.encoders = [self._encoder_replica() for _ in range(deployment.encoder_replicas)]
         self.encoder_router = ScorerPipeline.from_config([{"name": "least_pending_tiles"}])
         self.responding: set[str] = set()

@@ -67,6 +67,7 @@ class VoiceSession:
         self.cut: simpy.Event | None = None
         self.final: int | None = None  # the reply's tokens, once the engine finished it
         self.turns: list[Turn] = []  # this session's
+        self.encoded_s = 0.0  # of the turn's speech, what speculative prefill encoded
 
     @property
     def chain(self) -> str:
@@ -87,6 +88,9 @@ class VoiceSession:
                 if not barged:  # a barge-in started this speech already
                     self.monitor.speech_started(self.sid)
                     c.published(self.sid)
+                self.encoded_s = 0.0
+                if c.ahead_chunk_s:  # in flight at the turn's end, it goes on beside the turn's request
+                    env.process(self._prefill_ahead(speech))
                 yield env.timeout(speech + spec.vad_silence_s)
                 self.monitor.speech_stopped(self.sid)
                 c.published(self.sid)
@@ -97,12 +101,36 @@ class VoiceSession:
             c.admission.release()
             c.session(-1)
 
+    def _prefill_ahead(self, speech_s: float):
+        """The profile's speculative prefill (services/realtime/session.py): while the user speaks,
+        the conversation up to each completed audio chunk is encoded and run through the session's
+        replica for one token — one request at a time — so that the turn's own request finds all
+        but its last chunk cached (and encodes only what was not: `encoded_s`)."""
+        env, c = self.env, self.cluster
+        said, chunk, chunks = env.now, c.ahead_chunk_s, 0
+        while (chunks + 1) * chunk <= speech_s:
+            yield env.timeout(max(0.0, said + (chunks + 1) * chunk - env.now))
+            if env.now >= said + speech_s + self.spec.vad_silence_s:
+                return  # the turn was committed meanwhile: its own request runs the rest
+            # every chunk completed by now (more than one when the last request outlasted a chunk)
+            chunks = max(chunks + 1, int(min(env.now - said, speech_s) // chunk))
+            seconds = chunks * chunk - self.encoded_s
+            self.encoded_s += seconds
+            yield c.audio_encoded(seconds)
+            self.replica = c.route(self.sid, self.replica)
+            self.replica.kv.session_chain[self.sid] = self.chain
+            done = env.event()
+            prompt = self.context + int(chunks * chunk * self.spec.audio_tokens_per_s)
+            self.replica.add(SimRequest(f"{self.sid}/ahead-{len(self.turns)}-{chunks}", self.sid, prompt, 1, env.now,
+                                        lambda _, what, done=done: what == "finished" and done.succeed(), chain=self.chain))  # fmt: skip
+            yield done
+
     def _reply(self, speech_s: float):
         env, spec, c = self.env, self.spec, self.cluster
         turn = self.turn = Turn(self.sid, start=env.now)
         self.turns.append(turn)
         self.stats.turns.append(turn)
-        yield c.audio_encoded(speech_s)
+        yield c.audio_encoded(speech_s - self.encoded_s)  # what speculative prefill did not encode
         self.context += int(speech_s * spec.audio_tokens_per_s)
         if self.context > spec.context_tokens:  # the window drops its oldest turns: a new prefix
             self.context, self.epoch = spec.context_tokens // 2, self.epoch + 1

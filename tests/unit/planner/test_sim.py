@@ -181,6 +181,35 @@ def test_sessions_of_a_number_of_turns_come_in_blocks_and_their_last_reply_is_he
     assert max(most) == 3 and most.count(0) == 2  # one block at a time, each closed before the next
 
 
+def test_speculative_prefill_runs_the_turn_so_far_while_the_user_speaks():
+    """`tiny` prefills each completed second of speech (realtime.speculative_prefill): a 2.5 s turn
+    sends two requests of one token ahead of its own, which then finds their pages cached."""
+    cluster = Cluster(
+        Deployment(
+            hardware="cpu-2core-tiny", profile="tiny", kv_tokens=1 << 20, page_tokens=16, admission=False
+        ),
+        Workload(
+            voice=VoiceSpec(sessions=1, speech_s=(2.5, 2.5), turns=2, system_tokens=8),
+            duration_s=600,
+            warmup_s=0,
+        ),  # fmt: skip
+    )
+    assert cluster.ahead_chunk_s == 1.0
+    added = []
+    replica = cluster.replicas[0]
+    add = replica.add
+    replica.add = lambda request: (
+        added.append((request.rid, request.prompt, request.max_tokens)),
+        add(request),
+    )
+    cluster.run()
+    ahead = [a for a in added if "/ahead-" in a[0]]
+    assert len(ahead) == 2 * 2 and all(tokens == 1 for _, _, tokens in ahead)
+    first_turn = [prompt for rid, prompt, _ in added if rid.startswith("t0/s0/")][:3]
+    assert first_turn[0] < first_turn[1] < first_turn[2]  # 1 s, 2 s, then the whole turn
+    assert replica.kv.stats["hit_pages"] > 0
+
+
 def test_a_run_is_determined_by_its_seed():
     a, b = (
         report.voice(_voice(INTERACTION, sessions=8, seed=3)),
