@@ -412,17 +412,23 @@ def sentence_seconds() -> list[float]:
 
 
 def prompt_shape(run: dict) -> tuple[float, float] | None:
-    """A realtime turn's prompt as the server counted it, from a voice run's first turns (a
+    """A realtime turn's prompt as the server counted it, from a voice run's first turns at p = 0 (a
     session's first prompt is the template and its audio alone): (tokens before the audio, audio
     tokens per second of speech), fitted by least squares over the sentences' lengths; None for a
     run that did not record prompts (or one sentence's length alone)."""
-    sessions, seconds = run["args"]["sessions"], sentence_seconds()
+    args, seconds = run["args"], sentence_seconds()
+    sessions = args["sessions"]
+    firsts = [first for first, _ in voice_bench.blocks(args["turns"], args["blocks"])]
     points = []
-    for cell in run["runs"].values():
+    for name, cell in run["runs"].items():
+        if not name.endswith(",p=0.0"):
+            continue  # a barge-in can leave a turn without a prompt count, or book it to the next
         for k, turns in enumerate(cell.get("prompt_tokens_by_turn", [])):
-            if turns:
-                turn, tokens = min(turns)  # session k % sessions of its block: sentence (k % sessions + turn)
-                points.append((seconds[(k % sessions + turn) % len(seconds)], tokens))
+            # row k: session k % sessions of block k // sessions
+            first = firsts[min(k // sessions, len(firsts) - 1)]
+            for turn, tokens in turns:
+                if turn == first:  # its sentence: the session's own rotation of them
+                    points.append((seconds[(k % sessions + turn) % len(seconds)], tokens))
     if len({x for x, _ in points}) < 2:
         return None
     curve = costs.Curve.fit("speech seconds", points)
@@ -487,9 +493,10 @@ def voice(hardware: costs.HardwareProfile, profile: str, sessions: int = 8, turn
         hardware = hardware.model_copy(update={"serving": serving})
 
     figures, predicted, sessions_spec = [], {}, voice_spec(load_profile(profile), run, 0.0)
+    sessions = run["args"]["sessions"]
     for p in (0.0, 0.5):
         spec = sessions_spec.model_copy(update={"barge_p": p})
-        for policy in VOICE_POLICIES:
+        for policy in (name for name in VOICE_POLICIES if f"{name}@c={sessions},p={p}" in run["runs"]):
             measured = run["runs"][f"{policy}@c={sessions},p={p}"]
             got = predicted[f"{policy}@p={p}"] = predict_voice(
                 hardware, profile, policy, spec, SIM_BOUND * measured["wall_s"]
@@ -514,7 +521,7 @@ def session_cores(run: dict, serving: costs.Serving, speech_model_s: float) -> f
     for cell_name, cell in run["runs"].items():
         if "cpu_s" not in cell:
             return 0.0
-        policy, sessions = re.fullmatch(r"(\w+)@c=(\d+),p=.*", cell_name).groups()
+        policy, sessions = re.fullmatch(r"([^@]+)@c=(\d+),p=.*", cell_name).groups()
         spent += cell["cpu_s"].get("client", 0.0)
         spent += sum(
             cell["cpu_s"].get(f"{policy}: {k}", 0.0) for k in (*REQUEST_PATH, *SPEECH_STAGES, "redis")

@@ -81,8 +81,8 @@ class SessionStats:
     ttfp_s: list[float] = field(default_factory=list)
     ttfp_at: list[float] = field(default_factory=list)  # when each first audio came (time.monotonic())
     created_s: list[float] = field(default_factory=list)  # speech_stopped → response.created
-    # speech_stopped → the reply's first transcript text (its first piece written), per TTFP: what of
-    # a slow first audio is the thinker's and what the speech stages' after it
+    # speech_stopped → the reply's first transcript text (the thinker's first streamed tokens), per
+    # TTFP: what of a slow first audio is the thinker's and what comes after it
     text_s: list[float | None] = field(default_factory=list)
     # (turn, prompt tokens) of each response (its response.done's usage): where a turn's prompt
     # crosses the profile's `disagg_min_prompt_tokens`, it is prefilled on the prefill stage
@@ -457,7 +457,8 @@ def main() -> None:
                 # role's name, the other sets' deployments (idle meanwhile) under theirs, this
                 # process's sessions as the client, each set's Redis as its own
                 r["cpu_s"] = {label: round(seconds, 2) for label, seconds in cpu[name].most_common()}
-                print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in ('errors', 'ttfp_by_turn_s')})}"
+                per_turn = ("errors", "ttfp_by_turn_s", "prompt_tokens_by_turn", "text_by_turn_s")
+                print(f"{cell}: {json.dumps({k: v for k, v in r.items() if k not in per_turn})}"
                       f" errors={len(r['errors'])} {sorted(set(r['errors']))[:3]}", flush=True)  # fmt: skip
     if args.sweep:
         report["ratios"] = useful_rps(report["runs"], args)

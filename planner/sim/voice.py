@@ -108,6 +108,7 @@ class VoiceSession:
         but its last chunk cached (and encodes only what was not: `encoded_s`)."""
         env, c = self.env, self.cluster
         said, chunk, chunks = env.now, c.ahead_chunk_s, 0
+        context, chain = self.context, self.chain  # the conversation before this turn
         while (chunks + 1) * chunk <= speech_s:
             yield env.timeout(max(0.0, said + (chunks + 1) * chunk - env.now))
             if env.now >= said + speech_s + self.spec.vad_silence_s:
@@ -118,11 +119,11 @@ class VoiceSession:
             self.encoded_s += seconds
             yield c.audio_encoded(seconds)
             self.replica = c.route(self.sid, self.replica)
-            self.replica.kv.session_chain[self.sid] = self.chain
+            self.replica.kv.session_chain.setdefault(self.sid, chain)  # the turn's own sets it after
             done = env.event()
-            prompt = self.context + int(chunks * chunk * self.spec.audio_tokens_per_s)
+            prompt = context + int(chunks * chunk * self.spec.audio_tokens_per_s)
             self.replica.add(SimRequest(f"{self.sid}/ahead-{len(self.turns)}-{chunks}", self.sid, prompt, 1, env.now,
-                                        lambda _, what, done=done: what == "finished" and done.succeed(), chain=self.chain))  # fmt: skip
+                                        lambda _, what, done=done: what == "finished" and done.succeed(), chain=chain))  # fmt: skip
             yield done
 
     def _reply(self, speech_s: float):

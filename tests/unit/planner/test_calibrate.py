@@ -120,7 +120,11 @@ def test_a_turns_prompt_shape_is_fitted_to_the_sessions_first_prompts():
     seconds = calibrate.sentence_seconds()
     rows = [[(turn, 9 + 25 * seconds[(k % 4 + turn) % len(seconds)]), (turn + 1, 900)]
             for k, turn in enumerate([0, 0, 0, 0, 2, 2, 2, 2])]  # fmt: skip
-    run = {"args": {"sessions": 4}, "runs": {"baseline@c=4,p=0.0": {"prompt_tokens_by_turn": rows}}}
+    # at p = 0.5 a barged first reply may count no prompt: its session's next prompt is no first one
+    barged = [[(turn + 1, 900)] for turn in [0, 0, 0, 0, 2, 2, 2, 2]]
+    args = {"sessions": 4, "turns": 4, "blocks": 2}  # blocks of turns 0-1 and 2-3
+    run = {"args": args, "runs": {"baseline@c=4,p=0.0": {"prompt_tokens_by_turn": rows},
+                                  "baseline@c=4,p=0.5": {"prompt_tokens_by_turn": barged}}}  # fmt: skip
     head, rate = calibrate.prompt_shape(run)
     assert head == pytest.approx(9) and rate == pytest.approx(25)
-    assert calibrate.prompt_shape({"args": {"sessions": 4}, "runs": {"baseline@c=4,p=0.0": {}}}) is None
+    assert calibrate.prompt_shape({"args": args, "runs": {"baseline@c=4,p=0.0": {}}}) is None
