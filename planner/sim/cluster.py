@@ -297,7 +297,7 @@ class Cluster:
         fresh ones (each once the last block's have all ended)."""
         v, env = self.w.voice, self.env
         yield env.timeout(v.start_s)
-        for block in range(v.blocks if v.turns is not None else 1):
+        for block in range(v.blocks):
             runs = []
             for i in range(v.sessions):
                 n = block * v.sessions + i

@@ -11,7 +11,7 @@ import math
 import random
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from loadtest.clients.workload import REPLY_TOKENS
 from services.quota.tenants import TenantSpec
@@ -57,6 +57,12 @@ class VoiceSpec(_Strict):
     # (make bench-voice's cells), and the run ends with the last block.
     turns: int | None = Field(default=None, ge=1)
     blocks: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _blocks_need_turns(self):
+        if self.blocks > 1 and self.turns is None:
+            raise ValueError("voice blocks follow each other once their sessions' turns are done: give turns")
+        return self
 
 
 class RequestSpec(_Strict):

@@ -179,6 +179,8 @@ def test_sessions_of_a_number_of_turns_come_in_blocks_and_their_last_reply_is_he
         assert all(t.barged or t.heard_whole for t in before)
     assert sum(t.barged for t in turns) >= 3  # p = 1: every earlier turn unless the cut fell past its end
     assert max(most) == 3 and most.count(0) == 2  # one block at a time, each closed before the next
+    with pytest.raises(ValueError, match="give turns"):
+        VoiceSpec(sessions=3, blocks=2)  # blocks of sessions that never end
 
 
 def test_speculative_prefill_runs_the_turn_so_far_while_the_user_speaks():
