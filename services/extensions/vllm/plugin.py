@@ -13,6 +13,12 @@ EC_CONNECTOR = "OmniEcConnector"
 
 def register() -> None:
     from vllm import ModelRegistry
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from services.extensions.vllm import shm_wait
+
+        shm_wait.install()  # a paced engine's worker sleeps between its messages (shm_wait.py)
 
     if QWEN3_OMNI_THINKER not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(
