@@ -1,7 +1,7 @@
 """A machine's cores shared by processor sharing, as Linux's scheduler shares them to first order:
 with n runnable threads on k cores, each runs at min(1, k/n) of a core. Work is a job of CPU
-seconds on one thread; a spinner is a thread that polls (a vLLM engine's processes wait for each
-other and for requests by spinning on shared memory) — it takes its share and does no work. On a
+seconds on one thread; a spinner is a thread that takes its share and does no work (a background
+load: Ray's processes, idle replicas, an open session's streaming). On a
 CPU machine with two cores this is what slows an engine's steps when the serving path runs beside
 them, and the serving path when the engine runs (planner/calibrate.py measured it)."""
 

@@ -26,7 +26,6 @@ from planner.sim.cores import SharedCores, work
 from planner.sim.kv import KvPool
 from services.extensions.vllm.scheduler import SESSION_ARG
 
-SPIN_AFTER_S = 1.0  # vLLM's shared-memory queues poll this long after their last message, then sleep
 HELD_IDLE_S = 0.005  # every running request held: the real hook sleeps this long (HELD_IDLE_S)
 
 
@@ -69,12 +68,11 @@ class EngineReplica:
                  on_step: Callable[[float, int], None] | None = None,
                  cores: SharedCores | None = None, serving: Serving | None = None):  # fmt: skip
         self.env, self.name, self.costs, self.kv = env, name, costs, kv
-        # where the serving path shares the machine's cores (Cluster.cores): the engine's steps and
-        # polling threads take their share, and a step's tokens reach their owners once the serving
-        # path has handled them (Serving.step_cpu_s, token_cpu_s)
+        # where the serving path shares the machine's cores (Cluster.cores): the engine's steps take
+        # their share, and a step's tokens reach their owners once the serving path has handled them
+        # (Serving.step_cpu_s, token_cpu_s). Its processes do not poll between messages there: on a
+        # CPU machine they nap (services/extensions/vllm/shm_wait.py).
         self.cores, self.serving = cores, serving
-        self._polling = 0  # polling threads on the cores now (_poll)
-        self._idle = 0  # counts idle/busy changes: a sleep scheduled before the last one is stale
         self.max_num_active_reqs = max_num_seqs
         self.budget = self.max_num_scheduled_tokens = max_num_batched_tokens
         self.block_size = kv.page_tokens  # the hook counts KV in the pool's unit
@@ -221,10 +219,8 @@ class EngineReplica:
     def _loop(self):
         while True:
             if not self.running and not self.waiting:
-                self._spin_idle()
                 self._wake = self.env.event()
                 yield self._wake
-                self._spin_busy()
                 continue
             held = self.order.before(self) if self.order is not None else []
             decoding, prefill, tokens = self._schedule(held)
@@ -274,27 +270,3 @@ class EngineReplica:
             self._free(r)
             r.status = "finished"
             told.append((r, "finished"))
-
-    # ---- polling threads (vLLM's engine core and worker on a CPU machine) -------------------------
-
-    def _poll(self, threads: int) -> None:
-        """This engine's polling threads now: 1 while it steps (the engine core, as its worker
-        computes), 2 for SPIN_AFTER_S after its last step, then none."""
-        if self.cores is not None:
-            self.cores.spin(threads - self._polling)
-            self._polling = threads
-
-    def _spin_idle(self) -> None:
-        self._idle += 1
-        if self.steps and self.cores is not None:
-            self._poll(2)
-            self.env.process(self._sleep_after(self._idle))
-
-    def _spin_busy(self) -> None:
-        self._idle += 1
-        self._poll(1)
-
-    def _sleep_after(self, idle: int):
-        yield self.env.timeout(SPIN_AFTER_S)
-        if self._idle == idle:  # still idle since then
-            self._poll(0)
