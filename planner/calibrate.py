@@ -437,7 +437,7 @@ def prompt_shape(run: dict) -> tuple[float, float] | None:
 
 def voice_spec(profile, run: dict, p: float) -> VoiceSpec:
     """A voice_bench run's sessions as the simulator's workload: its espeak-ng sentences' lengths,
-    its staggered starts, its blocks of fresh sessions with their turns, the prompts the server
+    its staggered starts, its VAD's silence, its blocks of fresh sessions with their turns, the prompts the server
     counted, the thinker's reply text, the talker's audio per character."""
     args = run["args"]
     sizes = {count for _, count in voice_bench.blocks(args["turns"], args["blocks"])}
@@ -451,6 +451,7 @@ def voice_spec(profile, run: dict, p: float) -> VoiceSpec:
         shape = {"system_tokens": max(1, round(fitted[0])), "audio_tokens_per_s": max(fitted[1], 1e-3)}
     return VoiceSpec(sessions=args["sessions"], ramp_s=0.2 * args["sessions"], barge_p=p,
                      speech_s=(min(seconds), max(seconds)), turns=sizes.pop(),
+                     vad_silence_s=voice_bench.VAD_SILENCE_MS / 1000,
                      blocks=min(args["blocks"], args["turns"]), ms_per_token=chars * units_per_char * UNIT_MS,
                      clause_p=clause_p, chars_per_token=chars, **shape)  # fmt: skip
 

@@ -63,6 +63,7 @@ from services import runtime
 from services.realtime.server_events import TRY_AGAIN_LATER, WHOLE
 
 GAP_MS = 100  # a longer stall makes a response discontinuous (vLLM-Omni's benchmark default)
+VAD_SILENCE_MS = 500  # the sessions' server VAD ends a turn after this much silence
 # (scheduler: services/policies/urgency, KV eviction: kv_store/eviction, speech-triggered preload:
 # kv_store/follower.py): the baseline, LiveServe's whole set, and each of its parts alone on the
 # baseline (LiveServe's ablation; planner/simulate.py's sets of the same names)
@@ -127,7 +128,7 @@ class Client:
         self.rt = RealtimeClient(url, on_event=self._seen)
         with contextlib.suppress(websockets.exceptions.ConnectionClosed):  # refused at once: `run` reports it
             self.rt.send({"type": "session.update", "session": {"type": "realtime",
-                          "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}},
+                          "audio": {"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": VAD_SILENCE_MS}}},
                           **(session or {})}})  # fmt: skip
 
     def _seen(self, event: dict) -> None:
@@ -153,7 +154,8 @@ class Client:
             self.stats.errors.append(event["error"]["message"])
 
     def say(self, pcm: bytes) -> None:
-        """An utterance at real-time pace, then 0.7 s of silence (server VAD ends the turn after 0.5 s)."""
+        """An utterance at real-time pace, then 0.7 s of silence (server VAD ends the turn after
+        VAD_SILENCE_MS)."""
         self.rt.say(pcm + bytes(RATE * 2 * 7 // 10))
 
     def wait(self, kind: str, after: int, timeout: float = 120) -> tuple[int, float]:

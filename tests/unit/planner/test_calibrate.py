@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from loadtest.benchmarks import voice_bench
 from planner import calibrate, costs
+from planner.sim.workload import VoiceSpec
+from services.models.profile import load_profile
 
 SERVING = costs.Serving(
     cores=2, request_cpu_s=0.015, step_cpu_s=0.001, token_cpu_s=0.0002, background_cores=0.2
@@ -128,3 +131,22 @@ def test_a_turns_prompt_shape_is_fitted_to_the_sessions_first_prompts():
     head, rate = calibrate.prompt_shape(run)
     assert head == pytest.approx(9) and rate == pytest.approx(25)
     assert calibrate.prompt_shape({"args": args, "runs": {"baseline@c=4,p=0.0": {}}}) is None
+
+
+def test_a_voice_runs_sessions_are_the_simulators_workload():
+    """What the bench's sessions do, the simulated ones do: its blocks of turns, its VAD's silence
+    (the turn's TTFP counts from its end), its prompts' shape."""
+    seconds = calibrate.sentence_seconds()
+    rows = [
+        [(turn, 9 + 25 * seconds[(k % 4 + turn) % len(seconds)])] for k, turn in enumerate([0] * 4 + [2] * 4)
+    ]
+    run = {"args": {"sessions": 4, "turns": 4, "blocks": 2},
+           "runs": {"baseline@c=4,p=0.0": {"prompt_tokens_by_turn": rows}}}  # fmt: skip
+    spec = calibrate.voice_spec(load_profile("tiny"), run, 0.5)
+    assert (spec.sessions, spec.turns, spec.blocks, spec.barge_p) == (4, 2, 2, 0.5)
+    assert (
+        spec.vad_silence_s
+        == voice_bench.VAD_SILENCE_MS / 1000
+        != VoiceSpec.model_fields["vad_silence_s"].default
+    )
+    assert (spec.system_tokens, spec.audio_tokens_per_s) == (9, pytest.approx(25))
