@@ -437,8 +437,8 @@ def prompt_shape(run: dict) -> tuple[float, float] | None:
 
 def voice_spec(profile, run: dict, p: float) -> VoiceSpec:
     """A voice_bench run's sessions as the simulator's workload: its espeak-ng sentences' lengths,
-    its staggered starts, its VAD's silence, its blocks of fresh sessions with their turns, the prompts the server
-    counted, the thinker's reply text, the talker's audio per character."""
+    its staggered starts, its VAD's silence, its blocks of fresh sessions with their turns, the
+    prompts the server counted, the thinker's reply text, the talker's audio per character."""
     args = run["args"]
     sizes = {count for _, count in voice_bench.blocks(args["turns"], args["blocks"])}
     if len(sizes) != 1:

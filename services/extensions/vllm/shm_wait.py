@@ -9,8 +9,9 @@ enough on its own: vLLM's notifications can be lost (a PUB socket with a high-wa
 a conflating SUB), and a reader parked on one waits out its recheck interval (5 s) — measured, a
 two-process ping-pong stalled 5.0 s.
 
-So within `busy_loop_s` of its last read a reader here spins only `spin_s` of each wait, then naps: it waits on
-the notification at most `nap_ms` at a time and looks at the buffer again, whether or not one came.
+So within `busy_loop_s` of its last read a reader here spins only `spin_s` of each wait, then naps:
+it waits on the notification at most `nap_ms` at a time and looks at the buffer again, whether or
+not one came.
 A notification wakes it at once; a lost one costs at most one nap; a held engine's worker sleeps.
 After `busy_loop_s` vLLM's own wait (park until notified, rechecking every 5 s) is unchanged, lost
 notifications there included. Installed by the general plugin on CPU platforms only: on a GPU node
